@@ -1,0 +1,8 @@
+"""wedgewatch: a watchdog for vLLM servers that wedge while /health stays green."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("wedgewatch")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"
