@@ -1,0 +1,292 @@
+"""wedgewatch's own Prometheus metrics, kept on an injected registry.
+
+Nothing registers at import time: `OwnMetrics(registry, ...)` creates every family on the
+registry it is given, so tests and several daemons in one process never collide. The
+daemon is the only writer; the HTTP server renders the registry with `render`.
+
+Names follow the Prometheus conventions (`wedgewatch_` prefix, `_total` for counters,
+`_seconds` for durations, `_timestamp_seconds` for Unix times). docs/daemon.md documents
+every family; tests/golden/ownmetrics.prom pins the exposition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import choose_encoder
+
+# Buckets for how long an evidence capture takes: py-spy of a handful of processes
+# normally finishes in a second or two; the goal is a complete bundle within 5 s.
+CAPTURE_DURATION_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+# Phases of an evidence capture: opened at suspect, completed at wedged, or on demand.
+CAPTURE_PHASES = ("suspect", "wedged", "manual")
+
+# Why a restart failed: the remedy itself reported an error, it did not finish within its
+# timeout, or the server did not come back healthy within startup_timeout_seconds.
+RESTART_FAILURE_REASONS = ("remedy_error", "timeout", "not_recovered")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSample:
+    """What the metrics say about one engine after a tick (plain values, no detector types)."""
+
+    model_name: str
+    engine: str
+    state: str
+    stalled_seconds: float
+    last_progress_timestamp: float | None
+
+
+class OwnMetrics:
+    """Every wedgewatch metric family, created on `registry`, with small typed setters."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        version: str,
+        states: Iterable[str],
+        families: Iterable[str],
+        scrape_failure_reasons: Iterable[str],
+    ) -> None:
+        self._states = tuple(str(s) for s in states)
+        self._families = tuple(str(f) for f in families)
+        self._scrape_failure_reasons = tuple(str(r) for r in scrape_failure_reasons)
+        self._engines: dict[str, dict[tuple[str, str], str]] = {}
+
+        self._build = Info(
+            "wedgewatch_build",
+            "wedgewatch build information; the value is always 1.",
+            registry=registry,
+        )
+        self._build.info({"version": version})
+
+        self._loop_last_tick = Gauge(
+            "wedgewatch_loop_last_tick_timestamp_seconds",
+            "Unix time at which the watch loop last completed a tick.",
+            registry=registry,
+        )
+        self._loop_ticks = Counter(
+            "wedgewatch_loop_ticks",
+            "Watch loop ticks completed since wedgewatch started.",
+            registry=registry,
+        )
+
+        self._target_up = Gauge(
+            "wedgewatch_target_up",
+            "1 when the last scrape of the target's /metrics succeeded and parsed, else 0.",
+            ["target"],
+            registry=registry,
+        )
+        self._scrape_duration = Gauge(
+            "wedgewatch_scrape_duration_seconds",
+            "Wall time the last scrape of the target's /metrics took, failed or not.",
+            ["target"],
+            registry=registry,
+        )
+        self._scrape_failures = Counter(
+            "wedgewatch_scrape_failures",
+            "Scrapes of the target's /metrics that failed, by reason.",
+            ["target", "reason"],
+            registry=registry,
+        )
+        self._target_state = Gauge(
+            "wedgewatch_target_state",
+            "Worst engine state of the target: 1 for the current state, 0 for the others.",
+            ["target", "state"],
+            registry=registry,
+        )
+
+        self._engine_state = Gauge(
+            "wedgewatch_engine_state",
+            "State of one engine: 1 for the current state, 0 for the others.",
+            ["target", "model_name", "engine", "state"],
+            registry=registry,
+        )
+        self._engine_stalled = Gauge(
+            "wedgewatch_engine_stalled_seconds",
+            "Seconds the engine has had work but made no progress (0 when not stalled).",
+            ["target", "model_name", "engine"],
+            registry=registry,
+        )
+        self._engine_last_progress = Gauge(
+            "wedgewatch_engine_last_progress_timestamp_seconds",
+            "Unix time at which the engine last showed progress (absent until it has).",
+            ["target", "model_name", "engine"],
+            registry=registry,
+        )
+
+        self._suspects = Counter(
+            "wedgewatch_suspects",
+            "Stall episodes that reached suspect (including ones that recovered), by family.",
+            ["target", "family"],
+            registry=registry,
+        )
+        self._wedges = Counter(
+            "wedgewatch_wedges",
+            "Stall episodes that reached wedged, by family.",
+            ["target", "family"],
+            registry=registry,
+        )
+
+        self._captures = Counter(
+            "wedgewatch_evidence_captures",
+            "Evidence bundle captures completed, by phase (suspect, wedged, manual).",
+            ["target", "phase"],
+            registry=registry,
+        )
+        self._capture_failures = Counter(
+            "wedgewatch_evidence_capture_failures",
+            "Evidence capture steps that failed, by reason (e.g. ptrace_denied, timeout).",
+            ["target", "reason"],
+            registry=registry,
+        )
+        self._capture_duration = Histogram(
+            "wedgewatch_evidence_capture_duration_seconds",
+            "Wall time an evidence capture took.",
+            ["target"],
+            buckets=CAPTURE_DURATION_BUCKETS,
+            registry=registry,
+        )
+
+        self._restarts = Counter(
+            "wedgewatch_restarts",
+            "Restarts wedgewatch requested, by remedy.",
+            ["target", "remedy"],
+            registry=registry,
+        )
+        self._restart_failures = Counter(
+            "wedgewatch_restart_failures",
+            "Restarts that failed, by reason (remedy_error, timeout, not_recovered).",
+            ["target", "reason"],
+            registry=registry,
+        )
+        self._budget_remaining = Gauge(
+            "wedgewatch_restart_budget_remaining",
+            "Restarts still allowed in the current budget window.",
+            ["target"],
+            registry=registry,
+        )
+        self._gave_up = Gauge(
+            "wedgewatch_gave_up",
+            "1 when the restart budget is spent and wedgewatch only reports, else 0.",
+            ["target"],
+            registry=registry,
+        )
+
+        self._webhook_failures = Counter(
+            "wedgewatch_webhook_failures",
+            "Webhook notifications that could not be delivered after their retries.",
+            registry=registry,
+        )
+
+    def add_target(self, target: str, *, state: str, remedy: str, budget_remaining: int) -> None:
+        """Create the target's series at their zero values so rates and alerts work from start."""
+        self._target_up.labels(target).set(0)
+        self._scrape_duration.labels(target)
+        for reason in self._scrape_failure_reasons:
+            self._scrape_failures.labels(target, reason)
+        self._set_enum(self._target_state, (target,), state)
+        for family in self._families:
+            self._suspects.labels(target, family)
+            self._wedges.labels(target, family)
+        for phase in CAPTURE_PHASES:
+            self._captures.labels(target, phase)
+        self._restarts.labels(target, remedy)
+        for reason in RESTART_FAILURE_REASONS:
+            self._restart_failures.labels(target, reason)
+        self._budget_remaining.labels(target).set(budget_remaining)
+        self._gave_up.labels(target).set(0)
+        self._engines.setdefault(target, {})
+
+    def mark_tick(self, timestamp: float) -> None:
+        """Record a completed loop tick at Unix time `timestamp`."""
+        self._loop_last_tick.set(timestamp)
+        self._loop_ticks.inc()
+
+    def observe_scrape(
+        self, target: str, *, duration_seconds: float, failure_reason: str | None
+    ) -> None:
+        """Record one scrape: its duration and, when it failed, the reason."""
+        self._scrape_duration.labels(target).set(duration_seconds)
+        self._target_up.labels(target).set(0 if failure_reason is not None else 1)
+        if failure_reason is not None:
+            self._scrape_failures.labels(target, failure_reason).inc()
+
+    def set_engines(self, target: str, state: str, engines: Sequence[EngineSample]) -> None:
+        """Replace the target's per-engine series with `engines`; vanished engines lose theirs."""
+        self._set_enum(self._target_state, (target,), state)
+        previous = self._engines.get(target, {})
+        current: dict[tuple[str, str], str] = {}
+        for sample in engines:
+            labels = (target, sample.model_name, sample.engine)
+            current[(sample.model_name, sample.engine)] = sample.state
+            self._set_enum(self._engine_state, labels, sample.state)
+            self._engine_stalled.labels(*labels).set(sample.stalled_seconds)
+            if sample.last_progress_timestamp is None:
+                self._remove(self._engine_last_progress, labels)
+            else:
+                self._engine_last_progress.labels(*labels).set(sample.last_progress_timestamp)
+        for (model_name, engine), last_state in previous.items():
+            if (model_name, engine) in current:
+                continue
+            labels = (target, model_name, engine)
+            for old_state in {*self._states, last_state}:
+                self._remove(self._engine_state, (*labels, old_state))
+            self._remove(self._engine_stalled, labels)
+            self._remove(self._engine_last_progress, labels)
+        self._engines[target] = current
+
+    def count_suspect(self, target: str, family: str) -> None:
+        """Count a stall episode that reached suspect."""
+        self._suspects.labels(target, family).inc()
+
+    def count_wedge(self, target: str, family: str) -> None:
+        """Count a stall episode that reached wedged."""
+        self._wedges.labels(target, family).inc()
+
+    def count_capture(self, target: str, *, phase: str, duration_seconds: float) -> None:
+        """Count a completed evidence capture and how long it took."""
+        self._captures.labels(target, phase).inc()
+        self._capture_duration.labels(target).observe(duration_seconds)
+
+    def count_capture_failure(self, target: str, reason: str) -> None:
+        """Count one failed capture step (a whole capture may fail several)."""
+        self._capture_failures.labels(target, reason).inc()
+
+    def count_restart(self, target: str, remedy: str) -> None:
+        """Count a restart wedgewatch requested."""
+        self._restarts.labels(target, remedy).inc()
+
+    def count_restart_failure(self, target: str, reason: str) -> None:
+        """Count a restart that failed, by reason."""
+        self._restart_failures.labels(target, reason).inc()
+
+    def set_restart_budget(self, target: str, *, remaining: int, gave_up: bool) -> None:
+        """Publish the remaining restart budget and whether wedgewatch gave up."""
+        self._budget_remaining.labels(target).set(remaining)
+        self._gave_up.labels(target).set(1 if gave_up else 0)
+
+    def count_webhook_failure(self) -> None:
+        """Count a webhook notification that was dropped after its retries."""
+        self._webhook_failures.inc()
+
+    def _set_enum(self, gauge: Gauge, labels: tuple[str, ...], current: str) -> None:
+        states = self._states if current in self._states else (*self._states, current)
+        for state in states:
+            gauge.labels(*labels, state).set(1 if state == current else 0)
+
+    @staticmethod
+    def _remove(metric: Gauge, labels: tuple[str, ...]) -> None:
+        with contextlib.suppress(KeyError):  # the series was never set
+            metric.remove(*labels)
+
+
+def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
+    """Render `registry` for a scrape: (body, content type), negotiated from `accept`."""
+    encoder, content_type = choose_encoder(accept)
+    return encoder(registry), content_type
