@@ -1,9 +1,78 @@
-"""The one module that knows vLLM's metric names: `/metrics` text -> per-engine readings."""
+"""The one module that knows vLLM's metric names: `/metrics` text -> per-engine readings.
+
+Rules (what is read, and why)
+-----------------------------
+A vLLM server cannot be asked for a subset of its metrics (`GET /metrics` ignores `name[]`,
+and `/metrics/?name[]=` is empty in multiprocess mode), so every scrape is the whole body:
+about 50 KB for one engine, several times that with data parallelism. `parse` therefore
+reads only the sample lines whose metric name is *exactly* one of these, and skips every
+other line without per-line Python work (one compiled regex over the body):
+
+============================================  ========  =================================
+sample name                                   needed?   becomes
+============================================  ========  =================================
+`vllm:num_requests_running`                   required  `running`
+`vllm:num_requests_waiting`                   required  `waiting`
+`vllm:num_requests_waiting_by_reason`         optional  `waiting_by_reason` ({} if absent)
+`vllm:kv_cache_usage_perc`                    optional  `kv_cache_usage` (None if absent)
+`vllm:engine_sleep_state{sleep_state=awake}`  optional  `awake` (None if absent or NaN)
+`vllm:prompt_tokens_total`                    required  `prompt_tokens`
+`vllm:generation_tokens_total`                required  `generation_tokens`
+`vllm:request_success_total`                  required  `request_success` (sum over reasons)
+`vllm:num_preemptions_total`                  required  `preemptions`
+`vllm:iteration_tokens_total_count`           required  `iterations` (per-step heartbeat)
+`process_start_time_seconds`                  optional  `process_start_time_seconds`
+============================================  ========  =================================
+
+`waiting_by_reason` keeps every `reason` label by name (vLLM prints `capacity` and
+`deferred`). `vllm:iteration_tokens_total` is a histogram family despite its name; its
+`_count` sample is the number of engine steps that emitted tokens.
+
+Every per-engine sample is keyed by its `model_name` and `engine` labels; the order of labels
+is not relied on. A sample without an `engine` label belongs to engine "0" (vLLM V0 printed
+no `engine` label and had exactly one engine); a sample without `model_name` is malformed.
+
+Decisions, all returned as a `ParseFailure` with a specific message, never raised:
+
+* **Required means required.** vLLM pre-creates every per-engine series at start-up, so a
+  real exposition always has all required samples for every engine it mentions (0.0 before
+  the first request). An engine that has some of them but lacks another, say its gauges
+  but not `vllm:generation_tokens_total`, is a failure naming the engine and the missing
+  names: such a body was cut off at a line boundary or comes from a vLLM that renamed a
+  counter. Reading the missing counter as 0.0 would make it look flat, or reset, which is
+  exactly the evidence the wedge detector acts on, so a guess is worse than a failure.
+  Optional families (by-reason, KV usage, sleep state, process start time) may be absent.
+* **Truncation.** The text format requires the last line to end with a line feed; a
+  non-empty body that does not is truncated mid-line (a body cap, a dropped connection)
+  and is a failure, because its last value may be cut short ("12" of "123.0"). A body cut
+  at a line boundary is caught by the required-families rule above.
+* **Malformed needed lines** are a failure that names the line number. Lines of families
+  that are not read are not validated (that is the point of skipping them).
+* **Duplicate samples**, two samples for the same engine and series (two bodies
+  concatenated, or an extra label such as `pid` that splits a series), are a failure:
+  picking one would be arbitrary, and summing `request_success_total` would double count.
+* **Not vLLM at all** (empty, binary, HTML, JSON, OpenMetrics-escaped names, or valid
+  Prometheus text without `vllm:num_requests_running`) is a failure saying which.
+* **Values** are taken as printed, including NaN and +/-Inf; `awake` is the `awake` series
+  == 1, and None when that series is NaN (unknown must not read as "sleeping", which
+  would silence the detector).
+
+Sample lines in the canonical form `prometheus_client` writes (`name{a="x",b="y"} value`)
+are read by one anchored regex; any other needed line (extra spaces, tabs, a timestamp in
+an odd place) goes to `prometheus_client`'s own sample-line parser, which is the authority
+on the grammar, and a line that parser rejects is malformed.
+"""
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client.parser import _parse_sample as _library_parse_sample
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -38,11 +107,13 @@ class EngineReading:
     @property
     def capacity(self) -> float:
         """Requests in the FCFS `waiting` queue (total waiting on old vLLM without reasons)."""
-        return self.waiting_by_reason.get("capacity", self.waiting if not self.waiting_by_reason else 0.0)
+        return self.waiting_by_reason.get(
+            "capacity", self.waiting if not self.waiting_by_reason else 0.0
+        )
 
     @property
     def progress(self) -> tuple[float, float, float, float, float]:
-        """Every progress counter, in a fixed order: prompt, generation, success, preemptions, iterations."""
+        """Progress counters, in order: prompt, generation, success, preemptions, iterations."""
         return (
             self.prompt_tokens,
             self.generation_tokens,
@@ -67,6 +138,329 @@ class ParseFailure:
     message: str
 
 
+RUNNING: Final = "vllm:num_requests_running"
+WAITING: Final = "vllm:num_requests_waiting"
+WAITING_BY_REASON: Final = "vllm:num_requests_waiting_by_reason"
+KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
+SLEEP_STATE: Final = "vllm:engine_sleep_state"
+PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
+GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
+REQUEST_SUCCESS: Final = "vllm:request_success_total"
+PREEMPTIONS: Final = "vllm:num_preemptions_total"
+ITERATIONS: Final = "vllm:iteration_tokens_total_count"
+PROCESS_START: Final = "process_start_time_seconds"
+
+#: Every sample name `parse` reads; all other lines are skipped unread.
+READ_NAMES: Final = (
+    RUNNING,
+    WAITING,
+    WAITING_BY_REASON,
+    KV_CACHE_USAGE,
+    SLEEP_STATE,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    REQUEST_SUCCESS,
+    PREEMPTIONS,
+    ITERATIONS,
+    PROCESS_START,
+)
+
+#: Per-engine samples without which a reading is not trusted (see the module docstring).
+REQUIRED_NAMES: Final = (
+    RUNNING,
+    WAITING,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    REQUEST_SUCCESS,
+    PREEMPTIONS,
+    ITERATIONS,
+)
+
+# One pass over "\n" + body finds every needed sample line: a line that starts with one of the
+# needed names followed by "{" or a blank (so `vllm:num_requests_waiting` never swallows
+# `vllm:num_requests_waiting_by_reason`). The literal "\nvllm:" prefix lets the regex engine skip
+# most of the body at C speed; `process_start_time_seconds` is found with str.find.
+_VLLM_SUFFIXES = [n.removeprefix("vllm:") for n in READ_NAMES if n.startswith("vllm:")]
+_VLLM_LINE = re.compile(
+    r"\nvllm:(" + "|".join(re.escape(s) for s in _VLLM_SUFFIXES) + r")([{ \t][^\n]*)"
+)
+_PROCESS_START_PREFIX = "\n" + PROCESS_START
+
+# The canonical sample form prometheus_client writes, after the name: `{k="v",...} value`, an
+# optional trailing comma, an optional integer timestamp. Anything else goes to the library.
+# Label values are matched as "unrolled loops" (runs of plain characters between escapes),
+# which the regex engine does several times faster than a per-character alternation.
+_LABEL_VALUE = r'[^"\\\n]*(?:\\.[^"\\\n]*)*'
+_LABEL = rf'[a-zA-Z_][a-zA-Z0-9_]*="{_LABEL_VALUE}"'
+_VALUE = r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+\.|Inf|NaN)"
+_CANONICAL_REST = re.compile(
+    rf"(?:\{{((?:{_LABEL}(?:,{_LABEL})*,?)?)\}})? ({_VALUE})(?: -?[0-9]+)?"
+)
+_LABEL_PAIR = re.compile(rf'([a-zA-Z_][a-zA-Z0-9_]*)="({_LABEL_VALUE})"')
+_ESCAPE = re.compile(r'\\[\\n"]')
+_UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+
+# The label that tells apart the several series one engine has in a family.
+_SERIES_LABEL = {
+    WAITING_BY_REASON: "reason",
+    SLEEP_STATE: "sleep_state",
+    REQUEST_SUCCESS: "finished_reason",
+}
+
+_EXCERPT_CHARS = 120
+
+
+class _Malformed(Exception):
+    """A needed line that cannot be read; the message says why."""
+
+
+class _Engine:
+    """Mutable accumulator for one engine while the body is scanned."""
+
+    __slots__ = ("seen", "values", "waiting_by_reason")
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.values: dict[str, float] = {}
+        self.waiting_by_reason: dict[str, float] = {}
+
+
+#: (model_name, engine) while scanning; EngineKey objects are built once per engine at the end.
+_EngineId = tuple[str, str]
+
+
+@dataclass(slots=True)
+class _Scan:
+    """Everything the body said, before it is checked for completeness."""
+
+    engines: dict[_EngineId, _Engine]
+    process_start_time_seconds: float | None
+
+
 def parse(body: bytes | str) -> Exposition | ParseFailure:
-    """Parse a full vLLM `/metrics` body (implementation in progress)."""
-    raise NotImplementedError
+    """Read every engine's signals from a full vLLM `/metrics` body, or say why it cannot."""
+    if isinstance(body, bytes):
+        decoded = _decode(body)
+        if isinstance(decoded, ParseFailure):
+            return decoded
+        text = decoded
+    else:
+        text = body
+    if not text.strip():
+        return ParseFailure("body is empty")
+    scan = _scan(text)
+    if isinstance(scan, ParseFailure):
+        return scan
+    if not any(RUNNING in engine.seen for engine in scan.engines.values()):
+        return ParseFailure(_not_vllm(text))
+    if not text.endswith("\n"):
+        return ParseFailure(_truncated(text))
+    readings: dict[EngineKey, EngineReading] = {}
+    for model_name, engine_label in sorted(scan.engines):
+        key = EngineKey(model_name, engine_label)
+        reading = _reading(key, scan.engines[model_name, engine_label])
+        if isinstance(reading, ParseFailure):
+            return reading
+        readings[key] = reading
+    return Exposition(engines=readings, process_start_time_seconds=scan.process_start_time_seconds)
+
+
+def _decode(body: bytes) -> str | ParseFailure:
+    """Decode a body as UTF-8, naming gzip and other binary bodies."""
+    if body.startswith(b"\x1f\x8b"):
+        return ParseFailure("body is gzip-compressed binary, not Prometheus text")
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return ParseFailure(
+            f"body is binary, not Prometheus text (invalid UTF-8 at byte {error.start})"
+        )
+
+
+def _scan(text: str) -> _Scan | ParseFailure:
+    """Read every needed sample line of the body; skip all others unread."""
+    scanned = "\n" + text
+    engines: dict[_EngineId, _Engine] = {}
+    seen: set[tuple[str, _EngineId, str | None]] = set()
+    for match in _VLLM_LINE.finditer(scanned):
+        name = "vllm:" + match.group(1)
+        try:
+            labels, value = _read_sample(name, match.group(2))
+            _record(engines, seen, name, labels, value)
+        except _Malformed as error:
+            return _malformed(text, scanned, match.start(), str(error))
+    process_start: float | None = None
+    position = scanned.find(_PROCESS_START_PREFIX)
+    while position != -1:
+        after = position + len(_PROCESS_START_PREFIX)
+        if scanned[after : after + 1] in ("{", " ", "\t"):
+            end = scanned.find("\n", after)
+            rest = scanned[after:] if end == -1 else scanned[after:end]
+            try:
+                if process_start is not None:
+                    raise _Malformed(f"duplicate {PROCESS_START} sample")
+                _, process_start = _read_sample(PROCESS_START, rest)
+            except _Malformed as error:
+                return _malformed(text, scanned, position, str(error))
+        position = scanned.find(_PROCESS_START_PREFIX, after)
+    return _Scan(engines, process_start)
+
+
+def _read_sample(name: str, rest: str) -> tuple[dict[str, str], float]:
+    """Labels and value of one needed line, given the text after its metric name."""
+    canonical = _CANONICAL_REST.fullmatch(rest)
+    if canonical is None:
+        return _read_sample_with_library(name, rest)
+    label_text = canonical.group(1)
+    labels: dict[str, str] = {}
+    if label_text:
+        pairs = _LABEL_PAIR.findall(label_text)
+        labels = dict(pairs)
+        if len(labels) != len(pairs):
+            raise _Malformed(f"duplicate label name in a {name} sample")
+        if "\\" in label_text:
+            for label, raw in pairs:
+                labels[label] = _ESCAPE.sub(_unescape, raw)
+    return labels, float(canonical.group(2))
+
+
+def _read_sample_with_library(name: str, rest: str) -> tuple[dict[str, str], float]:
+    """Hand a non-canonical needed line to prometheus_client's sample-line parser."""
+    try:
+        # The library's sample-line parser is private and untyped, and its failure modes on
+        # hostile input are undocumented (mostly ValueError, IndexError on some lines), so any
+        # exception it raises means "malformed line".
+        sample = _library_parse_sample((name + rest).strip())  # type: ignore[no-untyped-call]
+        labels = {str(k): str(v) for k, v in sample.labels.items()}
+        value = float(sample.value)
+    except Exception as error:
+        raise _Malformed(f"malformed {name} sample ({error})") from error
+    if sample.name != name:
+        raise _Malformed(f"malformed {name} sample (read as {sample.name!r})")
+    return labels, value
+
+
+def _unescape(match: re.Match[str]) -> str:
+    return _UNESCAPED[match.group(0)]
+
+
+def _record(
+    engines: dict[_EngineId, _Engine],
+    seen: set[tuple[str, _EngineId, str | None]],
+    name: str,
+    labels: dict[str, str],
+    value: float,
+) -> None:
+    """Fold one per-engine sample into its engine's accumulator.
+
+    Two samples that would land in the same place of a reading (same name, engine and
+    series label, e.g. two bodies concatenated, or an extra label such as `pid`) are refused.
+    """
+    model_name = labels.get("model_name")
+    if model_name is None:
+        raise _Malformed(f"{name} sample has no model_name label")
+    engine_id = (model_name, labels.get("engine", "0"))
+    series_label = _SERIES_LABEL.get(name)
+    series = None
+    if series_label is not None:
+        series = labels.get(series_label)
+        if series is None:
+            raise _Malformed(f"{name} sample has no {series_label} label")
+    slot = (name, engine_id, series)
+    if slot in seen:
+        raise _Malformed(f"duplicate {name} sample (its engine and labels were seen earlier)")
+    seen.add(slot)
+    engine = engines.get(engine_id)
+    if engine is None:
+        engine = engines[engine_id] = _Engine()
+    if series is None:
+        engine.values[name] = value
+    elif name == WAITING_BY_REASON:
+        engine.waiting_by_reason[series] = value
+    elif name == REQUEST_SUCCESS:
+        engine.values[name] = engine.values.get(name, 0.0) + value
+    elif series == "awake":  # SLEEP_STATE; the sleep-level series do not decide `awake`
+        engine.values[name] = value
+    engine.seen.add(name)
+
+
+def _reading(key: EngineKey, engine: _Engine) -> EngineReading | ParseFailure:
+    """Freeze one engine's accumulator, or name the required samples it lacks."""
+    missing = [name for name in REQUIRED_NAMES if name not in engine.seen]
+    if missing:
+        return ParseFailure(
+            f"engine {key.engine!r} of model {key.model_name!r} has no {', '.join(missing)} "
+            "sample: truncated body or an unsupported vLLM version"
+        )
+    values = engine.values
+    awake_value = values.get(SLEEP_STATE)
+    awake = None if awake_value is None or math.isnan(awake_value) else awake_value == 1.0
+    return EngineReading(
+        key=key,
+        running=values[RUNNING],
+        waiting=values[WAITING],
+        waiting_by_reason=engine.waiting_by_reason,
+        kv_cache_usage=values.get(KV_CACHE_USAGE),
+        awake=awake,
+        prompt_tokens=values[PROMPT_TOKENS],
+        generation_tokens=values[GENERATION_TOKENS],
+        request_success=values[REQUEST_SUCCESS],
+        preemptions=values[PREEMPTIONS],
+        iterations=values[ITERATIONS],
+    )
+
+
+def _excerpt(text: str) -> str:
+    """A short, quoted excerpt of body text for a failure message."""
+    if len(text) <= _EXCERPT_CHARS:
+        return repr(text)
+    return repr(text[:_EXCERPT_CHARS]) + "..."
+
+
+def _malformed(text: str, scanned: str, start: int, problem: str) -> ParseFailure:
+    """Failure for an unreadable needed line at offset `start` of "\\n" + text."""
+    line_number = scanned.count("\n", 0, start + 1)
+    end = scanned.find("\n", start + 1)
+    line = scanned[start + 1 :] if end == -1 else scanned[start + 1 : end]
+    if end == -1 and not text.endswith("\n"):
+        return ParseFailure(
+            f"body is truncated: line {line_number} ends without a newline: {_excerpt(line)}"
+        )
+    return ParseFailure(f"line {line_number}: {problem}: {_excerpt(line)}")
+
+
+def _truncated(text: str) -> str:
+    last_line = text[text.rfind("\n") + 1 :]
+    line_number = text.count("\n") + 1
+    return f"body is truncated: line {line_number} ends without a newline: {_excerpt(last_line)}"
+
+
+def _not_vllm(text: str) -> str:
+    """Say what a body without any vllm:num_requests_running sample looks like instead."""
+    stripped = text.lstrip()
+    if "\x00" in text:
+        return "body is binary, not Prometheus text (contains NUL bytes)"
+    if stripped.startswith("<"):
+        return f"body is HTML, not Prometheus text (starts with {_excerpt(stripped)})"
+    if stripped[:1] in ("{", "["):
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
+            pass
+        else:
+            return f"body is JSON, not Prometheus text (starts with {_excerpt(stripped)})"
+    if "vllm_num_requests_running" in text:
+        return (
+            "no vllm:num_requests_running samples, but vllm_num_requests_running is present: "
+            "the body uses OpenMetrics-escaped names; request plain text (Accept: text/plain)"
+        )
+    suffix = "" if text.endswith("\n") else "; the body also ends mid-line (truncated?)"
+    if "\nvllm:" in "\n" + text:
+        return (
+            "no vllm:num_requests_running samples although other vllm: samples are present: "
+            f"truncated body or an unsupported vLLM version{suffix}"
+        )
+    return (
+        "no vllm:num_requests_running samples: not a vLLM /metrics body or stats disabled "
+        f"(--disable-log-stats){suffix}"
+    )
