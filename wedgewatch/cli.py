@@ -6,9 +6,28 @@ your own module, and edit with targeted replacements rather than rewriting the f
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
+import json
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import structlog
 import typer
 
-from wedgewatch import __version__
+# typer vendors click; usage errors and contexts are typer's own click classes.
+from typer._click.core import Context
+from typer._click.exceptions import UsageError
+from typer.core import TyperCommand
+
+from wedgewatch import __version__, check, config, scrape
+from wedgewatch.config import SETTINGS, Config
 from wedgewatch.sim.cli import sim_app
 
 app = typer.Typer(
@@ -34,6 +53,302 @@ def _root(
     ),
 ) -> None:
     """Watchdog for vLLM servers that wedge while /health stays green."""
+
+
+# -- logging (configured once, here) ---------------------------------------------------
+
+
+def configure_logging(level: str = "info") -> None:
+    """structlog to stderr: a console renderer on a terminal, JSON lines otherwise."""
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer()
+        if sys.stderr.isatty()
+        else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+# -- config flags: one typer option per Config field, generated from the model ---------
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def _flag_annotation(name: str) -> Any:
+    setting = SETTINGS[name]
+    first_sentence = setting.description.split(". ")[0].rstrip(".")
+    default = "none" if setting.default in ((), None) else str(setting.default)
+    help_text = f"{first_sentence}. (default: {default}; env: {setting.env})"
+    if setting.kind == "bool":
+        flag = f"{setting.flag}/--no-{setting.flag[2:]}"
+        return Annotated[bool | None, typer.Option(flag, help=help_text, show_default=False)]
+    if setting.kind in ("list", "targets"):
+        return Annotated[
+            list[str] | None, typer.Option(setting.flag, help=help_text, show_default=False)
+        ]
+    annotation = Config.model_fields[name].annotation
+    python_type = annotation if annotation in (float, int, Path) else str
+    if setting.name.endswith("_bytes"):
+        python_type = str  # sizes accept units: 16MiB
+    return Annotated[
+        python_type | None, typer.Option(setting.flag, help=help_text, show_default=False)
+    ]
+
+
+def with_config_flags(*names: str) -> Callable[[_Command], _Command]:
+    """Give a command one option per named Config field; it receives `flags={field: value}`.
+
+    Options left out on the command line are absent from `flags`, so `load_config` keeps
+    the value from the file, the environment or the default, and records the source.
+    """
+
+    def decorate(command: _Command) -> _Command:
+        signature = inspect.signature(command, eval_str=True)
+        params = [p for p in signature.parameters.values() if p.name != "flags"]
+        for name in names:
+            params.append(
+                inspect.Parameter(
+                    name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=None,
+                    annotation=_flag_annotation(name),
+                )
+            )
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            flags: dict[str, Any] = {}
+            for name in names:
+                value = kwargs.pop(name)
+                if value is None or value == []:
+                    continue
+                kind = SETTINGS[name].kind
+                if kind in ("list", "targets"):
+                    value = tuple(value)
+                elif kind == "argv":
+                    try:
+                        value = tuple(shlex.split(value))
+                    except ValueError as exc:
+                        raise typer.BadParameter(
+                            f"not a valid shell-quoted command ({exc})",
+                            param_hint=SETTINGS[name].flag,
+                        ) from None
+                flags[name] = value
+            return command(**kwargs, flags=flags)
+
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+_CONFIG_FILE_OPTION = typer.Option(
+    "--config",
+    help="TOML config file (default: $WEDGEWATCH_CONFIG). See docs/configuration.md.",
+    dir_okay=False,
+    show_default=False,
+)
+
+
+def _fail(messages: tuple[str, ...] | list[str], code: int) -> typer.Exit:
+    for message in messages:
+        typer.echo(f"wedgewatch: {message}", err=True)
+    return typer.Exit(code)
+
+
+# -- wedgewatch config ... ---------------------------------------------------------------
+
+config_app = typer.Typer(
+    help="Show, check and document wedgewatch's configuration.", no_args_is_help=True
+)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+@with_config_flags(*SETTINGS)
+def _config_show(
+    config_file: Annotated[Path | None, _CONFIG_FILE_OPTION] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_toml: Annotated[bool, typer.Option("--toml", help="Print TOML even on a terminal.")] = False,
+    *,
+    flags: dict[str, Any],
+) -> None:
+    """Print the effective configuration and where each value came from."""
+    try:
+        loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
+    except config.ConfigError as exc:
+        raise _fail(exc.messages, 2) from None
+    if as_json:
+        typer.echo(json.dumps(config.config_as_json(loaded), indent=2))
+    elif sys.stdout.isatty() and not as_toml:
+        typer.echo(config.render_table(loaded), nl=False)
+    else:
+        typer.echo(config.render_toml(loaded), nl=False)
+
+
+@config_app.command("check")
+def _config_check(
+    file: Annotated[Path, typer.Argument(help="The TOML config file to validate.")],
+) -> None:
+    """Validate a config file on its own (defaults + file): exit 0, or 2 with the problems."""
+    try:
+        loaded = config.load_config(config_file=file, environ={})
+    except config.ConfigError as exc:
+        raise _fail(exc.messages, 2) from None
+    given = sum(1 for source in loaded.sources.values() if source.startswith("file:"))
+    typer.echo(f"{file}: valid ({given} setting{'s' if given != 1 else ''} set)")
+
+
+@config_app.command("reference")
+def _config_reference(
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")
+    ] = None,
+) -> None:
+    """Print the configuration reference (docs/configuration.md) generated from the model."""
+    text = config.render_reference()
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+
+
+# -- wedgewatch check ----------------------------------------------------------------------
+
+
+class _UnknownUsageError(UsageError):
+    """A usage error of a Nagios-style command: exit 3 (UNKNOWN), not click's 2."""
+
+    exit_code = 3
+
+
+class _NagiosCommand(TyperCommand):
+    """A command whose usage errors exit 3 (UNKNOWN), as Nagios plugins must."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except UsageError as exc:
+            raise _UnknownUsageError(exc.format_message(), exc.ctx) from None
+
+    def invoke(self, ctx: Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            raise _UnknownUsageError(exc.format_message(), exc.ctx) from None
+
+
+@app.command("check", cls=_NagiosCommand)
+@with_config_flags(
+    "interval_seconds",
+    "stall_after_seconds",
+    "hang_after_seconds",
+    "output_stall_after_seconds",
+    "unreachable_after_seconds",
+    "startup_timeout_seconds",
+    "scrape_timeout_seconds",
+    "max_body_bytes",
+    "log_level",
+)
+def _check(
+    url: Annotated[
+        str,
+        typer.Argument(
+            help="The server's base URL (http://127.0.0.1:8000) or its /metrics URL.",
+            show_default=False,
+        ),
+    ],
+    window_seconds: Annotated[
+        float,
+        typer.Option(
+            "--for",
+            min=0,
+            help="Seconds to scrape for. Without --state-file every threshold is capped at "
+            "this window (a stall lasting the whole window is a wedge). With --state-file "
+            "0 means one scrape.",
+        ),
+    ] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    state_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-file",
+            dir_okay=False,
+            help="Keep the detector state in this file between runs (probe mode): the "
+            "configured thresholds apply over the whole history.",
+            show_default=False,
+        ),
+    ] = None,
+    config_file: Annotated[Path | None, _CONFIG_FILE_OPTION] = None,
+    critical_only: Annotated[
+        bool,
+        typer.Option(
+            "--critical-only",
+            help="Exit 0 for WARNING (suspect) too, so only CRITICAL and UNKNOWN fail: for "
+            "Kubernetes exec probes, where any non-zero exit counts as a failure.",
+        ),
+    ] = False,
+    *,
+    flags: dict[str, Any],
+) -> None:
+    """Judge one vLLM server now, Nagios style.
+
+    Scrapes URL every --interval-seconds for --for seconds, judging each engine like `run`.
+
+    Exit 0: ok, idle, sleeping or starting. 1: suspect. 2: wedged or unreachable.
+    3: not a vLLM metrics body, or bad arguments.
+    """
+    if not 0 <= window_seconds < float("inf"):
+        raise typer.BadParameter("must be a finite number of seconds", param_hint="--for")
+    if state_file is None and window_seconds == 0:
+        raise typer.BadParameter(
+            "--for 0 needs --state-file: a single scrape cannot show a stall",
+            param_hint="--for",
+        )
+    try:
+        metrics_url = config.metrics_url_of(url)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{url!r} {exc}", param_hint="URL") from None
+    try:
+        loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
+    except config.ConfigError as exc:
+        if as_json:
+            error = "; ".join(exc.messages)
+            typer.echo(json.dumps({"status": "unknown", "engines": [], "error": error}))
+        raise _fail(exc.messages, check.EXIT_UNKNOWN) from None
+    settings = loaded.config
+    configure_logging(settings.log_level)
+    options = check.CheckOptions(
+        metrics_url=metrics_url,
+        window_seconds=window_seconds,
+        interval_seconds=settings.interval_seconds,
+        policy=settings.policy(),
+        limits=settings.scrape_limits(),
+        state_file=state_file,
+    )
+
+    async def run() -> check.CheckReport:
+        async with scrape.new_client() as client:
+            return await check.run_check(options, client=client)
+
+    report = asyncio.run(run())
+    if as_json:
+        typer.echo(json.dumps(report.to_json()))
+    else:
+        typer.echo(report.render_text())
+    code = report.exit_code
+    raise typer.Exit(check.EXIT_OK if critical_only and code == check.EXIT_WARNING else code)
 
 
 def main() -> None:

@@ -1,0 +1,405 @@
+"""`wedgewatch check`: scrape one server for a window, judge it with the detector, report.
+
+Two modes:
+
+* One-shot (no state file): scrape every `interval_seconds` for `window_seconds` and judge
+  with every threshold capped at the window, because a stall that lasts the whole window
+  is all a one-shot check can see; a target that never answers in the window is
+  `unreachable` (no start-up grace: the check is asked about a server that should be up).
+* Probe (`--state-file`): the detector state is loaded from the file, the window's
+  scrapes are added, and the state is written back atomically, so a Kubernetes exec probe
+  that runs every few seconds with `--for 0` judges over a long span without blocking.
+  The configured thresholds and start-up grace apply. A corrupt, unreadable, foreign
+  (another URL) or outdated state file is reported and replaced, never a crash.
+
+Exit codes follow the Nagios plugin conventions (`EXIT_CODES`). Time comes from an
+injected clock and sleep so the whole loop runs in tests without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import structlog
+
+from wedgewatch.detect import (
+    EngineState,
+    EngineVerdict,
+    Policy,
+    ScrapeFailed,
+    TargetState,
+    TargetVerdict,
+    dump_state,
+    load_state,
+    step,
+)
+from wedgewatch.scrape import ScrapeLimits, observe
+from wedgewatch.statefile import write_atomic
+
+Status = Literal[
+    "ok", "idle", "sleeping", "starting", "suspect", "wedged", "unreachable", "unknown"
+]
+EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
+EXIT_CODES: dict[Status, int] = {
+    "ok": EXIT_OK,
+    "idle": EXIT_OK,
+    "sleeping": EXIT_OK,
+    "starting": EXIT_OK,
+    "suspect": EXIT_WARNING,
+    "wedged": EXIT_CRITICAL,
+    "unreachable": EXIT_CRITICAL,
+    "unknown": EXIT_UNKNOWN,
+}
+_STATUS_OF: dict[EngineState, Status] = {
+    EngineState.OK: "ok",
+    EngineState.IDLE: "idle",
+    EngineState.SLEEPING: "sleeping",
+    EngineState.STARTING: "starting",
+    EngineState.SUSPECT: "suspect",
+    EngineState.WEDGED: "wedged",
+    EngineState.UNREACHABLE: "unreachable",
+}
+_NAGIOS_WORDS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
+
+STATE_FILE_VERSION = 1
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+log = structlog.get_logger("wedgewatch.check")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckOptions:
+    """What one `wedgewatch check` run does."""
+
+    metrics_url: str
+    window_seconds: float
+    interval_seconds: float
+    policy: Policy
+    limits: ScrapeLimits
+    state_file: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """The outcome of one check: the worst state, the engines' verdicts, and any error."""
+
+    status: Status
+    metrics_url: str
+    engines: tuple[EngineVerdict, ...]
+    error: str | None
+    notes: tuple[str, ...]
+    scrapes: int
+    at: float | None
+
+    @property
+    def exit_code(self) -> int:
+        """The Nagios exit code of `status`."""
+        return EXIT_CODES[self.status]
+
+    def to_json(self) -> dict[str, Any]:
+        """`{"status", "engines": [...], "error"}`, the documented `--json` schema."""
+        return {
+            "status": self.status,
+            "engines": [_engine_json(verdict) for verdict in self.engines],
+            "error": self.error,
+        }
+
+    def render_text(self) -> str:
+        """A Nagios-style summary line, then one line per engine, then the notes."""
+        word = _NAGIOS_WORDS[self.exit_code]
+        count = len(self.engines)
+        summary = (
+            f"{word}: {self.status} - {self.metrics_url}, "
+            f"{count} engine{'s' if count != 1 else ''}, "
+            f"{self.scrapes} scrape{'s' if self.scrapes != 1 else ''}"
+        )
+        lines = [summary]
+        lines.extend(_engine_line(verdict, self.at) for verdict in self.engines)
+        if self.error:
+            lines.append(f"error: {self.error}")
+        lines.extend(f"note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+
+def one_shot_policy(policy: Policy, window_seconds: float) -> Policy:
+    """Cap every threshold at the window: a stall lasting the whole window is a wedge."""
+    return Policy(
+        stall_after_seconds=min(policy.stall_after_seconds, window_seconds),
+        hang_after_seconds=min(policy.hang_after_seconds, window_seconds),
+        output_stall_after_seconds=min(policy.output_stall_after_seconds, window_seconds),
+        unreachable_after_seconds=min(policy.unreachable_after_seconds, window_seconds),
+        startup_timeout_seconds=window_seconds,
+    )
+
+
+def _max_state_age(policy: Policy) -> float:
+    """State older than the shortest wedge threshold could fake a stall across the gap."""
+    return min(
+        policy.stall_after_seconds, policy.hang_after_seconds, policy.output_stall_after_seconds
+    )
+
+
+async def run_check(
+    options: CheckOptions,
+    *,
+    client: httpx.AsyncClient,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = asyncio.sleep,
+) -> CheckReport:
+    """Scrape `options.metrics_url` for the window, judge every scrape, and report."""
+    notes: list[str] = []
+    if options.state_file is None:
+        policy = one_shot_policy(options.policy, options.window_seconds)
+        report, _ = await _scrape_loop(
+            options,
+            policy=policy,
+            state=TargetState.initial(),
+            notes=notes,
+            client=client,
+            clock=clock,
+            sleep=sleep,
+        )
+        return report
+    path = options.state_file
+    try:
+        lock = _lock_beside(path)
+    except OSError as exc:
+        log.error("state_file_unusable", path=str(path), error=str(exc))
+        return CheckReport(
+            status="unknown",
+            metrics_url=options.metrics_url,
+            engines=(),
+            error=f"cannot use state file {path}: {exc}",
+            notes=(),
+            scrapes=0,
+            at=None,
+        )
+    try:
+        state = _load_state_file(options, clock(), notes)
+        report, state = await _scrape_loop(
+            options,
+            policy=options.policy,
+            state=state,
+            notes=notes,
+            client=client,
+            clock=clock,
+            sleep=sleep,
+        )
+        try:
+            _save_state_file(path, options.metrics_url, state)
+        except OSError as exc:
+            log.error("state_file_unwritable", path=str(path), error=str(exc))
+            return replace(report, status="unknown", error=f"cannot write state file {path}: {exc}")
+        return report
+    finally:
+        os.close(lock)
+
+
+async def _scrape_loop(
+    options: CheckOptions,
+    *,
+    policy: Policy,
+    state: TargetState,
+    notes: list[str],
+    client: httpx.AsyncClient,
+    clock: Clock,
+    sleep: Sleep,
+) -> tuple[CheckReport, TargetState]:
+    """Scrape at start, start + interval, ... and finally at (or just after) start + window.
+
+    The last scrape begins no earlier than the end of the window, so a stall that lasted
+    the whole window is measured as the whole window whatever each scrape took.
+    """
+    started_at = clock()
+    deadline = started_at + options.window_seconds
+    verdict: TargetVerdict | None = None
+    scrapes = 0
+    while True:
+        begun_at = clock()
+        observation = await observe(client, options.metrics_url, options.limits, clock=clock)
+        state, verdict = step(state, observation, policy)
+        scrapes += 1
+        log.debug(
+            "check_scraped",
+            url=options.metrics_url,
+            state=verdict.state.value,
+            failure=None if verdict.failure is None else verdict.failure.reason,
+        )
+        if isinstance(observation, ScrapeFailed) and observation.reason == "parse_error":
+            report = CheckReport(
+                status="unknown",
+                metrics_url=options.metrics_url,
+                engines=(),
+                error=f"not a vLLM metrics body: {observation.detail}",
+                notes=tuple(notes),
+                scrapes=scrapes,
+                at=observation.at,
+            )
+            return report, state
+        if begun_at >= deadline:
+            break
+        now = clock()
+        ticks = math.floor((now - started_at) / options.interval_seconds) + 1
+        next_at = min(started_at + ticks * options.interval_seconds, deadline)
+        if next_at > now:
+            await sleep(next_at - now)
+    return _report(options.metrics_url, verdict, notes, scrapes), state
+
+
+def _report(
+    metrics_url: str, verdict: TargetVerdict, notes: list[str], scrapes: int
+) -> CheckReport:
+    error: str | None = None
+    if verdict.failure is not None:
+        error = f"{verdict.failure.reason}: {verdict.failure.detail}"
+    return CheckReport(
+        status=_STATUS_OF[verdict.state],
+        metrics_url=metrics_url,
+        engines=verdict.engines,
+        error=error,
+        notes=tuple(notes),
+        scrapes=scrapes,
+        at=verdict.at,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The state file.
+
+
+def _lock_beside(path: Path) -> int:
+    """Take an exclusive lock beside the state file, so overlapping probes take turns.
+
+    Returns the lock's file descriptor; closing it releases the lock. Every check ends
+    within its window plus one scrape timeout, so a waiting probe waits a bounded time.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _load_state_file(options: CheckOptions, now: float, notes: list[str]) -> TargetState:
+    """The detector state saved by the previous check, or a fresh one with a note why."""
+    path = options.state_file
+    assert path is not None  # noqa: S101 - only called in probe mode
+
+    def fresh(why: str) -> TargetState:
+        note = f"state file {path} {why}; starting a new history"
+        notes.append(note)
+        log.warning("state_file_replaced", path=str(path), reason=why)
+        return TargetState.initial()
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return TargetState.initial()
+    except OSError as exc:
+        return fresh(f"cannot be read ({exc.strerror or exc})")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return fresh(f"is not valid JSON ({exc})")
+    if not isinstance(data, dict):
+        return fresh("does not hold a JSON object")
+    if data.get("version") != STATE_FILE_VERSION:
+        return fresh(f"has version {data.get('version')!r}, expected {STATE_FILE_VERSION}")
+    if data.get("metrics_url") != options.metrics_url:
+        return fresh(f"belongs to {data.get('metrics_url')!r}, not {options.metrics_url}")
+    try:
+        state = load_state(data.get("detector"))  # type: ignore[arg-type]  # checked by load_state
+    except (ValueError, TypeError, AttributeError) as exc:
+        return fresh(f"is malformed ({exc})")
+    if state.last_at is not None:
+        age = now - state.last_at
+        limit = _max_state_age(options.policy)
+        if age < 0:
+            return fresh("is from before this boot (the monotonic clock went backwards)")
+        if age > limit:
+            return fresh(
+                f"is {age:.0f} s old, older than the shortest wedge threshold ({limit:g} s)"
+            )
+    return state
+
+
+def _save_state_file(path: Path, metrics_url: str, state: TargetState) -> None:
+    """Write the state atomically (statefile.write_atomic: temporary file, fsync, rename)."""
+    payload = {
+        "version": STATE_FILE_VERSION,
+        "metrics_url": metrics_url,
+        "saved_timestamp": time.time(),
+        "detector": dump_state(state),
+    }
+    write_atomic(path, json.dumps(payload, allow_nan=False, separators=(",", ":")).encode())
+
+
+# ---------------------------------------------------------------------------------------
+# Output.
+
+
+def _engine_json(verdict: EngineVerdict) -> dict[str, Any]:
+    reading = verdict.reading
+    return {
+        "model_name": verdict.key.model_name,
+        "engine": verdict.key.engine,
+        "state": verdict.state.value,
+        "family": None if verdict.family is None else verdict.family.value,
+        "running": None if reading is None else _json_number(reading.running),
+        "waiting": None if reading is None else _json_number(reading.waiting),
+        "waiting_by_reason": None
+        if reading is None
+        else {k: _json_number(v) for k, v in sorted(reading.waiting_by_reason.items())},
+        "stalled_seconds": round(verdict.stalled_seconds, 3),
+    }
+
+
+def _json_number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _num(value: float) -> str:
+    if math.isfinite(value) and value == int(value):
+        return str(int(value))
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def _engine_line(verdict: EngineVerdict, at: float | None) -> str:
+    family = verdict.family.value if verdict.family is not None else "-"
+    where = f"{verdict.key.model_name} engine {verdict.key.engine}"
+    reading = verdict.reading
+    if reading is None:
+        work = "missing from /metrics" if verdict.missing else "no reading (scrape failed)"
+    else:
+        work = f"running {_num(reading.running)}, waiting {_num(reading.waiting)}"
+        if reading.waiting_by_reason:
+            reasons = ", ".join(
+                f"{reason} {_num(value)}"
+                for reason, value in sorted(reading.waiting_by_reason.items())
+            )
+            work += f" ({reasons})"
+    if verdict.state in (EngineState.SUSPECT, EngineState.WEDGED, EngineState.UNREACHABLE):
+        since = f"stalled {verdict.stalled_seconds:.1f} s"
+    elif at is not None and verdict.last_progress_at is not None:
+        since = f"last progress {max(0.0, at - verdict.last_progress_at):.1f} s ago"
+    else:
+        since = ""
+    parts = [f"{verdict.state.value:<11} {family:<15} {where}: {work}"]
+    if since:
+        parts.append(since)
+    return "; ".join(parts)
