@@ -128,6 +128,7 @@ class FakeEvidence:
     behaviour: str = "ok"  # ok | fail | raise | hang | slow
     requests: list[CaptureRequest] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    resolved: list[str] = field(default_factory=list)
 
     async def capture(self, request: CaptureRequest) -> CaptureOutcome:
         self.requests.append(request)
@@ -142,6 +143,9 @@ class FakeEvidence:
         if self.behaviour == "fail":
             return CaptureOutcome(bundle, ("ptrace_denied",), "no_stacks", "py-spy: permission")
         return CaptureOutcome(bundle, (), "scheduler_wedge", "")
+
+    async def resolve(self, bundle: str, note: str) -> None:
+        self.resolved.append(bundle)
 
 
 class FakeRestarter:
@@ -176,9 +180,13 @@ class FakeFinder:
 @dataclass
 class FakeNotifier:
     events: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
+    failed: int = 0
 
     def notify(self, event: str, payload: Mapping[str, Any]) -> None:
         self.events.append((event, payload))
+
+    def failures(self) -> int:
+        return self.failed
 
     async def aclose(self, timeout_seconds: float) -> None:
         return None
@@ -425,6 +433,26 @@ async def test_no_info_line_per_tick(tmp_path: Path) -> None:
     _, logs = await play(world)
     loud = [line for line in logs if line["log_level"] != "debug"]
     assert len(loud) <= 3, loud
+
+
+async def test_suspect_that_recovers_is_resolved(tmp_path: Path) -> None:
+    """A short stall opens a suspect bundle, then marks it resolved when the engine recovers."""
+    world = make_world(tmp_path, lambda t: "wedged" if 30 <= t < 50 else "healthy", until=120)
+    _, logs = await play(world)
+    assert [r.phase for r in world.evidence.requests] == ["suspect"]
+    assert world.evidence.resolved == [f"/evidence/{world.evidence.requests[0].episode_id}"]
+    (closed,) = events(logs, "episode_closed")
+    assert closed["outcome"] == "recovered"
+    assert events(logs, "engine_recovered")
+    assert world.restarter.requests == []
+
+
+async def test_webhook_failures_are_counted(tmp_path: Path) -> None:
+    """Notifications the notifier gave up on show in wedgewatch_webhook_failures_total."""
+    world = make_world(tmp_path, lambda t: "healthy", until=5)
+    world.notifier.failed = 2
+    await play(world)
+    assert world.metric("wedgewatch_webhook_failures_total") == 2
 
 
 # -- restarts -------------------------------------------------------------------------------------

@@ -43,8 +43,8 @@ from typing import Any, Literal, Protocol
 import structlog
 from prometheus_client import CollectorRegistry
 
-from wedgewatch import __version__, remedy, statefile
-from wedgewatch.config import Config, Target
+from wedgewatch import __version__, evidence, remedy, signals, statefile
+from wedgewatch.config import Config, Target, default_target_name, metrics_url_of
 from wedgewatch.detect import (
     CaptureEvidence,
     EngineState,
@@ -60,10 +60,13 @@ from wedgewatch.detect import (
     load_state,
     step,
 )
+from wedgewatch.notify import Notification, WebhookNotifier
 from wedgewatch.ownmetrics import EngineSample, OwnMetrics
-from wedgewatch.procs import Discovery, ProcessFinder, ProcessSelector
+from wedgewatch.procs import Discovery, ProcessFinder, ProcessSelector, PsutilProcessFinder
+from wedgewatch.scrape import FetchFailed, ScrapeLimits, fetch, new_client
 from wedgewatch.server import EngineSnapshot, HttpServer, Snapshot, TargetSnapshot, make_app
 from wedgewatch.signals import EngineKey
+from wedgewatch.systemd_notify import SystemdNotifier
 
 log = structlog.get_logger("wedgewatch.daemon")
 
@@ -148,6 +151,7 @@ class CaptureRequest:
     metrics_body: bytes | None
     history: tuple[Mapping[str, Any], ...]
     verdict: Mapping[str, Any]
+    verdict_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,12 +171,20 @@ class EvidenceCollector(Protocol):
         """Capture evidence; failures of single steps are reported in the outcome."""
         ...
 
+    async def resolve(self, bundle: str, note: str) -> None:
+        """Mark a suspect bundle whose episode ended without a wedge as routine."""
+        ...
+
 
 class Notifier(Protocol):
     """Sends notifications (webhooks) without blocking the caller."""
 
     def notify(self, event: str, payload: Mapping[str, Any]) -> None:
         """Queue one notification and return at once."""
+        ...
+
+    def failures(self) -> int:
+        """Notifications given up on (after retries) since the start."""
         ...
 
     async def aclose(self, timeout_seconds: float) -> None:
@@ -268,6 +280,13 @@ class _CaptureJob:
     phase: Literal["suspect", "wedged"]
     body: bytes | None
     verdict: Mapping[str, Any]
+    verdict_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _ResolveJob:
+    bundle: str
+    note: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +296,7 @@ class _RestartJob:
     reason: str
 
 
-_Job = _CaptureJob | _RestartJob
+_Job = _CaptureJob | _RestartJob | _ResolveJob
 
 
 @dataclass(slots=True)
@@ -328,11 +347,7 @@ class Daemon:
             families=tuple(Family),
             scrape_failure_reasons=SCRAPE_FAILURE_REASONS,
         )
-        self.capture_timeout_seconds = (
-            2 * config.pyspy_timeout_seconds
-            + config.process_sample_seconds
-            + _CAPTURE_SLACK_SECONDS
-        )
+        self.capture_timeout_seconds = capture_deadline_seconds(config) + _CAPTURE_SLACK_SECONDS
         self.restart_timeout_seconds = (
             max(config.grace_seconds + remedy.KILL_WAIT_SECONDS, remedy.COMMAND_TIMEOUT_SECONDS)
             + 30.0
@@ -356,6 +371,7 @@ class Daemon:
         self._last_persist_at = now_at
         self._dirty = False
         self._stopping = False
+        self._webhook_failures = 0
         self.health_stale_after_seconds = (
             3 * config.interval_seconds + config.scrape_timeout_seconds
         )
@@ -446,6 +462,10 @@ class Daemon:
         self._ticks += 1
         self._last_tick_at, self._last_tick_timestamp = now_at, now
         self.metrics.mark_tick(now)
+        failures = self.deps.notifier.failures()
+        for _ in range(failures - self._webhook_failures):
+            self.metrics.count_webhook_failure()
+        self._webhook_failures = failures
         self.deps.service.watchdog()
         if self._dirty or now_at - self._last_persist_at >= _PERSIST_EVERY_SECONDS:
             self._persist(now_at, now)
@@ -621,6 +641,9 @@ class Daemon:
             duration_seconds=round(now_at - episode.opened_at, 3),
             bundle=episode.bundle,
         )
+        if outcome == "recovered" and episode.suspect_requested and not episode.wedged_requested:
+            # Queued behind the suspect capture, so it sees the finished bundle.
+            rt.queue.put_nowait(_ResolveJob(episode.bundle or "", "the engine recovered"))
         rt.episode = None
         self._dirty = True
 
@@ -646,7 +669,9 @@ class Daemon:
                     return
                 episode.wedged_requested = True
             rt.queue.put_nowait(
-                _CaptureJob(action.key, str(action.family), action.phase, rt.last_body, summary)
+                _CaptureJob(
+                    action.key, str(action.family), action.phase, rt.last_body, summary, now_at
+                )
             )
             return
         if episode.restart_requested:
@@ -714,6 +739,11 @@ class Daemon:
                 if isinstance(job, _CaptureJob):
                     rt.busy = "capture"
                     await self._capture(rt, job)
+                elif isinstance(job, _ResolveJob):
+                    rt.busy = "resolve"
+                    bundle = job.bundle or rt.last_bundle
+                    if bundle is not None:
+                        await self.deps.evidence.resolve(bundle, job.note)
                 else:
                     rt.busy = "restart"
                     await self._restart(rt, job)
@@ -743,6 +773,7 @@ class Daemon:
             metrics_body=job.body,
             history=tuple(rt.history),
             verdict=job.verdict,
+            verdict_at=job.verdict_at,
         )
         started = time.monotonic()
         try:
@@ -1195,6 +1226,302 @@ def _episode_id(target: str, key: EngineKey, family: str, now: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# The real adapters
+
+
+class SystemClock:
+    """time.monotonic and time.time."""
+
+    def monotonic(self) -> float:
+        """Seconds on the monotonic clock."""
+        return time.monotonic()
+
+    def wall(self) -> float:
+        """Unix time."""
+        return time.time()
+
+
+class AsyncioSleeper:
+    """asyncio.sleep."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep on the event loop."""
+        await asyncio.sleep(seconds)
+
+
+class HttpScraper:
+    """Scrapes with `scrape.fetch` (bounded in time and size) and parses with `signals.parse`."""
+
+    def __init__(self, limits: ScrapeLimits, clock: Clock) -> None:
+        self._limits = limits
+        self._clock = clock
+        self._client = new_client()
+
+    async def scrape(self, target: Target) -> ScrapeResult:
+        """Fetch and parse once; the observation is stamped when the scrape began."""
+        at = self._clock.monotonic()
+        url = target.metrics_url
+        result = await fetch(
+            self._client,
+            url,
+            timeout_seconds=self._limits.timeout_seconds,
+            max_body_bytes=self._limits.max_body_bytes,
+            clock=self._clock.monotonic,
+        )
+        if isinstance(result, FetchFailed):
+            failed = ScrapeFailed(at=at, reason=result.reason, detail=result.detail)
+            return ScrapeResult(failed, None, result.elapsed_seconds)
+        if len(result.body) >= _THREAD_PARSE_BYTES:
+            parsed = await asyncio.to_thread(signals.parse, result.body)
+        else:
+            parsed = signals.parse(result.body)
+        duration = self._clock.monotonic() - at
+        if isinstance(parsed, signals.ParseFailure):
+            detail = f"{url}: {parsed.message}"
+            content_type = result.content_type or "none"
+            if not content_type.lower().startswith("text/plain"):
+                detail += f" (Content-Type: {content_type}; expected text/plain)"
+            return ScrapeResult(ScrapeFailed(at, "parse_error", detail), None, duration)
+        return ScrapeResult(Scraped(at, parsed), result.body, duration)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client."""
+        await self._client.aclose()
+
+
+class BundleEvidence:
+    """Evidence through `evidence.capture_bundle`: py-spy, process tree, metrics, history."""
+
+    def __init__(self, deps: evidence.EvidenceDeps, thresholds: Mapping[str, float]) -> None:
+        self._deps = deps
+        self._thresholds = dict(thresholds)
+
+    async def capture(self, request: CaptureRequest) -> CaptureOutcome:
+        """Open (suspect) or complete (wedged) the episode's bundle."""
+        target = request.target
+        result = await evidence.capture_bundle(
+            evidence.CaptureRequest(
+                target=target.name,
+                selector=ProcessSelector(url=target.url, pid=target.pid, pid_file=target.pid_file),
+                phase=evidence.Phase(request.phase),
+                family=request.family,
+                engine=request.key.engine,
+                model_name=request.key.model_name,
+                episode_id=request.episode_id,
+                bundle=Path(request.bundle) if request.bundle else None,
+                metrics_body=request.metrics_body,
+                metrics_error=None if request.metrics_body is not None else "no good scrape kept",
+                history=request.history,
+                thresholds=self._thresholds,
+                verdict=request.verdict,
+                verdict_at=request.verdict_at,
+            ),
+            self._deps,
+        )
+        return CaptureOutcome(
+            bundle=str(result.bundle) if result.bundle is not None else None,
+            failures=capture_failure_reasons(result),
+            triage=f"{result.triage.kind}: {result.triage.summary}",
+            detail="; ".join(result.failures),
+        )
+
+    async def resolve(self, bundle: str, note: str) -> None:
+        """Mark the bundle resolved so retention evicts it before wedge bundles."""
+        problem = await asyncio.to_thread(evidence.resolve_bundle, Path(bundle), self._deps, note)
+        if problem is not None:
+            log.warning("bundle_resolve_failed", bundle=bundle, reason=problem)
+
+
+def capture_failure_reasons(result: evidence.BundleResult) -> tuple[str, ...]:
+    """The closed set of reasons for `wedgewatch_evidence_capture_failures_total`."""
+    reasons: list[str] = []
+    if result.bundle is None:
+        reasons.append("write_failed")
+    if result.ptrace_denied:
+        reasons.append("ptrace_denied")
+    if result.deadline_exceeded:
+        reasons.append("timeout")
+    if result.failures and not reasons:
+        reasons.append("incomplete")
+    return tuple(reasons)
+
+
+class WebhookNotifications:
+    """Sends the daemon's notable events through `notify.WebhookNotifier`."""
+
+    EVENTS = frozenset(
+        {
+            "wedge_detected",
+            "target_unreachable",
+            "engine_recovered",
+            "restart_requested",
+            "restart_succeeded",
+            "restart_failed",
+            "gave_up",
+            "gave_up_cleared",
+        }
+    )
+
+    def __init__(self, notifier: WebhookNotifier | None) -> None:
+        self._notifier = notifier
+        self._started = False
+
+    def notify(self, event: str, payload: Mapping[str, Any]) -> None:
+        """Queue the event for every webhook URL (none configured: nothing)."""
+        if self._notifier is None or event not in self.EVENTS:
+            return
+        if not self._started:
+            self._notifier.start()  # needs the running loop; notify is called from it
+            self._started = True
+        self._notifier.notify(
+            Notification(
+                event=event,
+                target=str(payload.get("target", "")),
+                engine=str(payload.get("engine") or ""),
+                model_name=str(payload.get("model_name") or ""),
+                family=str(payload.get("family") or ""),
+                state=str(payload.get("state") or ""),
+                reason=str(payload.get("reason") or payload.get("detail") or ""),
+                timestamp=float(payload.get("timestamp", time.time())),
+                bundle=payload.get("bundle"),
+            )
+        )
+
+    def failures(self) -> int:
+        """Notifications dropped after their retries."""
+        return 0 if self._notifier is None else self._notifier.stats.failed
+
+    async def aclose(self, timeout_seconds: float) -> None:
+        """Deliver what is queued, within the deadline."""
+        if self._notifier is not None and self._started:
+            await self._notifier.aclose(timeout_seconds)
+
+
+class FileStateStore:
+    """`statefile` under `state_dir`, holding the directory's exclusive lock while alive."""
+
+    def __init__(self, state_dir: Path) -> None:
+        locked = statefile.lock_state_dir(state_dir)
+        if isinstance(locked, statefile.LockFailed):
+            raise RuntimeError(locked.message)
+        self._lock = locked
+        self._dir = state_dir
+        self._path = statefile.state_path(state_dir)
+
+    def load(self) -> statefile.Loaded:
+        """Read the state file (a corrupt one is set aside and reported)."""
+        return statefile.load(self._path)
+
+    def save(
+        self, state: statefile.SavedState, timestamp: float
+    ) -> statefile.Saved | statefile.SaveFailed:
+        """Write it atomically."""
+        return statefile.save(self._path, state, timestamp)
+
+    def take_resets(self) -> statefile.ResetRequests:
+        """Operator reset requests dropped into the state directory."""
+        return statefile.take_reset_requests(self._dir)
+
+    def close(self) -> None:
+        """Release the state directory lock."""
+        self._lock.release()
+
+
+def evidence_settings(config: Config) -> evidence.EvidenceSettings:
+    """The evidence slice of the configuration."""
+    return evidence.EvidenceSettings(
+        evidence_dir=config.evidence_dir,
+        capture_locals=config.capture_locals,
+        pyspy_path=config.pyspy_path,
+        pyspy_timeout_seconds=config.pyspy_timeout_seconds,
+        evidence_keep=config.evidence_keep,
+        evidence_max_bytes=config.evidence_max_bytes,
+        process_sample_seconds=config.process_sample_seconds,
+        capture_deadline_seconds=capture_deadline_seconds(config),
+    )
+
+
+def capture_deadline_seconds(config: Config) -> float:
+    """How long one capture may take: py-spy with and without --native, sampling, writing."""
+    return 2 * config.pyspy_timeout_seconds + config.process_sample_seconds + 10.0
+
+
+def build_restarters(
+    config: Config, supervisor: remedy.Supervisor | None = None
+) -> dict[str, remedy.Restarter]:
+    """One restarter per target for the configured remedy (none for `none`)."""
+    restarters: dict[str, remedy.Restarter] = {}
+    for target in config.targets:
+        if config.remedy == "none":
+            continue
+        if config.remedy == "signal":
+            restarters[target.name] = remedy.SignalRestarter(grace_seconds=config.grace_seconds)
+        elif config.remedy == "systemd":
+            unit = target.systemd_unit or config.systemd_unit
+            restarters[target.name] = remedy.SystemdRestarter(unit)
+        elif config.remedy == "exec":
+            restarters[target.name] = remedy.ExecRestarter(config.exec_command)
+        else:
+            if supervisor is None:
+                raise ValueError(
+                    'remedy = "supervise" needs a server that wedgewatch runs itself: '
+                    "use `wedgewatch launch --watch`"
+                )
+            restarters[target.name] = remedy.SuperviseRestarter(
+                supervisor, grace_seconds=config.grace_seconds
+            )
+    return restarters
+
+
+def real_deps(
+    config: Config,
+    *,
+    supervisor: remedy.Supervisor | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Deps:
+    """The production adapters; raises RuntimeError/ValueError for unusable settings.
+
+    Takes the state directory's lock: a second wedgewatch on the same `state_dir` is
+    refused (it would restart the same server twice).
+    """
+    clock = SystemClock()
+    finder = PsutilProcessFinder()
+    policy = config.policy()
+    thresholds = {
+        "stall_after_seconds": policy.stall_after_seconds,
+        "hang_after_seconds": policy.hang_after_seconds,
+        "output_stall_after_seconds": policy.output_stall_after_seconds,
+        "unreachable_after_seconds": policy.unreachable_after_seconds,
+        "interval_seconds": config.interval_seconds,
+    }
+    webhooks = (
+        WebhookNotifier(
+            config.webhook_urls,
+            timeout_seconds=config.webhook_timeout_seconds,
+            retries=config.webhook_retries,
+        )
+        if config.webhook_urls
+        else None
+    )
+    restarters = build_restarters(config, supervisor)
+    return Deps(
+        clock=clock,
+        sleeper=AsyncioSleeper(),
+        scraper=HttpScraper(config.scrape_limits(), clock),
+        evidence=BundleEvidence(
+            evidence.EvidenceDeps(settings=evidence_settings(config), finder=finder), thresholds
+        ),
+        restarters=restarters,
+        finder=finder,
+        notifier=WebhookNotifications(webhooks),
+        state_store=FileStateStore(config.state_dir),
+        service=SystemdNotifier.from_environ(environ),
+        registry=CollectorRegistry(),
+        serve_http=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # Entry point
 
 
@@ -1257,3 +1584,80 @@ async def run(config: Config, deps: Deps, *, stop: asyncio.Event | None = None) 
             loop.remove_signal_handler(sig)
         log.info("daemon_stopped")
     return 0
+
+
+def serve(config: Config, *, supervisor: remedy.Supervisor | None = None) -> int:
+    """`wedgewatch run`: build the real adapters and run until stopped; the exit code.
+
+    0 after a clean stop, 2 when the settings cannot work (no target, state directory in
+    use, unknown remedy setup), 1 when the HTTP port cannot be bound, 130 when a second
+    signal cut the shutdown short.
+    """
+    if not config.targets:
+        log.error(
+            "no_targets", reason="give --target URL (repeatable) or [[targets]] in the config"
+        )
+        return 2
+    try:
+        deps = real_deps(config, supervisor=supervisor)
+    except (RuntimeError, ValueError) as exc:
+        log.error("startup_failed", reason=str(exc))
+        return 2
+    try:
+        return asyncio.run(run(config, deps))
+    except OSError as exc:
+        log.error("startup_failed", reason=str(exc))
+        return 1
+    except asyncio.CancelledError:
+        log.warning("shutdown_cut_short", reason="a second signal arrived during shutdown")
+        return 130
+    finally:
+        if isinstance(deps.state_store, FileStateStore):
+            deps.state_store.close()
+
+
+async def capture_on_demand(
+    config: Config,
+    *,
+    url: str | None = None,
+    pid: int | None = None,
+    pid_file: Path | None = None,
+    name: str | None = None,
+) -> evidence.BundleResult:
+    """`wedgewatch capture`: one manual bundle of a server found by URL, pid or pid file.
+
+    With a URL the server's /metrics body is saved too (a failed scrape is noted in the
+    bundle, never fatal) and its processes are found from the listening port unless a
+    pid or pid file is given.
+    """
+    body: bytes | None = None
+    metrics_error: str | None = None
+    metrics_url = metrics_url_of(url) if url is not None else None
+    if metrics_url is not None:
+        limits = config.scrape_limits()
+        async with new_client() as client:
+            result = await fetch(
+                client,
+                metrics_url,
+                timeout_seconds=limits.timeout_seconds,
+                max_body_bytes=limits.max_body_bytes,
+            )
+        if isinstance(result, FetchFailed):
+            metrics_error = f"{result.reason}: {result.detail}"
+        else:
+            body = result.body
+    else:
+        metrics_error = "no URL given (--pid / --pid-file capture)"
+    if name is None:
+        name = default_target_name(url) if url is not None else f"pid-{pid}" if pid else "server"
+    request = evidence.CaptureRequest(
+        target=name,
+        selector=ProcessSelector(url=url, pid=pid, pid_file=pid_file),
+        phase=evidence.Phase.MANUAL,
+        family="manual",
+        metrics_body=body,
+        metrics_error=metrics_error,
+        verdict={"reason": "on-demand capture (wedgewatch capture)"},
+    )
+    deps = evidence.EvidenceDeps(settings=evidence_settings(config))
+    return await evidence.capture_bundle(request, deps)
