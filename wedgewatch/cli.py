@@ -26,7 +26,7 @@ from typer._click.core import Context
 from typer._click.exceptions import UsageError
 from typer.core import TyperCommand
 
-from wedgewatch import __version__, check, config, scrape
+from wedgewatch import __version__, check, config, daemon, scrape
 from wedgewatch.config import SETTINGS, Config
 from wedgewatch.sim.cli import sim_app
 
@@ -349,6 +349,152 @@ def _check(
         typer.echo(report.render_text())
     code = report.exit_code
     raise typer.Exit(check.EXIT_OK if critical_only and code == check.EXIT_WARNING else code)
+
+
+# -- wedgewatch run / capture (the daemon; see wedgewatch/daemon.py, docs/daemon.md) -----
+
+
+@app.command("run")
+@with_config_flags(*SETTINGS)
+def _run(
+    config_file: Annotated[Path | None, _CONFIG_FILE_OPTION] = None,
+    *,
+    flags: dict[str, Any],
+) -> None:
+    """Watch vLLM servers: detect wedges, capture evidence, restart within a budget.
+
+    Serves /health, /probe, /metrics and /status on --listen-host:--listen-port.
+    Stops cleanly on SIGTERM or SIGINT. See docs/daemon.md.
+    """
+    try:
+        loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
+    except config.ConfigError as exc:
+        raise _fail(exc.messages, 2) from None
+    if not loaded.config.targets:
+        raise _fail(["no targets to watch: give --target URL or [[targets]] in --config"], 2)
+    configure_logging(loaded.config.log_level)
+    raise typer.Exit(daemon.serve(loaded.config))
+
+
+@app.command("capture")
+@with_config_flags(
+    "evidence_dir",
+    "capture_locals",
+    "pyspy_path",
+    "pyspy_timeout_seconds",
+    "process_sample_seconds",
+    "evidence_keep",
+    "evidence_max_bytes",
+    "scrape_timeout_seconds",
+    "max_body_bytes",
+    "log_level",
+)
+def _capture(
+    target_url: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            help="The server's base URL or /metrics URL: saves its /metrics and finds its "
+            "processes from the listening port.",
+            show_default=False,
+        ),
+    ] = None,
+    pid: Annotated[
+        int | None,
+        typer.Option(
+            "--pid", min=1, help="The API server's pid (overrides discovery).", show_default=False
+        ),
+    ] = None,
+    pid_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--pid-file",
+            dir_okay=False,
+            help="A file holding the API server's pid.",
+            show_default=False,
+        ),
+    ] = None,
+    config_file: Annotated[Path | None, _CONFIG_FILE_OPTION] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    *,
+    flags: dict[str, Any],
+) -> None:
+    """Take an evidence bundle now: py-spy stacks, process tree, /metrics, triage.
+
+    Without --target/--pid/--pid-file the single target of --config is used.
+    Exit 0 when a bundle was written (even with failed steps, listed), 1 when none was.
+    """
+    try:
+        loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
+    except config.ConfigError as exc:
+        raise _fail(exc.messages, 2) from None
+    settings = loaded.config
+    name: str | None = None
+    if target_url is None and pid is None and pid_file is None:
+        if len(settings.targets) != 1:
+            raise _fail(["say what to capture: --target URL, --pid PID or --pid-file FILE"], 2)
+        only = settings.targets[0]
+        target_url, pid, pid_file, name = only.url, only.pid, only.pid_file, only.name
+    elif target_url is not None:
+        try:
+            config.metrics_url_of(target_url)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{target_url!r} {exc}", param_hint="--target") from None
+    configure_logging(settings.log_level)
+    result = asyncio.run(
+        daemon.capture_on_demand(settings, url=target_url, pid=pid, pid_file=pid_file, name=name)
+    )
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "bundle": None if result.bundle is None else str(result.bundle),
+                    "triage": result.triage.to_json(),
+                    "failures": list(result.failures),
+                    "ptrace_denied": result.ptrace_denied,
+                    "duration_seconds": round(result.duration_seconds, 3),
+                }
+            )
+        )
+    else:
+        if result.bundle is not None:
+            typer.echo(f"bundle: {result.bundle}")
+        typer.echo(f"triage: {result.triage.kind}: {result.triage.summary}")
+        for failure in result.failures:
+            typer.echo(f"failed: {failure}", err=True)
+    raise typer.Exit(0 if result.bundle is not None else 1)
+
+
+# -- wedgewatch reset-restarts (see wedgewatch/statefile.py, docs/remedies.md) ---------------
+
+
+@app.command("reset-restarts")
+@with_config_flags("state_dir")
+def _reset_restarts(
+    target: Annotated[
+        str | None,
+        typer.Argument(help="The target's name (default: every target).", show_default=False),
+    ] = None,
+    config_file: Annotated[Path | None, _CONFIG_FILE_OPTION] = None,
+    *,
+    flags: dict[str, Any],
+) -> None:
+    """Reset the restart budget and backoff, and leave gave_up.
+
+    Hands the reset to a wedgewatch running on the same state_dir, else edits its state file.
+    """
+    import time  # noqa: PLC0415  (local: this block is added to a shared file)
+
+    from wedgewatch import statefile  # noqa: PLC0415  (ditto)
+
+    try:
+        loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
+    except config.ConfigError as exc:
+        raise _fail(exc.messages, 2) from None
+    result = statefile.reset_restarts(loaded.config.state_dir, target, time.time())
+    if isinstance(result, statefile.ResetFailed):
+        raise _fail([result.message], 1)
+    typer.echo(result.message)
 
 
 def main() -> None:
