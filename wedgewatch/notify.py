@@ -1,0 +1,301 @@
+"""Webhook notifications: a JSON POST per event to each configured URL, off the watch loop.
+
+`WebhookNotifier.notify` only puts the notification on a bounded queue per URL and returns
+at once; one worker task per URL delivers in order. Rules:
+
+* **Bounded queue.** When a URL's queue is full (its receiver is down or slow), the oldest
+  waiting notification is dropped for the newest and counted in `stats.dropped`: the latest
+  state is what an operator needs.
+* **Bounded retries.** A POST gets `timeout_seconds` for connecting, sending and the
+  response. Timeouts, connection errors, 429 and 5xx responses are retried up to `retries`
+  times with exponential backoff (`backoff_seconds` doubling, capped at
+  `backoff_max_seconds`); other 4xx responses are not retried (the request is wrong and
+  would stay wrong). A notification that is not delivered is counted in `stats.failed`,
+  logged as `webhook_failed` and passed to `on_failure`.
+* **One URL never delays another**, and a receiver that hangs costs at most its timeout
+  per attempt.
+* **Shutdown.** `aclose(timeout_seconds)` lets the workers deliver what is queued until the
+  deadline, then cancels them.
+
+The payload (`payload()`) is a flat JSON object: `event`, `target`, `engine`,
+`model_name`, `family`, `state`, `reason`, `bundle` (path or null), `wedgewatch_version`,
+`host`, `timestamp` (ISO 8601, UTC) and `text`, a one-line human summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import math
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import structlog
+
+from wedgewatch import __version__
+
+log = structlog.get_logger("wedgewatch.notify")
+
+#: How many notifications wait per URL before the oldest is dropped.
+QUEUE_SIZE = 100
+
+
+class NotifyEvent(StrEnum):
+    """The events wedgewatch sends (the same names as its log lines)."""
+
+    WEDGE_DETECTED = "wedge_detected"
+    RESTART_REQUESTED = "restart_requested"
+    RESTART_SUCCEEDED = "restart_succeeded"
+    RESTART_FAILED = "restart_failed"
+    GAVE_UP = "gave_up"
+    GAVE_UP_CLEARED = "gave_up_cleared"
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """One thing that happened to a target, at Unix time `timestamp`."""
+
+    event: str
+    target: str
+    engine: str
+    model_name: str
+    family: str
+    state: str
+    reason: str
+    timestamp: float
+    bundle: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookFailure:
+    """A notification that could not be delivered to `url`."""
+
+    url: str
+    event: str
+    attempts: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyStats:
+    """Counters since the notifier was created (summed over URLs)."""
+
+    sent: int
+    failed: int
+    dropped: int
+    retried: int
+
+
+def payload(notification: Notification, *, version: str, host: str) -> dict[str, Any]:
+    """The JSON object POSTed for `notification`."""
+    when = dt.datetime.fromtimestamp(notification.timestamp, tz=dt.UTC)
+    engine = f"{notification.model_name} engine {notification.engine}".strip()
+    text = f"wedgewatch on {host}: {notification.event} for {notification.target}"
+    if notification.engine or notification.model_name:
+        text += f" ({engine})"
+    if notification.family:
+        text += f", {notification.family}"
+    if notification.reason:
+        text += f": {notification.reason}"
+    if notification.bundle:
+        text += f" [evidence: {notification.bundle}]"
+    return {
+        "event": notification.event,
+        "target": notification.target,
+        "engine": notification.engine,
+        "model_name": notification.model_name,
+        "family": notification.family,
+        "state": notification.state,
+        "reason": notification.reason,
+        "bundle": notification.bundle,
+        "wedgewatch_version": version,
+        "host": host,
+        "timestamp": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "text": text,
+    }
+
+
+def _check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"webhook URL {url!r} must be an http:// or https:// URL with a host")
+    return url
+
+
+def _redact(url: str) -> str:
+    """The URL without its query and credentials (webhook URLs often carry a secret token)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+class _Retry(Exception):
+    """An attempt failed in a way that may pass on retry."""
+
+
+class _GiveUp(Exception):
+    """An attempt failed in a way that will not pass on retry."""
+
+
+class WebhookNotifier:
+    """Delivers notifications to webhook URLs from background tasks; never blocks the caller."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        timeout_seconds: float = 5.0,
+        retries: int = 3,
+        backoff_seconds: float = 1.0,
+        backoff_max_seconds: float = 30.0,
+        queue_size: int = QUEUE_SIZE,
+        version: str = __version__,
+        host: str | None = None,
+        on_failure: Callable[[WebhookFailure], None] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not math.isfinite(timeout_seconds) or timeout_seconds <= 0:
+            raise ValueError(f"webhook timeout_seconds must be > 0, got {timeout_seconds}")
+        if retries < 0:
+            raise ValueError(f"webhook retries must be >= 0, got {retries}")
+        if queue_size < 1:
+            raise ValueError(f"webhook queue_size must be >= 1, got {queue_size}")
+        if backoff_seconds < 0 or backoff_max_seconds < backoff_seconds:
+            raise ValueError("webhook backoff must satisfy 0 <= backoff_seconds <= backoff_max")
+        self.urls = tuple(_check_url(u) for u in urls)
+        self._timeout = timeout_seconds
+        self._retries = retries
+        self._backoff = backoff_seconds
+        self._backoff_max = backoff_max_seconds
+        self._version = version
+        self._host = host if host is not None else socket.gethostname()
+        self._on_failure = on_failure
+        self._transport = transport
+        self._queues: dict[str, asyncio.Queue[Notification]] = {
+            url: asyncio.Queue(maxsize=queue_size) for url in self.urls
+        }
+        self._tasks: list[asyncio.Task[None]] = []
+        self._client: httpx.AsyncClient | None = None
+        self._sent = self._failed = self._dropped = self._retried = 0
+
+    @property
+    def stats(self) -> NotifyStats:
+        """Delivery counters."""
+        return NotifyStats(self._sent, self._failed, self._dropped, self._retried)
+
+    def start(self) -> None:
+        """Start one delivery task per URL; call from inside the running event loop."""
+        if self._client is not None:
+            return
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self._timeout),
+            transport=self._transport,
+            follow_redirects=False,
+            headers={"user-agent": f"wedgewatch/{self._version}"},
+        )
+        client = self._client
+        for url, queue in self._queues.items():
+            task = asyncio.create_task(self._deliver_all(client, url, queue))
+            self._tasks.append(task)
+
+    def notify(self, notification: Notification) -> None:
+        """Queue `notification` for every URL and return at once (drop the oldest if full)."""
+        for url, queue in self._queues.items():
+            if queue.full():
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    dropped = queue.get_nowait()
+                    queue.task_done()
+                    self._dropped += 1
+                    log.warning(
+                        "webhook_dropped",
+                        url=_redact(url),
+                        notification=dropped.event,
+                        target=dropped.target,
+                        reason="queue full",
+                    )
+            queue.put_nowait(notification)
+
+    async def aclose(self, timeout_seconds: float = 5.0) -> None:
+        """Deliver what is queued until `timeout_seconds` pass, then stop the workers."""
+        if self._tasks:
+            joins = [asyncio.ensure_future(q.join()) for q in self._queues.values()]
+            _, pending = await asyncio.wait(joins, timeout=timeout_seconds)
+            for join in pending:
+                join.cancel()
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, *pending, return_exceptions=True)
+            self._tasks.clear()
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def _deliver_all(
+        self, client: httpx.AsyncClient, url: str, queue: asyncio.Queue[Notification]
+    ) -> None:
+        while True:
+            notification = await queue.get()
+            try:
+                await self._deliver(client, url, notification)
+            except Exception:  # a bug must not silence every later notification
+                log.exception("webhook_worker_error", url=_redact(url))
+            finally:
+                queue.task_done()
+
+    async def _deliver(
+        self, client: httpx.AsyncClient, url: str, notification: Notification
+    ) -> None:
+        body = payload(notification, version=self._version, host=self._host)
+        attempts = 0
+        message = ""
+        while attempts <= self._retries:
+            if attempts:
+                self._retried += 1
+                delay = min(self._backoff * 2.0 ** min(attempts - 1, 32), self._backoff_max)
+                await asyncio.sleep(delay)
+            attempts += 1
+            try:
+                await self._post(client, url, body)
+            except _Retry as exc:
+                message = str(exc)
+                continue
+            except _GiveUp as exc:
+                message = str(exc)
+                break
+            self._sent += 1
+            return
+        self._failed += 1
+        failure = WebhookFailure(_redact(url), notification.event, attempts, message)
+        log.warning(
+            "webhook_failed",
+            url=failure.url,
+            notification=failure.event,
+            target=notification.target,
+            attempts=attempts,
+            error=message,
+        )
+        if self._on_failure is not None:
+            self._on_failure(failure)
+
+    async def _post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):  # the whole exchange, not per phase
+                response = await client.post(url, json=body)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise _Retry(f"timed out ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise _Retry(f"{type(exc).__name__}: {exc}") from exc
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        text = f"HTTP {status}"
+        if status == 429 or status >= 500:
+            raise _Retry(text)
+        raise _GiveUp(text + " (not retried)")
