@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +30,7 @@ from wedgewatch.detect import (
     new_state,
     step,
 )
-from wedgewatch.signals import EngineKey, EngineReading, Exposition
+from wedgewatch.signals import EngineKey, EngineReading, Exposition, parse
 
 MODEL = "org/model-7b"
 K0 = EngineKey(MODEL, "0")
@@ -1229,3 +1230,55 @@ def test_load_state_rejects_a_non_mapping() -> None:
     """Something that is not a JSON object at all is rejected with its type."""
     with pytest.raises(ValueError, match="state: expected an object, got list"):
         load_state([])  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# Real expositions through signals.parse
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def parsed(name: str, at: float) -> Scraped:
+    """A good scrape of one fixture body, parsed by `signals.parse`."""
+    exposition = parse((FIXTURES / name).read_bytes())
+    assert isinstance(exposition, Exposition), exposition
+    return Scraped(at, exposition)
+
+
+def test_real_deferred_wedge_body_wedges_after_stall_after_seconds() -> None:
+    """vLLM's deferred-wedge body repeated: OK (baseline), SUSPECT, then WEDGED at 60 s."""
+    _, verdicts = run([parsed("deferred_wedge.prom", t) for t in (0, 30, 60)])
+    key = EngineKey("Qwen/Qwen3-32B", "0")
+    assert [(v.state, engine(v, key).family) for v in verdicts] == [
+        (S.OK, None),
+        (S.SUSPECT, F.DEFERRED_STALL),
+        (S.WEDGED, F.DEFERRED_STALL),
+    ]
+    assert engine(verdicts[-1], key).reason == (
+        "running 0, waiting 3 (deferred 2, capacity 1), no progress for 60s (threshold 60s)"
+    )
+
+
+def test_real_dp2_body_judges_engines_separately() -> None:
+    """DP=2 body frozen for 60 s: engine 0 (deferred) wedges, engine 1 (running) is only suspect."""
+    _, verdicts = run([parsed("dp2_multiproc.prom", 0), parsed("dp2_multiproc.prom", 60)])
+    e0 = engine(verdicts[-1], EngineKey("Qwen/Qwen3-30B-A3B", "0"))
+    e1 = engine(verdicts[-1], EngineKey("Qwen/Qwen3-30B-A3B", "1"))
+    assert (e0.state, e0.family) == (S.WEDGED, F.DEFERRED_STALL)
+    assert (e1.state, e1.family) == (S.SUSPECT, F.PROGRESS_STALL)
+    assert verdicts[-1].state is S.WEDGED
+
+
+@pytest.mark.parametrize(
+    ("name", "state"),
+    [
+        pytest.param("idle.prom", S.IDLE, id="idle"),
+        pytest.param("sleeping.prom", S.SLEEPING, id="sleeping"),
+        pytest.param("old_vllm_no_reason.prom", S.WEDGED, id="old-vllm-running-flat"),
+        pytest.param("nan_inf.prom", S.WEDGED, id="non-finite-gauges"),
+    ],
+)
+def test_real_bodies_frozen_for_ten_minutes(name: str, state: EngineState) -> None:
+    """A body that never changes for 10 min: idle and asleep stay calm, work present wedges."""
+    _, verdicts = run([parsed(name, 0), parsed(name, 600)])
+    assert verdicts[-1].state is state
