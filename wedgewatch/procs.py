@@ -1,0 +1,522 @@
+"""Find a vLLM server's processes: the pid listening on the target's port, its descendants, titles.
+
+Pure parts (classification from `(pid, ppid, title)` records, pid-file and URL parsing,
+CPU-percent arithmetic) sit above the psutil adapter `PsutilProcessFinder`.
+
+Titles come from the command line, not from `/proc/<pid>/comm`: the kernel cuts `comm` to
+15 bytes (`VLLM::EngineCor`, and both `VLLM::Worker_TP0` and `_TP1` read `VLLM::Worker_TP`),
+while a `setproctitle` title replaces the whole argv area and shows in full there.
+
+A process that vanishes while it is being looked at is a note in the result, never an
+exception: the server being examined is often in the middle of dying.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import psutil
+
+ENGINE_TITLE_PREFIX = "VLLM::EngineCore"
+WORKER_TITLE_PREFIX = "VLLM::Worker"
+API_TITLE_PREFIX = "VLLM::APIServer"
+_WILDCARD_IPS = frozenset({"0.0.0.0", "::", "::0"})
+
+
+class Role(StrEnum):
+    """What a process of the server does."""
+
+    API_SERVER = "api_server"
+    ENGINE_CORE = "engine_core"
+    WORKER = "worker"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRecord:
+    """The raw facts about one process, as read from the system."""
+
+    pid: int
+    ppid: int
+    title: str
+    status: str = "running"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerProcess:
+    """One process of the watched server, with its role."""
+
+    pid: int
+    ppid: int
+    title: str
+    role: Role
+    status: str = "running"
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-safe form."""
+        return {
+            "pid": self.pid,
+            "ppid": self.ppid,
+            "title": self.title,
+            "role": str(self.role),
+            "status": self.status,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSelector:
+    """How the server's root process is found; the first that is set wins: pid, pid_file, url."""
+
+    url: str | None = None
+    pid: int | None = None
+    pid_file: Path | None = None
+
+    def describe(self) -> str:
+        """Human-readable source of the root pid, for summaries and errors."""
+        if self.pid is not None:
+            return f"pid {self.pid}"
+        if self.pid_file is not None:
+            return f"pid file {self.pid_file}"
+        if self.url is not None:
+            return f"listener of {self.url}"
+        return "nothing (no url, pid or pid file configured)"
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """The server's processes, or why they could not be found."""
+
+    source: str
+    root_pid: int | None
+    processes: tuple[ServerProcess, ...]
+    error: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def pids(self, role: Role) -> tuple[int, ...]:
+        """Pids with the given role, in discovery order."""
+        return tuple(p.pid for p in self.processes if p.role is role)
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-safe form."""
+        return {
+            "source": self.source,
+            "root_pid": self.root_pid,
+            "error": self.error,
+            "notes": list(self.notes),
+            "processes": [p.to_json() for p in self.processes],
+        }
+
+
+class ProcessFinder(Protocol):
+    """Finds the processes of a server (psutil in production)."""
+
+    def discover(self, selector: ProcessSelector) -> Discovery:
+        """Return the server's processes; failures are data in the result."""
+        ...
+
+
+# --------------------------------------------------------------------------- pure core
+
+
+def title_from_cmdline(cmdline: Sequence[str], name: str = "") -> str:
+    """The process title: the command line joined, or the (15-byte) comm name when it is empty.
+
+    `setproctitle` pads the argv area with NULs, which psutil returns as empty arguments.
+    """
+    title = " ".join(arg for arg in cmdline if arg).strip()
+    return title or name
+
+
+def classify_role(title: str, *, is_listener: bool) -> Role:
+    """The role of a process from its title; the listener (or configured root) is the API server."""
+    if title.startswith(ENGINE_TITLE_PREFIX):
+        return Role.ENGINE_CORE
+    if title.startswith(WORKER_TITLE_PREFIX):
+        return Role.WORKER
+    if is_listener or title.startswith(API_TITLE_PREFIX):
+        return Role.API_SERVER
+    return Role.OTHER
+
+
+def descendants(records: Iterable[ProcessRecord], root_pid: int) -> tuple[ProcessRecord, ...]:
+    """The root's record followed by all its descendants, breadth first, siblings by pid.
+
+    Records not connected to the root are left out; a cycle in bad input cannot loop.
+    """
+    by_pid = {r.pid: r for r in records}
+    children: dict[int, list[ProcessRecord]] = {}
+    for record in by_pid.values():
+        if record.pid != root_pid:
+            children.setdefault(record.ppid, []).append(record)
+    if root_pid not in by_pid:
+        return ()
+    ordered: list[ProcessRecord] = []
+    seen: set[int] = set()
+    frontier = [by_pid[root_pid]]
+    while frontier:
+        nxt: list[ProcessRecord] = []
+        for record in frontier:
+            if record.pid in seen:
+                continue
+            seen.add(record.pid)
+            ordered.append(record)
+            nxt.extend(sorted(children.get(record.pid, ()), key=lambda r: r.pid))
+        frontier = nxt
+    return tuple(ordered)
+
+
+def build_tree(
+    records: Iterable[ProcessRecord], root_pid: int, listener_pids: Iterable[int] = ()
+) -> tuple[ServerProcess, ...]:
+    """Classify the root and its descendants; the root and every listener count as listeners."""
+    listening = {root_pid, *listener_pids}
+    return tuple(
+        ServerProcess(
+            pid=r.pid,
+            ppid=r.ppid,
+            title=r.title,
+            role=classify_role(r.title, is_listener=r.pid in listening),
+            status=r.status,
+        )
+        for r in descendants(records, root_pid)
+    )
+
+
+def parse_pid_file(text: str, path: Path) -> int | str:
+    """The pid in a pid file's text, or a specific error message."""
+    stripped = text.strip()
+    if not stripped:
+        return f"pid file {path} is empty"
+    first = stripped.split()[0]
+    if not first.isdigit():
+        return f"pid file {path} does not start with a process id: {stripped[:40]!r}"
+    pid = int(first)
+    if pid <= 0:
+        return f"pid file {path} holds {pid}, which is not a valid process id"
+    return pid
+
+
+def endpoint_of_url(url: str) -> tuple[str, int] | str:
+    """(host, port) of an http(s) URL, with the scheme's default port; or an error message."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"cannot read a port from {url!r}: {exc}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"not an http(s) URL with a host: {url!r}"
+    return parts.hostname, port or (443 if parts.scheme == "https" else 80)
+
+
+@dataclass(frozen=True, slots=True)
+class ListeningSocket:
+    """A TCP socket in LISTEN state."""
+
+    ip: str
+    port: int
+    pid: int | None
+
+
+def _same_host(listen_ip: str, host: str) -> bool:
+    if listen_ip in _WILDCARD_IPS:
+        return True
+    if host == "localhost":
+        return listen_ip in ("127.0.0.1", "::1") or listen_ip.startswith("127.")
+    try:
+        return ipaddress.ip_address(listen_ip) == ipaddress.ip_address(host)
+    except ValueError:
+        return False
+
+
+def pick_listeners(
+    sockets: Iterable[ListeningSocket], host: str, port: int
+) -> tuple[tuple[int, ...], int]:
+    """Pids listening on `port` (matching `host` when any listener does), and how many
+    matching sockets had no visible pid (another user's process seen without privileges)."""
+    on_port = [s for s in sockets if s.port == port]
+    matching = [s for s in on_port if _same_host(s.ip, host)] or on_port
+    pids = tuple(sorted({s.pid for s in matching if s.pid is not None}))
+    hidden = sum(1 for s in matching if s.pid is None)
+    return pids, hidden
+
+
+def choose_root(listeners: Sequence[int], parents: Mapping[int, int]) -> int:
+    """The listener that is not a descendant of another listener (the lowest pid on a tie).
+
+    With `--api-server-count > 1` vLLM's parent creates the socket and its API-server
+    children share it; the parent is the root of the whole server.
+    """
+    candidates = set(listeners)
+
+    def has_listening_ancestor(pid: int) -> bool:
+        seen: set[int] = set()
+        current = parents.get(pid)
+        while current is not None and current not in seen and current > 1:
+            if current in candidates:
+                return True
+            seen.add(current)
+            current = parents.get(current)
+        return False
+
+    roots = sorted(pid for pid in candidates if not has_listening_ancestor(pid))
+    return roots[0] if roots else min(candidates)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    """Counters of one process at one instant (for CPU percent over a sample)."""
+
+    pid: int
+    cpu_user_seconds: float
+    cpu_system_seconds: float
+    rss_bytes: int
+    num_threads: int
+    create_time: float
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStats:
+    """One process in `processes.json`: identity plus a short CPU sample."""
+
+    process: ServerProcess
+    reading: ProcessReading | None
+    cpu_percent: float | None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-safe form."""
+        out = self.process.to_json()
+        if self.reading is not None:
+            out.update(
+                status=self.reading.status,
+                cpu_user_seconds=self.reading.cpu_user_seconds,
+                cpu_system_seconds=self.reading.cpu_system_seconds,
+                cpu_percent=self.cpu_percent,
+                rss_bytes=self.reading.rss_bytes,
+                num_threads=self.reading.num_threads,
+                create_time=self.reading.create_time,
+            )
+        out["error"] = self.error
+        return out
+
+
+def combine_samples(
+    processes: Sequence[ServerProcess],
+    before: Mapping[int, ProcessReading | str],
+    after: Mapping[int, ProcessReading | str],
+    elapsed_seconds: float,
+) -> tuple[ProcessStats, ...]:
+    """CPU percent of each process over the sample (100 = one core); errors kept per process.
+
+    A pid whose create time changed between the readings was reused: no percent.
+    """
+    stats: list[ProcessStats] = []
+    for proc in processes:
+        first, last = before.get(proc.pid), after.get(proc.pid)
+        if isinstance(last, ProcessReading):
+            percent: float | None = None
+            error: str | None = None
+            if isinstance(first, ProcessReading) and first.create_time == last.create_time:
+                used = (last.cpu_user_seconds + last.cpu_system_seconds) - (
+                    first.cpu_user_seconds + first.cpu_system_seconds
+                )
+                if elapsed_seconds > 0:
+                    percent = round(max(used, 0.0) / elapsed_seconds * 100.0, 1)
+            elif isinstance(first, str):
+                error = f"first sample failed: {first}"
+            stats.append(ProcessStats(proc, last, percent, error))
+        elif isinstance(first, ProcessReading):
+            stats.append(ProcessStats(proc, first, None, f"vanished during the CPU sample: {last}"))
+        else:
+            stats.append(ProcessStats(proc, None, None, str(last or first or "not read")))
+    return tuple(stats)
+
+
+# --------------------------------------------------------------------------- psutil adapter
+
+
+def _describe_psutil_error(exc: psutil.Error, pid: int) -> str:
+    if isinstance(exc, psutil.ZombieProcess):
+        return f"pid {pid} is a zombie (exited, not yet reaped)"
+    if isinstance(exc, psutil.NoSuchProcess):
+        return f"pid {pid} no longer exists"
+    if isinstance(exc, psutil.AccessDenied):
+        return f"access denied reading pid {pid} (run as the server's user or root)"
+    return f"pid {pid}: {exc}"
+
+
+def read_record(pid: int) -> ProcessRecord | str:
+    """One process's record, or why it could not be read."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            ppid = proc.ppid()
+            name = proc.name()
+            status = proc.status()
+            try:
+                cmdline = proc.cmdline()
+            except (psutil.AccessDenied, psutil.ZombieProcess):
+                cmdline = []
+        return ProcessRecord(pid, ppid, title_from_cmdline(cmdline, name), status)
+    except psutil.Error as exc:
+        return _describe_psutil_error(exc, pid)
+
+
+def read_reading(pid: int) -> ProcessReading | str:
+    """One process's counters, or why they could not be read."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            times = proc.cpu_times()
+            return ProcessReading(
+                pid=pid,
+                cpu_user_seconds=times.user,
+                cpu_system_seconds=times.system,
+                rss_bytes=proc.memory_info().rss,
+                num_threads=proc.num_threads(),
+                create_time=proc.create_time(),
+                status=proc.status(),
+            )
+    except psutil.Error as exc:
+        return _describe_psutil_error(exc, pid)
+
+
+def read_readings(pids: Iterable[int]) -> dict[int, ProcessReading | str]:
+    """Counters of several processes."""
+    return {pid: read_reading(pid) for pid in pids}
+
+
+class PsutilProcessFinder:
+    """Finds the server's processes with psutil."""
+
+    def discover(self, selector: ProcessSelector) -> Discovery:
+        """Root pid from the selector, then the root's descendants with roles."""
+        source = selector.describe()
+        root: int | str
+        listeners: tuple[int, ...] = ()
+        notes: list[str] = []
+        if selector.pid is not None:
+            root = selector.pid
+        elif selector.pid_file is not None:
+            root = _read_pid_file(selector.pid_file)
+        elif selector.url is not None:
+            found = self._listener_root(selector.url, notes)
+            if isinstance(found, str):
+                root = found
+            else:
+                root, listeners = found
+        else:
+            root = "no url, pid or pid file to find the server's processes from"
+        if isinstance(root, str):
+            return Discovery(source, None, (), error=root, notes=tuple(notes))
+        records, tree_notes = _records_under(root)
+        notes.extend(tree_notes)
+        if not records:
+            return Discovery(
+                source, root, (), error=tree_notes[0] if tree_notes else None, notes=tuple(notes)
+            )
+        return Discovery(source, root, build_tree(records, root, listeners), notes=tuple(notes))
+
+    def _listener_root(self, url: str, notes: list[str]) -> tuple[int, tuple[int, ...]] | str:
+        endpoint = endpoint_of_url(url)
+        if isinstance(endpoint, str):
+            return endpoint
+        host, port = endpoint
+        sockets = _listening_sockets(notes)
+        pids, hidden = pick_listeners(sockets, host, port)
+        if not pids:
+            if hidden:
+                return (
+                    f"a process listens on port {port} but its pid is not visible to wedgewatch: "
+                    "run as root or as the server's user, and in Kubernetes set "
+                    "shareProcessNamespace: true"
+                )
+            return f"no process listens on TCP port {port}"
+        parents: dict[int, int] = {}
+        for pid in pids:
+            record = read_record(pid)
+            if isinstance(record, ProcessRecord):
+                parents[pid] = record.ppid
+        if len(pids) > 1:
+            notes.append(f"{len(pids)} processes listen on port {port}: {list(pids)}")
+        return choose_root(pids, _ancestry(parents)), pids
+
+
+def _ancestry(parents: dict[int, int]) -> dict[int, int]:
+    """Extend a pid -> ppid map up to init, so `choose_root` can walk ancestors."""
+    full = dict(parents)
+    frontier = list(parents.values())
+    while frontier:
+        pid = frontier.pop()
+        if pid in full or pid <= 1:
+            continue
+        record = read_record(pid)
+        if isinstance(record, ProcessRecord):
+            full[pid] = record.ppid
+            frontier.append(record.ppid)
+    return full
+
+
+def _read_pid_file(path: Path) -> int | str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return f"pid file {path} does not exist"
+    except OSError as exc:
+        return f"pid file {path} cannot be read: {exc.strerror or exc}"
+    return parse_pid_file(text, path)
+
+
+def _listening_sockets(notes: list[str]) -> list[ListeningSocket]:
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        # Some platforms refuse the system-wide table to non-root; ask process by process.
+        notes.append("system-wide socket table denied; scanned processes one by one")
+        return _listening_sockets_per_process()
+    return [
+        ListeningSocket(c.laddr.ip, c.laddr.port, c.pid)
+        for c in conns
+        if c.status == psutil.CONN_LISTEN and c.laddr
+    ]
+
+
+def _listening_sockets_per_process() -> list[ListeningSocket]:
+    found: list[ListeningSocket] = []
+    for proc in psutil.process_iter():
+        try:
+            conns = proc.net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        found.extend(
+            ListeningSocket(c.laddr.ip, c.laddr.port, proc.pid)
+            for c in conns
+            if c.status == psutil.CONN_LISTEN and c.laddr
+        )
+    return found
+
+
+def _records_under(root: int) -> tuple[list[ProcessRecord], list[str]]:
+    notes: list[str] = []
+    first = read_record(root)
+    if isinstance(first, str):
+        return [], [first]
+    records = [first]
+    try:
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.Error as exc:
+        return records, [_describe_psutil_error(exc, root)]
+    for child in children:
+        record = read_record(child.pid)
+        if isinstance(record, str):
+            notes.append(record)
+        else:
+            records.append(record)
+    return records, notes
