@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -841,44 +841,62 @@ def test_systemd_rejects_bad_unit_names(unit: str) -> None:
 # -- supervise ---------------------------------------------------------------------------------
 
 
-async def test_supervisor_restart_replaces_the_whole_group(tmp_path: Path) -> None:
+@pytest.fixture
+async def supervised() -> AsyncIterator[Callable[[list[str]], Supervisor]]:
+    """Make supervisors whose process groups are stopped after the test, pass or fail."""
+    made: list[Supervisor] = []
+
+    def make(argv: list[str]) -> Supervisor:
+        supervisor = Supervisor(argv)
+        made.append(supervisor)
+        return supervisor
+
+    yield make
+    for supervisor in made:
+        await supervisor.stop(0.5)
+
+
+async def test_supervisor_restart_replaces_the_whole_group(
+    tmp_path: Path, supervised: Callable[[list[str]], Supervisor]
+) -> None:
     """restart() leaves no process of the old group and starts a new group with a new pid."""
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
     first_dir.mkdir()
     second_dir.mkdir()
     link = tmp_path / "current"
     link.symlink_to(first_dir)
-    supervisor = Supervisor([sys.executable, str(CHILD), "tree", str(link), "--stubborn", "grand0"])
+    supervisor = supervised([sys.executable, str(CHILD), "tree", str(link), "--stubborn", "grand0"])
     await supervisor.start()
-    try:
-        old = await asyncio.to_thread(_wait_for_pids, first_dir, TREE)
-        assert supervisor.pid == old["root"] == supervisor.pgid == os.getpgid(old["root"])
-        link.unlink()
-        link.symlink_to(second_dir)
-        outcome = await SuperviseRestarter(supervisor, grace_seconds=0.5).restart(_request())
-        assert outcome.ok, outcome.detail
-        assert not [r for r, pid in old.items() if _alive(pid)]
-        new = await asyncio.to_thread(_wait_for_pids, second_dir, TREE)
-        assert supervisor.pid == new["root"] != old["root"]
-        assert os.getpgid(new["root"]) == new["root"]
-        assert supervisor.starts == 2
-    finally:
-        status = await supervisor.stop(0.5)
-    assert status is not None
+    old = await asyncio.to_thread(_wait_for_pids, first_dir, TREE)
+    assert supervisor.pid == old["root"] == supervisor.pgid == os.getpgid(old["root"])
+    link.unlink()
+    link.symlink_to(second_dir)
+    outcome = await SuperviseRestarter(supervisor, grace_seconds=0.5).restart(_request())
+    assert outcome.ok, outcome.detail
+    assert not [r for r, pid in old.items() if _alive(pid)]
+    new = await asyncio.to_thread(_wait_for_pids, second_dir, TREE)
+    assert supervisor.pid == new["root"] != old["root"]
+    assert os.getpgid(new["root"]) == new["root"]
+    assert supervisor.starts == 2
+    assert await supervisor.stop(0.5) == -signal.SIGTERM  # the leader obeys; grand0 is killed
     assert not [r for r, pid in new.items() if _alive(pid)]
 
 
-async def test_supervisor_wait_returns_the_exit_status(tmp_path: Path) -> None:
+async def test_supervisor_wait_returns_the_exit_status(
+    supervised: Callable[[list[str]], Supervisor],
+) -> None:
     """wait() returns the status of a command that exits by itself."""
-    supervisor = Supervisor([sys.executable, str(CHILD), "exit", "7"])
+    supervisor = supervised([sys.executable, str(CHILD), "exit", "7"])
     await supervisor.start()
     assert await supervisor.wait() == 7
     assert await supervisor.stop(1) == 7
 
 
-async def test_supervisor_wait_survives_restarts_and_ends_with_stop(tmp_path: Path) -> None:
+async def test_supervisor_wait_survives_restarts_and_ends_with_stop(
+    supervised: Callable[[list[str]], Supervisor],
+) -> None:
     """A restart does not end wait(); stop() does, with the signal status."""
-    supervisor = Supervisor([sys.executable, "-c", "import time; time.sleep(3600)"])
+    supervisor = supervised([sys.executable, "-c", "import time; time.sleep(3600)"])
     await supervisor.start()
     waiter = asyncio.create_task(supervisor.wait())
     outcome = await supervisor.restart(5)
@@ -889,13 +907,15 @@ async def test_supervisor_wait_survives_restarts_and_ends_with_stop(tmp_path: Pa
     assert await waiter == -signal.SIGTERM
 
 
-async def test_supervisor_restart_that_cannot_start_is_a_failed_outcome(tmp_path: Path) -> None:
+async def test_supervisor_restart_that_cannot_start_is_a_failed_outcome(
+    tmp_path: Path, supervised: Callable[[list[str]], Supervisor]
+) -> None:
     """When the command vanished, restart() fails with a message and wait() ends."""
     program = tmp_path / "server.sh"
     running = tmp_path / "running"
     program.write_text(f"#!/bin/sh\ntouch {running}\nexec sleep 3600\n")
     program.chmod(0o755)
-    supervisor = Supervisor([str(program)])
+    supervisor = supervised([str(program)])
     await supervisor.start()
     waiter = asyncio.create_task(supervisor.wait())
     assert await asyncio.to_thread(_wait_for_file, running)
