@@ -424,10 +424,10 @@ TABLE = [
         "wedged_deferred",
         failed(80),
         K0,
-        S.SUSPECT,
-        F.UNREACHABLE,
+        S.WEDGED,
+        F.DEFERRED_STALL,
         (),
-        id="wedged(deferred)+failure=suspect(unreachable,same-episode)",
+        id="wedged(deferred)+failure=still-wedged(same-episode)",
     ),
     # admission stall
     pytest.param(
@@ -1282,3 +1282,17 @@ def test_real_bodies_frozen_for_ten_minutes(name: str, state: EngineState) -> No
     """A body that never changes for 10 min: idle and asleep stay calm, work present wedges."""
     _, verdicts = run([parsed(name, 0), parsed(name, 600)])
     assert verdicts[-1].state is state
+
+
+def test_wedged_engine_stays_wedged_through_an_outage_until_unreachable() -> None:
+    """A wedge does not flicker to suspect on a failed scrape; a long outage becomes unreachable."""
+    state, _ = run(PRELUDES["wedged_deferred"])
+    seen = []
+    for at in range(71, 112):
+        state, verdict = step(state, failed(at), POLICY)
+        judged = engine(verdict, K0)
+        seen.append((at, judged.state, judged.family))
+        assert verdict.actions == ()
+    assert seen[0][1:] == (S.WEDGED, F.DEFERRED_STALL)
+    assert all(state is S.WEDGED for at, state, _ in seen if at < 101)
+    assert seen[-1][1:] == (S.UNREACHABLE, F.UNREACHABLE)

@@ -59,6 +59,9 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #   U1  A failed scrape never counts as idle and never resets clocks. Every known engine is
 #       SUSPECT (family unreachable) from the first failure of a run of failures, and
 #       UNREACHABLE once the run has lasted unreachable_after_seconds.
+#       An engine already WEDGED stays WEDGED (same family, stall clock running) until then:
+#       a scrape that fails proves nothing about recovery, and a liveness probe must not see
+#       a wedge flicker back to healthy because one scrape timed out.
 #   U2  An engine absent from a good exposition is kept and reported with missing=True:
 #       SUSPECT (unreachable), then UNREACHABLE after unreachable_after_seconds. Its clock
 #       starts at the failure run it vanished in, if any, else at the scrape that lacked it.
@@ -454,7 +457,8 @@ def _step_failed(
         since = (
             failing_since if old.missing_since is None else min(old.missing_since, failing_since)
         )
-        out.record(old, old, _judge_unobserved(what, at, since, policy), None)
+        judgement = _hold_wedged(old, _judge_unobserved(what, at, since, policy), at)
+        out.record(old, old, judgement, None)
     new = replace(state, failing_since=failing_since, last_at=at)
     return _finish(new, out, policy, failure)
 
@@ -642,7 +646,18 @@ def _missing(
         since = failing_since if failing_since is not None else at
     key = old.key
     what = f"engine {key.engine} of model {key.model_name} disappeared from /metrics, unseen"
-    return replace(old, missing_since=since), _judge_unobserved(what, at, since, policy)
+    judgement = _hold_wedged(old, _judge_unobserved(what, at, since, policy), at)
+    return replace(old, missing_since=since), judgement
+
+
+def _hold_wedged(old: EngineMemory, judgement: _Judgement, at: float) -> _Judgement:
+    """Rule U1: a WEDGED engine that goes unobserved stays WEDGED until it is UNREACHABLE."""
+    if old.state is not EngineState.WEDGED or judgement.state is not EngineState.SUSPECT:
+        return judgement
+    quiet_since = old.last_output_at if old.family is Family.OUTPUT_STALL else old.last_progress_at
+    stalled = at - quiet_since
+    reason = f"still wedged ({old.family}); {judgement.reason}"
+    return _Judgement(EngineState.WEDGED, old.family, stalled, reason)
 
 
 def _judge_unobserved(what: str, at: float, since: float, policy: Policy) -> _Judgement:
