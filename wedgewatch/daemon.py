@@ -849,7 +849,7 @@ class Daemon:
             if decision.reason is remedy.DenyReason.BACKOFF and episode is not None:
                 episode.restart_pending_since = at
                 log.info("restart_deferred", target=name, reason=decision.detail)
-            elif decision.reason is not remedy.DenyReason.BUDGET_EXHAUSTED:
+            elif not result.events:  # a fresh gave_up was just logged with its reason
                 log.info("restart_skipped", target=name, reason=decision.detail)
             self.metrics.set_restart_budget(
                 name, remaining=self._budget(rt), gave_up=rt.policy.phase is remedy.Phase.GAVE_UP
