@@ -359,13 +359,17 @@ class Config(BaseModel):
         gt=0,
     )
     evidence_keep: int = _setting(
-        20, "evidence", "How many evidence bundles are kept; the oldest are deleted first.", ge=1
+        20,
+        "evidence",
+        "How many evidence bundles are kept. Routine bundles (suspect episodes that "
+        "recovered, manual captures) are evicted before wedge bundles, oldest first.",
+        ge=1,
     )
     evidence_max_bytes: int = _setting(
         512 * _MIB,
         "evidence",
-        "Upper bound on the total size of kept evidence bundles; the oldest are deleted "
-        "first. Accepts units: `512MiB`.",
+        "Upper bound on the total size of kept evidence bundles, evicted like "
+        "`evidence_keep`; the newest wedge bundle is never evicted. Accepts units: `512MiB`.",
         ge=1024,
     )
     process_sample_seconds: float = _setting(
@@ -424,8 +428,9 @@ class Config(BaseModel):
         "remedy",
         'The command run by `remedy = "exec"` (required then), as an argument list; in the '
         "environment and as a flag one shell-quoted string. Run without a shell; the "
-        "target's name and URL are passed in `WEDGEWATCH_TARGET_NAME` and "
-        "`WEDGEWATCH_TARGET_URL`.",
+        "verdict is passed in `WEDGEWATCH_TARGET`, `WEDGEWATCH_URL`, `WEDGEWATCH_ENGINE`, "
+        "`WEDGEWATCH_MODEL_NAME`, `WEDGEWATCH_FAMILY`, `WEDGEWATCH_STATE`, "
+        "`WEDGEWATCH_REASON` and `WEDGEWATCH_BUNDLE`.",
     )
 
     # -- notify ----------------------------------------------------------------------
