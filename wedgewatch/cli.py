@@ -497,6 +497,96 @@ def _reset_restarts(
     typer.echo(result.message)
 
 
+# -- wedgewatch launch (see wedgewatch/launcher.py, docs/launcher.md) ------------------------
+
+# The watchdog part of `launch --watch` takes every setting except those the launcher fixes
+# itself: the target (the launched server), the remedy (supervise) and its other remedies.
+_LAUNCH_SETTINGS = tuple(
+    name
+    for name in SETTINGS
+    if name not in ("targets", "remedy", "systemd_unit", "exec_command", "profiles")
+)
+
+
+@app.command("launch")
+@with_config_flags(*_LAUNCH_SETTINGS)
+def _launch(
+    *,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="The model to serve (Hugging Face id or local path).",
+            show_default=False,
+        ),
+    ] = None,
+    profile: Annotated[
+        str, typer.Option("--profile", help="Launch profile (see --list-profiles).")
+    ] = "tp2-offload",
+    vllm_bin: Annotated[
+        str, typer.Option("--vllm-bin", help="The vllm executable (name on PATH or a path).")
+    ] = "vllm",
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the exact command line and environment; exit."),
+    ] = False,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Run the server as a child and watch it in this process: on a wedge, capture "
+            "evidence and restart it (remedy supervise, within the restart budget).",
+        ),
+    ] = False,
+    list_profiles: Annotated[
+        bool, typer.Option("--list-profiles", help="List the launch profiles and exit.")
+    ] = False,
+    extra_args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="`vllm serve` flags after `--`; they win over the profile's.",
+            show_default=False,
+        ),
+    ] = None,
+    config_file: Annotated[Path | None, _CONFIG_FILE_OPTION] = None,
+    flags: dict[str, Any],
+) -> None:
+    """Start `vllm serve MODEL` from a named profile, the same way every time.
+
+    Example: wedgewatch launch --model Qwen/Qwen3-8B --watch -- --port 8000
+
+    Without --watch the launcher execs the server: it gets the signals, its status is ours.
+
+    The watchdog settings (--config and the flags from --interval-seconds on) apply to --watch.
+    """
+    from wedgewatch import launcher  # noqa: PLC0415  (local: this block is added to a shared file)
+
+    try:
+        loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
+        profiles = launcher.merge_profiles(launcher.builtin_profiles(), loaded.config.profiles)
+    except config.ConfigError as exc:
+        raise _fail(exc.messages, 2) from None
+    if list_profiles:
+        typer.echo(launcher.render_profiles(profiles), nl=False)
+        return
+    if model is None:
+        raise _fail(["--model is required (or --list-profiles)"], 2)
+    configure_logging(loaded.config.log_level)
+    options = launcher.LaunchOptions(
+        model=model,
+        profile=profile,
+        vllm_bin=vllm_bin,
+        extra_args=tuple(extra_args or ()),
+        dry_run=dry_run,
+        watch=watch,
+    )
+    try:
+        code = launcher.launch(options, loaded.config, profiles)
+    except launcher.LaunchError as exc:
+        raise _fail([str(exc)], 2) from None
+    raise typer.Exit(code)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -13,6 +13,7 @@ Components never see the whole model: they receive a narrowed slice (`Config.pol
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 import shlex
@@ -48,6 +49,7 @@ SECTIONS: Mapping[str, str] = {
     "evidence": "What is captured when an engine turns suspect or wedged, and how much is kept.",
     "remedy": "What is done about a wedged engine, and how often it may be done.",
     "notify": "Webhook notifications about state changes.",
+    "launcher": "Launch profiles for `wedgewatch launch` (see docs/launcher.md).",
 }
 
 _MIB = 1024 * 1024
@@ -449,6 +451,18 @@ class Config(BaseModel):
         ge=0,
     )
 
+    # -- launcher --------------------------------------------------------------------
+    profiles: Mapping[str, Any] = _setting(
+        {},
+        "launcher",
+        "Launch profiles for `wedgewatch launch --profile NAME`, added to the shipped ones "
+        "(`wedgewatch/profiles.toml`: `tp2-offload`, `tp1`) or overriding a shipped profile "
+        "key by key. In TOML one `[profiles.NAME]` table per profile with the keys "
+        "`description`, `args`, `env`, `kv_cache_dtype`, `block_size`, `speculative_config` "
+        "and `prefix_cache_retention_interval`; in the environment and as a flag the same "
+        "as one JSON object.",
+    )
+
     @field_validator("max_body_bytes", "evidence_max_bytes", mode="before")
     @classmethod
     def _sizes(cls, value: object) -> object:
@@ -458,6 +472,30 @@ class Config(BaseModel):
     @classmethod
     def _webhooks(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(_check_http_url(url) for url in urls)
+
+    @field_validator("profiles", mode="before")
+    @classmethod
+    def _profiles_json(cls, value: object) -> object:
+        """The environment and flag spelling: one JSON object."""
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"is not a JSON object of profiles ({exc.msg} at character {exc.pos})"
+            ) from None
+
+    @field_validator("profiles")
+    @classmethod
+    def _profiles(cls, profiles: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Each profile must merge onto the shipped ones: unknown keys and bad values fail here."""
+        # Local import: the launcher module builds on this one (it derives the watchdog's
+        # configuration from `Config`), so importing it at the top would be circular.
+        from wedgewatch.launcher import builtin_profiles, merge_profiles  # noqa: PLC0415
+
+        merge_profiles(builtin_profiles(), profiles)
+        return profiles
 
     @field_validator("exec_command")
     @classmethod
@@ -534,13 +572,15 @@ class Setting:
     default: Any
     flag: str
     env: str
-    kind: Literal["scalar", "bool", "list", "argv", "targets"]
+    kind: Literal["scalar", "bool", "list", "argv", "targets", "table"]
     rules: tuple[str, ...]
 
 
-def _kind(name: str) -> Literal["scalar", "bool", "list", "argv", "targets"]:
+def _kind(name: str) -> Literal["scalar", "bool", "list", "argv", "targets", "table"]:
     if name == "targets":
         return "targets"
+    if name == "profiles":
+        return "table"
     if name == "exec_command":
         return "argv"
     annotation = Config.model_fields[name].annotation
@@ -778,6 +818,9 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, tuple | list):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, Mapping):
+        pairs = ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + pairs + " }" if pairs else "{}"
     text = str(value)
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     escaped = re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\u{ord(m.group()):04x}", escaped)
@@ -812,11 +855,18 @@ def render_toml(loaded: LoadedConfig) -> str:
             if setting.kind == "targets":
                 lines.append(f"# targets: {len(config.targets)} (source: {source})")
                 continue
+            if setting.kind == "table":
+                lines.append(f"# profiles: {len(config.profiles)} (source: {source})")
+                continue
             value = _toml_value(getattr(config, setting.name))
             lines.append(f"{setting.name} = {value}".ljust(48) + f"  # {source}")
     for target in config.targets:
         lines.append("")
         lines.extend(_target_toml(target))
+    for name, profile in config.profiles.items():
+        lines.append("")
+        lines.append(f"[profiles.{_toml_value(name)}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in profile.items())
     return "\n".join(lines) + "\n"
 
 
@@ -830,6 +880,8 @@ def render_table(loaded: LoadedConfig) -> str:
             shown = ", ".join(f"{t.name}={t.metrics_url}" for t in config.targets) or "(none)"
         elif isinstance(value, tuple):
             shown = " ".join(shlex.quote(item) for item in value) or "(none)"
+        elif setting.kind == "table":
+            shown = ", ".join(value) or "(none)"
         else:
             shown = _toml_value(value).strip('"')
         rows.append((setting.name, shown, loaded.sources[setting.name]))
@@ -849,9 +901,37 @@ def _default_text(setting: Setting) -> str:
         return "none"
     if isinstance(value, tuple):
         return "`[]`"
+    if setting.kind == "table":
+        return "none (only the shipped profiles)"
     if isinstance(value, int) and not isinstance(value, bool) and setting.name.endswith("_bytes"):
         return f"`{value}` ({value // _MIB} MiB)"
     return f"`{_toml_value(value)}`"
+
+
+def _profiles_reference() -> list[str]:
+    """The keys of one launch profile and an override example, for the reference doc."""
+    from wedgewatch.launcher import Profile  # noqa: PLC0415  (see Config._profiles)
+
+    lines = ["Keys of one profile:", "", "| key | meaning |", "|---|---|"]
+    for name, field in Profile.model_fields.items():
+        lines.append(f"| `{name}` | {field.description} |")
+    lines.extend(
+        [
+            "",
+            "```toml",
+            "# fp8 KV cache on top of the shipped tp2-offload profile, and a profile of your own",
+            '[profiles."tp2-offload"]',
+            'kv_cache_dtype = "fp8"',
+            "",
+            "[profiles.tp4]",
+            'description = "Tensor parallel 4, no offloading"',
+            'args = ["--tensor-parallel-size", "4", "--max-num-seqs", "64"]',
+            'env = { VLLM_LOGGING_LEVEL = "INFO" }',
+            "```",
+            "",
+        ]
+    )
+    return lines
 
 
 def render_reference() -> str:
@@ -879,6 +959,8 @@ def render_reference() -> str:
         "List settings: in the environment `targets` and `webhook_urls` are comma-separated and",
         "`exec_command` is one shell-quoted string; their flags (`--target`, `--webhook-url`) are",
         "repeatable. Sizes (`*_bytes`) accept units: `16MiB`, `512 MB`. Durations are seconds.",
+        "`profiles` is a table of tables in TOML and one JSON object in the environment and as",
+        "a flag.",
         "",
     ]
     for section, blurb in SECTIONS.items():
@@ -904,6 +986,8 @@ def render_reference() -> str:
             for name, field in Target.model_fields.items():
                 out.append(f"| `{name}` | {field.description} |")
             out.append("")
+        if section == "launcher":
+            out.extend(_profiles_reference())
     out.extend(
         [
             "## Example",

@@ -14,25 +14,39 @@ given after `--` removes the profile's `--enable-prefix-caching`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import difflib
 import errno
 import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from typing import NoReturn, TextIO
 
-from pydantic import BaseModel, ConfigDict, Field
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from wedgewatch import daemon, remedy
+from wedgewatch.config import Config, Target, default_target_name
 
 #: vLLM versions from this one on have `--prefix-cache-retention-interval` (vLLM PR #52216,
 #: merged 2026-08, first released in 0.27); older ones read the environment variable.
 RETENTION_FLAG_SINCE = (0, 27, 0)
 RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
 SIMULATOR_MARKER = "wedgewatch"
+DEFAULT_PROFILE = "tp2-offload"
+DEFAULT_VLLM_PORT = 8000
+
+log = structlog.get_logger("wedgewatch.launcher")
 
 
 class Profile(BaseModel):
@@ -72,7 +86,12 @@ class LaunchCommand:
     def port(self) -> int:
         """The port `vllm serve` will listen on (vLLM's default is 8000)."""
         value = flag_value(self.argv, "--port")
-        return int(value) if value is not None else 8000
+        if value is None:
+            return DEFAULT_VLLM_PORT
+        try:
+            return int(value)
+        except ValueError:
+            raise LaunchError(f"--port {value!r} is not a port number") from None
 
     @property
     def host(self) -> str | None:
@@ -83,7 +102,12 @@ class LaunchCommand:
     def tensor_parallel_size(self) -> int:
         """The tensor-parallel size the command asks for (1 when absent)."""
         value = flag_value(self.argv, "--tensor-parallel-size", "-tp")
-        return int(value) if value is not None else 1
+        if value is None:
+            return 1
+        try:
+            return int(value)
+        except ValueError:
+            raise LaunchError(f"--tensor-parallel-size {value!r} is not a number") from None
 
     def render(self) -> str:
         """Shell-quoted, copy-paste ready: `VAR=value ... /path/vllm serve MODEL ...`."""
@@ -97,15 +121,73 @@ def builtin_profiles() -> dict[str, Profile]:
     return {name: Profile.model_validate(body) for name, body in tomllib.loads(text).items()}
 
 
+class ProfileError(ValueError):
+    """A user profile that cannot be used; the message names the profile, the key and the rule."""
+
+
+def _profile_problems(name: str, error: ValidationError) -> list[str]:
+    problems = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(profile)"
+        if item["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(key, list(Profile.model_fields), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(f"profile {name!r}: unknown key {key!r}{hint}")
+        else:
+            message = str(item["msg"]).removeprefix("Value error, ")
+            problems.append(f"profile {name!r}: {key} = {item.get('input')!r}: {message}")
+    return problems
+
+
 def merge_profiles(
     shipped: Mapping[str, Profile], overrides: Mapping[str, Mapping[str, object]]
 ) -> dict[str, Profile]:
-    """User profiles from the config file replace shipped ones key by key, or add new ones."""
+    """User profiles from the config file replace shipped ones key by key, or add new ones.
+
+    Raises ProfileError naming every bad profile key at once.
+    """
     merged = dict(shipped)
+    problems: list[str] = []
     for name, body in overrides.items():
+        if not isinstance(body, Mapping):
+            problems.append(
+                f"profile {name!r} must be a table of keys ([profiles.{name}]), "
+                f"not {type(body).__name__}"
+            )
+            continue
         base = merged[name].model_dump(exclude_unset=True) if name in merged else {}
-        merged[name] = Profile.model_validate({**base, **body})
+        try:
+            merged[name] = Profile.model_validate({**base, **body})
+        except ValidationError as exc:
+            problems.extend(_profile_problems(name, exc))
+    if problems:
+        raise ProfileError("; ".join(problems))
     return merged
+
+
+def select_profile(profiles: Mapping[str, Profile], name: str) -> Profile:
+    """The named profile, or LaunchError listing the ones that exist."""
+    try:
+        return profiles[name]
+    except KeyError:
+        known = ", ".join(sorted(profiles)) or "none"
+        close = difflib.get_close_matches(name, list(profiles), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise LaunchError(
+            f"unknown profile {name!r}{hint} (known: {known}; add your own as "
+            "[profiles.NAME] in the config file)"
+        ) from None
+
+
+def render_profiles(profiles: Mapping[str, Profile]) -> str:
+    """`--list-profiles`: each profile's name, description, flags, environment and knobs."""
+    lines: list[str] = []
+    for name in sorted(profiles):
+        profile = profiles[name]
+        command = build_command(vllm_bin="vllm", model="MODEL", profile=profile)
+        lines.append(f"{name}: {profile.description or '(no description)'}")
+        lines.append(f"    {command.render()}")
+    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +378,293 @@ def server_environment(command: LaunchCommand, environ: Mapping[str, str]) -> di
     return {**environ, **command.env}
 
 
-def preflight(command: LaunchCommand, binary: VllmBinary) -> None:
-    """Every check before launch, in the order an operator would fix them."""
+# ---- the watchdog's view of the launched server (pure) -------------------------------------
+
+
+def target_url(command: LaunchCommand) -> str:
+    """Where the watchdog reaches the server: its --host (loopback for all interfaces), --port."""
+    host = command.host
+    if host in (None, "", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{command.port}"
+
+
+def watch_config(config: Config, command: LaunchCommand) -> Config:
+    """The watchdog's configuration: one target, the launched server; `remedy = "supervise"`."""
+    url = target_url(command)
+    target = Target(name=default_target_name(url), url=url)
+    return Config.model_validate(
+        {**config.model_dump(), "targets": (target.model_dump(),), "remedy": "supervise"}
+    )
+
+
+def exit_status(returncode: int) -> int:
+    """A child's status as a shell reports it: 128 + N for a child killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# ---- what `wedgewatch launch` does (IO) -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchOptions:
+    """The launch command line, parsed."""
+
+    model: str
+    profile: str = DEFAULT_PROFILE
+    vllm_bin: str = "vllm"
+    extra_args: tuple[str, ...] = ()
+    dry_run: bool = False
+    watch: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A command ready to run, and the binary it was built for (None: not found, dry run)."""
+
+    command: LaunchCommand
+    binary: VllmBinary | None
+    profile: Profile
+
+
+def prepare(
+    options: LaunchOptions,
+    profiles: Mapping[str, Profile],
+    *,
+    resolve: Callable[[str], VllmBinary] = resolve_vllm,
+) -> Prepared:
+    """Pick the profile, resolve vllm (a dry run goes on without it), build the command."""
+    if not options.model.strip():
+        raise LaunchError("--model must name a model (a Hugging Face id or a local path)")
+    profile = select_profile(profiles, options.profile)
+    binary: VllmBinary | None
+    try:
+        binary = resolve(options.vllm_bin)
+    except LaunchError:
+        if not options.dry_run:
+            raise
+        binary = None
+    command = build_command(
+        vllm_bin=binary.path if binary is not None else options.vllm_bin,
+        model=options.model,
+        profile=profile,
+        extra_args=options.extra_args,
+        vllm_version=binary.version if binary is not None else None,
+    )
+    _ = (command.port, command.tensor_parallel_size)  # LaunchError now for a non-number
+    return Prepared(command=command, binary=binary, profile=profile)
+
+
+def describe_dry_run(prepared: Prepared, options: LaunchOptions, config: Config | None) -> str:
+    """Notes for stderr next to a dry run: profile, binary, and the watchdog when --watch."""
+    notes = [f"# profile {options.profile}: {prepared.profile.description or '(no description)'}"]
+    binary = prepared.binary
+    if binary is None:
+        notes.append(
+            f"# vllm {options.vllm_bin!r} was not found; its version is unknown, so version-"
+            "dependent flags assume a current vLLM"
+        )
+    else:
+        kind = "the wedgewatch simulator" if binary.is_simulator else "vLLM"
+        notes.append(f"# {binary.path}: {kind}, `--version` says {binary.version_text!r}")
+    if config is not None:
+        watched = watch_config(config, prepared.command)
+        notes.append(
+            f"# --watch: wedgewatch watches {watched.targets[0].metrics_url} in the same "
+            f'process with remedy = "supervise"; its endpoints: '
+            f"http://{watched.listen_host}:{watched.listen_port}/status"
+        )
+    return "\n".join(notes) + "\n"
+
+
+def preflight(command: LaunchCommand, binary: VllmBinary, config: Config | None = None) -> None:
+    """Every check before launch, in the order an operator would fix them.
+
+    With `config` (--watch) the watchdog's own listen port is checked too, so that a
+    busy port fails before the server starts rather than right after.
+    """
     check_port_free(command.host, command.port)
+    if config is not None:
+        if command.port == 0:
+            raise LaunchError(
+                "--watch needs a fixed server port: the watchdog must know where to scrape "
+                "(pass --port N after --)"
+            )
+        if config.listen_port != 0:
+            try:
+                check_port_free(config.listen_host, config.listen_port)
+            except LaunchError as exc:
+                raise LaunchError(
+                    f"wedgewatch's own endpoints: {exc} (set --listen-port, or 0 for any)"
+                ) from None
     check_gpus(command, binary, os.environ)
+
+
+def exec_server(command: LaunchCommand, environ: Mapping[str, str]) -> NoReturn:
+    """Replace this process with the server: signals reach it directly, its status is ours."""
+    log.info("server_exec", command=command.render())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        # S606: exec without a shell is the point: the argv is exactly what --dry-run printed.
+        os.execve(  # noqa: S606
+            command.argv[0], list(command.argv), server_environment(command, environ)
+        )
+    except OSError as exc:
+        raise LaunchError(f"cannot run {command.argv[0]}: {exc.strerror or exc}") from exc
+
+
+DepsFactory = Callable[..., daemon.Deps]
+
+
+async def watch(
+    command: LaunchCommand,
+    config: Config,
+    *,
+    environ: Mapping[str, str] | None = None,
+    stop: asyncio.Event | None = None,
+    make_deps: DepsFactory = daemon.real_deps,
+    on_started: Callable[[remedy.Supervisor], None] | None = None,
+) -> int:
+    """Run the server under a Supervisor and the watchdog beside it; the launcher's exit code.
+
+    `config` is the watchdog's configuration as given; the target and `remedy =
+    "supervise"` are derived from the command here. The server runs in its own process
+    group. The first SIGTERM/SIGINT (or `stop`) stops the watchdog (an in-flight capture or
+    restart finishes) and then the server's whole group (TERM, grace_seconds, KILL); a
+    second signal cuts the watchdog's shutdown short. When the server exits by itself the
+    watchdog stops too. The result is the server's exit status (128 + N for signal N), or
+    1 when the watchdog failed.
+    """
+    env = dict(os.environ if environ is None else environ)
+    watched = watch_config(config, command)
+    supervisor = remedy.Supervisor(command.argv, env=server_environment(command, env))
+    try:
+        deps = make_deps(watched, supervisor=supervisor, environ=env)
+    except (RuntimeError, ValueError) as exc:
+        raise LaunchError(f"the watchdog cannot start: {exc}") from exc
+    try:
+        return await _watch(
+            command=command,
+            config=watched,
+            deps=deps,
+            supervisor=supervisor,
+            stop=stop,
+            on_started=on_started,
+        )
+    finally:
+        if isinstance(deps.state_store, daemon.FileStateStore):
+            deps.state_store.close()
+
+
+async def _watch(
+    *,
+    command: LaunchCommand,
+    config: Config,
+    deps: daemon.Deps,
+    supervisor: remedy.Supervisor,
+    stop: asyncio.Event | None,
+    on_started: Callable[[remedy.Supervisor], None] | None,
+) -> int:
+    try:
+        await supervisor.start()
+    except remedy.SupervisorError as exc:
+        raise LaunchError(str(exc)) from exc
+    log.info(
+        "server_started",
+        pid=supervisor.pid,
+        process_group=supervisor.pgid,
+        target=config.targets[0].metrics_url,
+        command=command.render(),
+    )
+    if on_started is not None:
+        on_started(supervisor)
+    stop_event = stop if stop is not None else asyncio.Event()
+    daemon_stop = asyncio.Event()
+    daemon_task = asyncio.create_task(daemon.run(config, deps, stop=daemon_stop), name="watchdog")
+    server_task = asyncio.create_task(supervisor.wait(), name="server")
+    stop_task = asyncio.create_task(stop_event.wait(), name="stop")
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    received: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig.name)
+        if stop_event.is_set():
+            daemon_task.cancel()  # the second signal: do not wait for a capture or restart
+        stop_event.set()
+
+    if stop is None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
+    try:
+        await asyncio.wait(
+            {daemon_task, server_task, stop_task}, return_when=asyncio.FIRST_COMPLETED
+        )
+        watchdog_failed = False
+        if server_task.done():
+            log.warning(
+                "server_exited",
+                status=exit_status(server_task.result()),
+                reason="the server ended by itself; stopping the watchdog",
+            )
+        elif daemon_task.done():
+            watchdog_failed = True
+            problem = daemon_task.exception() if not daemon_task.cancelled() else None
+            log.error(
+                "watchdog_failed",
+                reason=str(problem) if problem else "the watchdog stopped unexpectedly",
+            )
+        else:
+            log.info("launcher_stopping", signal=received[0] if received else None)
+        daemon_stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(daemon_task, return_exceptions=True)
+        status = await supervisor.stop(config.grace_seconds)
+        if server_task.done() and not server_task.cancelled():
+            status = server_task.result()
+        else:
+            server_task.cancel()
+        code = exit_status(status if status is not None else 0)
+        log.info("server_stopped", status=code, restarts=supervisor.starts - 1)
+        return 1 if watchdog_failed else code
+    finally:
+        stop_task.cancel()
+        for task in (daemon_task, server_task):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(daemon_task, server_task, stop_task, return_exceptions=True)
+        if supervisor.returncode is None:
+            await supervisor.stop(config.grace_seconds)  # never leave the server behind
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def launch(
+    options: LaunchOptions,
+    config: Config,
+    profiles: Mapping[str, Profile],
+    *,
+    stdout: TextIO = sys.stdout,
+    stderr: TextIO = sys.stderr,
+) -> int:
+    """`wedgewatch launch`: dry run, exec the server, or run it watched; the exit code.
+
+    Raises LaunchError (the CLI prints it and exits 2) when a check before launch fails.
+    """
+    prepared = prepare(options, profiles)
+    if options.dry_run:
+        stderr.write(describe_dry_run(prepared, options, config if options.watch else None))
+        stdout.write(prepared.command.render() + "\n")
+        return 0
+    binary = prepared.binary
+    assert binary is not None  # noqa: S101 - prepare() raises when it is missing outside a dry run
+    preflight(prepared.command, binary, config if options.watch else None)
+    if not options.watch:
+        exec_server(prepared.command, os.environ)
+    return asyncio.run(watch(prepared.command, config))
