@@ -1,0 +1,378 @@
+"""`wedgewatch launch` as a real process: exec without --watch, a supervised child with it.
+
+A small fake `vllm` (written per test into tmp_path) stands in for the server where the
+launcher's own behaviour is tested: it answers `--version`, serves a fixture `/metrics`
+body (a deferred wedge on the first start, an idle engine after a restart), starts a
+child like an EngineCore, and exits with a chosen status on SIGTERM. The last test runs
+the real simulator through the `vllm` shim and wedges it with agentic-burst traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+WEDGEWATCH = [sys.executable, "-m", "wedgewatch"]
+FIXTURES = Path(__file__).parent / "fixtures"
+
+FAKE_VLLM = r'''#!{python}
+"""A fake `vllm`: `--version`, or `serve MODEL ... --port P` serving a fixture body."""
+import http.server, os, signal, subprocess, sys, threading
+from pathlib import Path
+
+if sys.argv[1:] == ["--version"]:
+    print("0.33.0")
+    sys.exit(0)
+state = Path({state!r})
+argv = sys.argv[1:]
+port = int(argv[argv.index("--port") + 1])
+starts = len(list(state.glob("start-*.json")))
+first = starts == 0
+(state / f"start-{{starts}}.json").write_text(__import__("json").dumps({{
+    "pid": os.getpid(), "argv": sys.argv,
+    "offload_env": os.environ.get("VLLM_USE_SIMPLE_KV_OFFLOAD"),
+}}))
+body = Path({wedged!r} if first else {idle!r}).read_bytes()
+# An "EngineCore" child in the server's process group, as vLLM has.
+engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+(state / f"engine-{{starts}}.pid").write_text(str(engine.pid))
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        data = body if self.path == "/metrics" else b"ok"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+
+def on_term(signum, frame):
+    engine.terminate()
+    os._exit({term_status})
+
+signal.signal(signal.SIGTERM, on_term)
+exit_after = {exit_after}
+if exit_after is not None:
+    threading.Timer(exit_after, lambda: os._exit(5)).start()
+server.serve_forever()
+'''
+
+
+def free_port() -> int:
+    """A port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def fake_vllm(
+    tmp_path: Path, *, term_status: int = 0, exit_after_seconds: float | None = None
+) -> tuple[Path, Path]:
+    """Write the fake vllm; returns (executable, directory where each start is recorded)."""
+    state = tmp_path / "fake-state"
+    state.mkdir()
+    path = tmp_path / "bin" / "vllm"
+    path.parent.mkdir()
+    path.write_text(
+        FAKE_VLLM.format(
+            python=sys.executable,
+            state=str(state),
+            wedged=str(FIXTURES / "deferred_wedge.prom"),
+            idle=str(FIXTURES / "idle.prom"),
+            term_status=term_status,
+            exit_after=exit_after_seconds,
+        )
+    )
+    path.chmod(0o755)
+    return path, state
+
+
+class Launcher:
+    """A `wedgewatch launch` child process with its JSON log on stderr."""
+
+    def __init__(self, args: list[str], tmp_path: Path, env: dict[str, str] | None = None):
+        self.log_path = tmp_path / "launch.log"
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")}
+        clean.pop("NOTIFY_SOCKET", None)
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [*WEDGEWATCH, "launch", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**clean, "CUDA_VISIBLE_DEVICES": "0,1", **(env or {})},
+                start_new_session=True,
+            )
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The JSON log lines so far (other lines as {'event': '<text>'})."""
+        out = []
+        for raw in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(raw))
+            except json.JSONDecodeError:
+                out.append({"event": "<text>", "text": raw})
+        return out
+
+    def wait_for(self, event: str, timeout_seconds: float = 60) -> dict[str, Any]:
+        """The first log line named `event`, waiting up to the timeout."""
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            found = [line for line in self.lines() if line.get("event") == event]
+            if found:
+                return found[0]
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
+        raise AssertionError(f"no {event} within {timeout_seconds} s; log tail:\n{tail}")
+
+
+@pytest.fixture
+def launchers(tmp_path: Path) -> Iterator[list[Launcher]]:
+    """Launchers started by a test; any still running at the end is killed with its group."""
+    started: list[Launcher] = []
+    yield started
+    for launcher in started:
+        if launcher.proc.poll() is None:
+            os.killpg(launcher.proc.pid, signal.SIGKILL)
+            launcher.proc.wait(timeout=30)
+
+
+def watchdog_args(tmp_path: Path, listen_port: int) -> list[str]:
+    """Fast thresholds and private directories for the watchdog part of --watch."""
+    return [
+        *("--state-dir", str(tmp_path / "state"), "--evidence-dir", str(tmp_path / "evidence")),
+        *("--listen-port", str(listen_port), "--interval-seconds", "0.5"),
+        *("--stall-after-seconds", "2", "--grace-seconds", "5"),
+        *("--pyspy-timeout-seconds", "5", "--process-sample-seconds", "0.2"),
+    ]
+
+
+def launch_args(vllm: Path, *options: str, server: tuple[str, ...] = ()) -> list[str]:
+    """`launch --model m --vllm-bin VLLM OPTIONS -- SERVER`."""
+    return ["--model", "m", "--vllm-bin", str(vllm), *options, "--", *server]
+
+
+def recorded_starts(state: Path) -> list[dict[str, Any]]:
+    """Every start of the fake server, in order."""
+    return [
+        json.loads((state / f"start-{i}.json").read_text())
+        for i in range(len(list(state.glob("start-*.json"))))
+    ]
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for a reaper counts as exited)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_until(predicate: Any, timeout_seconds: float, what: str) -> None:
+    """Poll `predicate` until it is true."""
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout_seconds} s")
+
+
+def test_without_watch_the_launcher_becomes_the_server(tmp_path: Path) -> None:
+    """`launch` execs vllm: same pid, the profile's flags and environment, its exit status."""
+    vllm, state = fake_vllm(tmp_path, term_status=7)
+    port = free_port()
+    log = tmp_path / "exec.log"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*WEDGEWATCH, "launch", *launch_args(vllm, server=("--port", str(port)))],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**clean, "CUDA_VISIBLE_DEVICES": "0,1"},
+        )
+    try:
+        wait_until((state / "start-0.json").exists, 30, "the server start")
+        (start,) = recorded_starts(state)
+        assert start["pid"] == proc.pid
+        assert start["offload_env"] == "1"
+        assert start["argv"][1:4] == ["serve", "m", "--tensor-parallel-size"]
+        wait_until(
+            lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200,
+            30,
+            "the health check",
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 7
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert '"event": "server_exec"' in log.read_text()
+
+
+def test_too_few_gpus_for_real_vllm_is_refused_before_start(tmp_path: Path) -> None:
+    """TP=2 with one visible GPU: exit 2 with the reason, nothing started."""
+    vllm, state = fake_vllm(tmp_path)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")}
+    done = subprocess.run(
+        [*WEDGEWATCH, "launch", *launch_args(vllm, server=("--port", str(free_port())))],
+        capture_output=True,
+        text=True,
+        env={**clean, "CUDA_VISIBLE_DEVICES": "0"},
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "tensor parallel size 2 needs 2 GPUs but 1 are visible" in done.stderr
+    assert recorded_starts(state) == []
+
+
+def test_watch_restarts_a_wedged_server_with_the_same_command(
+    tmp_path: Path, launchers: list[Launcher]
+) -> None:
+    """--watch: wedge -> evidence -> the whole group stopped -> same command again -> recovered."""
+    vllm, state = fake_vllm(tmp_path, term_status=0)
+    port, listen = free_port(), free_port()
+    launcher = Launcher(
+        launch_args(
+            vllm,
+            "--watch",
+            *watchdog_args(tmp_path, listen),
+            server=("--host", "127.0.0.1", "--port", str(port)),
+        ),
+        tmp_path,
+    )
+    launchers.append(launcher)
+    started = launcher.wait_for("server_started")
+    assert started["target"] == f"http://127.0.0.1:{port}/metrics"
+    wedge = launcher.wait_for("wedge_detected", timeout_seconds=60)
+    assert wedge["family"] == "deferred_stall"
+    assert wedge["remedy"] == "supervise"
+    launcher.wait_for("evidence_captured", timeout_seconds=60)
+    launcher.wait_for("restart_completed", timeout_seconds=60)
+    succeeded = launcher.wait_for("restart_succeeded", timeout_seconds=60)
+    assert succeeded["target"] == f"127.0.0.1:{port}"
+    first, second = recorded_starts(state)
+    assert first["argv"] == second["argv"]  # the same command, flags and all
+    assert second["pid"] != first["pid"]
+    first_engine = int((state / "engine-0.pid").read_text())
+    assert gone(first_engine), "the old server's EngineCore outlived the restart"
+    status = httpx.get(f"http://127.0.0.1:{listen}/status", timeout=5).json()
+    (target,) = status["targets"]
+    assert target["restarts"] == 1
+    assert target["state"] == "idle"
+    bundles = list((tmp_path / "evidence").iterdir())
+    assert bundles, "no evidence bundle"
+    summary = json.loads((bundles[0] / "summary.json").read_text())
+    assert summary["verdict"] == "wedged"
+    assert summary["pids"], summary
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.proc.wait(timeout=60) == 0
+    second_engine = int((state / "engine-1.pid").read_text())
+    assert gone(second_engine)
+    stopped = launcher.wait_for("server_stopped")
+    assert stopped["restarts"] == 1
+
+
+def test_sigterm_stops_the_server_group_and_exits_with_its_status(
+    tmp_path: Path, launchers: list[Launcher]
+) -> None:
+    """SIGTERM to `launch --watch`: the server and its children stop; its status is ours."""
+    vllm, state = fake_vllm(tmp_path, term_status=7)
+    port, listen = free_port(), free_port()
+    launcher = Launcher(
+        launch_args(
+            vllm,
+            "--watch",
+            *watchdog_args(tmp_path, listen),
+            *("--stall-after-seconds", "600"),
+            server=("--port", str(port)),
+        ),
+        tmp_path,
+    )
+    launchers.append(launcher)
+    launcher.wait_for("http_listening")
+    wait_until((state / "engine-0.pid").exists, 30, "the server start")
+    engine = int((state / "engine-0.pid").read_text())
+    server = recorded_starts(state)[0]["pid"]
+    assert psutil.Process(server).ppid() == launcher.proc.pid
+    assert os.getpgid(server) == server  # its own process group
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.proc.wait(timeout=60) == 7
+    assert gone(server)
+    assert gone(engine)
+    assert launcher.wait_for("launcher_stopping")["signal"] == "SIGTERM"
+
+
+def test_a_server_that_exits_by_itself_ends_the_launcher_with_its_status(
+    tmp_path: Path, launchers: list[Launcher]
+) -> None:
+    """The server dying on its own is not a wedge: the launcher exits with its status."""
+    vllm, state = fake_vllm(tmp_path, exit_after_seconds=3)
+    port, listen = free_port(), free_port()
+    launcher = Launcher(
+        launch_args(
+            vllm,
+            "--watch",
+            *watchdog_args(tmp_path, listen),
+            *("--stall-after-seconds", "600"),
+            server=("--port", str(port)),
+        ),
+        tmp_path,
+    )
+    launchers.append(launcher)
+    assert launcher.proc.wait(timeout=60) == 5
+    assert launcher.wait_for("server_exited")["status"] == 5
+    engine = int((state / "engine-0.pid").read_text())
+    assert gone(engine), "the orphaned EngineCore was left running"
+    assert len(recorded_starts(state)) == 1
+
+
+def test_watch_refuses_a_busy_watchdog_port_before_starting_the_server(tmp_path: Path) -> None:
+    """The watchdog's own port is checked first, so no unwatched server is left running."""
+    vllm, state = fake_vllm(tmp_path)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        done = subprocess.run(
+            [
+                *WEDGEWATCH,
+                "launch",
+                *launch_args(
+                    vllm,
+                    "--watch",
+                    *watchdog_args(tmp_path, taken),
+                    server=("--port", str(free_port())),
+                ),
+            ],
+            capture_output=True,
+            text=True,
+            env={**clean, "CUDA_VISIBLE_DEVICES": "0,1"},
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 2
+    assert f"wedgewatch's own endpoints: port {taken} is already in use" in done.stderr
+    assert recorded_starts(state) == []
