@@ -1,0 +1,1 @@
+"""Tests of the deploy artefacts (Kubernetes, Prometheus, Grafana) with the real tools."""
