@@ -399,3 +399,17 @@ def test_launch_dry_run_prints_only_the_command_on_stdout(tmp_path: Path) -> Non
     assert "# profile tp2-offload:" in notes
     assert "--version` says '0.26.1'" in notes
     assert "watches http://127.0.0.1:8123/metrics" in notes
+
+
+def test_connections_in_time_wait_do_not_make_a_port_busy() -> None:
+    """A port whose last server just stopped (connections in TIME_WAIT) counts as free."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the server side closes first: its end goes to TIME_WAIT
+        client.close()
+    check_port_free("127.0.0.1", port)

@@ -327,6 +327,9 @@ def check_port_free(host: str | None, port: int) -> None:
     address = host if host not in (None, "", "0.0.0.0", "::") else "0.0.0.0"
     family = socket.AF_INET6 if address and ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As servers bind (uvicorn, vLLM): connections of a just-stopped server lingering in
+        # TIME_WAIT do not block the port, only a socket that is bound or listening does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((address, port))
         except OSError as exc:
