@@ -767,3 +767,37 @@ async def test_shutdown_lets_an_inflight_capture_finish(tmp_path: Path) -> None:
     assert world.evidence.finished == ["suspect"]
     assert events(logs, "evidence_captured")
     assert world.store.saves >= 1
+
+
+@pytest.mark.parametrize(
+    ("bundle", "failures", "ptrace_denied", "deadline", "expected"),
+    [
+        pytest.param(Path("/b"), (), 0, False, (), id="complete"),
+        pytest.param(Path("/b"), ("py-spy: denied",), 3, False, ("ptrace_denied",), id="ptrace"),
+        pytest.param(Path("/b"), ("x",), 0, True, ("timeout",), id="deadline"),
+        pytest.param(None, ("cannot create",), 0, False, ("write_failed",), id="no-bundle"),
+        pytest.param(Path("/b"), ("nvidia-smi: boom",), 0, False, ("incomplete",), id="other"),
+    ],
+)
+def test_capture_failure_reasons(
+    bundle: Path | None,
+    failures: tuple[str, ...],
+    ptrace_denied: int,
+    deadline: bool,
+    expected: tuple[str, ...],
+) -> None:
+    """Bundle results map onto the closed set of capture failure reasons of the metric."""
+    from wedgewatch import evidence
+    from wedgewatch.daemon import capture_failure_reasons
+    from wedgewatch.triage import Triage, TriageKind
+
+    result = evidence.BundleResult(
+        bundle=bundle,
+        phase=evidence.Phase.WEDGED,
+        verdict="wedged",
+        triage=Triage(TriageKind.UNKNOWN, "n/a"),
+        failures=failures,
+        ptrace_denied=ptrace_denied,
+        deadline_exceeded=deadline,
+    )
+    assert capture_failure_reasons(result) == expected
