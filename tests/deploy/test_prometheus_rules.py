@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from deploy.prometheus_server import duration_seconds, scale_expr, scale_rules
 from deploy.repo import BASE, DEPLOY, GRAFANA, RULE_TESTS, RULES, RUNBOOK, load_generate
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is missing")
@@ -148,8 +149,8 @@ def test_prometheus_rule_carries_the_same_groups() -> None:
     assert manifest["spec"]["groups"] == _rules()["groups"]
 
 
-def test_generate_check_reports_a_stale_copy(tmp_path: Path) -> None:
-    """`generate.py --check` exits 1 when a generated file differs, 0 when all match."""
+def test_generate_check_reports_a_stale_copy() -> None:
+    """`generate.py --check` passes on the repository; a differing copy counts as stale."""
     assert generate.main(["--check"]) == 0
     outputs = generate.repository_outputs()
     changed = {path: text + "# edited by hand\n" for path, text in outputs.items()}
@@ -280,3 +281,21 @@ def test_grafana_queries_behave_like_the_prometheus_alerts(tmp_path: Path) -> No
         copy_path.write_text(yaml.safe_dump(tests), encoding="utf-8")
         done = _promtool("test", "rules", str(copy_path))
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+# -- time scaling for the end-to-end test ------------------------------------------------
+
+
+def test_scaled_rules_keep_their_relations() -> None:
+    """Scaling divides every window, offset and `for:` alike: 5m becomes 10s, 1h becomes 120s."""
+    expr = 'increase(x{a=~"[0-9]+"}[5m]) > 0 unless y offset 1h and z[10m:30s]'
+    scaled = 'increase(x{a=~"[0-9]+"}[10s]) > 0 unless y offset 120s and z[20s:1s]'
+    assert scale_expr(expr, 30) == scaled
+    assert duration_seconds("1h30m") == 5400
+    rules = scale_rules(_rules(), 30)
+    fors = {r["alert"]: r.get("for") for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    assert fors["VLLMEngineWedged"] == "2s"
+    assert fors["WedgeWatchTargetUnreachable"] == "30s"
+    scaled_text = yaml.safe_dump(rules)
+    assert "[5m]" not in scaled_text
+    assert "offset 1h" not in scaled_text
