@@ -587,6 +587,58 @@ def _launch(
     raise typer.Exit(code)
 
 
+# -- wedgewatch demo (see wedgewatch/demo.py, docs/demo.md) -----------------------------------
+
+
+@app.command("demo")
+def _demo(
+    *,
+    keep_running: Annotated[
+        bool,
+        typer.Option(
+            "--keep-running",
+            help="After the story, leave the server and the watchdog up to explore their "
+            "endpoints; Ctrl-C stops them.",
+        ),
+    ] = False,
+    directory: Annotated[
+        Path,
+        typer.Option(
+            "--dir", help="Where the evidence bundles, the state and demo.log go.", file_okay=False
+        ),
+    ] = Path("wedgewatch-demo"),
+    stall_after_seconds: Annotated[
+        float,
+        typer.Option(
+            "--stall-after-seconds",
+            min=1,
+            help="The wedge threshold for the demo (the production default is 60).",
+        ),
+    ] = 10.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the simulator and the load.")] = 7,
+    timeout_seconds: Annotated[
+        float,
+        typer.Option("--timeout-seconds", min=30, help="Give up when the story takes longer."),
+    ] = 300.0,
+) -> None:
+    """Watch a simulated vLLM wedge, get caught, leave evidence, restart and recover.
+
+    No GPU needed: the simulator runs the tp2-offload profile through `wedgewatch launch
+    --watch` in this process, agentic-burst traffic wedges it, and a live view shows every
+    engine. Exit 0 when the whole story happened, 1 when it did not. See docs/demo.md.
+    """
+    from wedgewatch import demo  # noqa: PLC0415  (local: this block is added to a shared file)
+
+    options = demo.DemoOptions(
+        directory=directory,
+        keep_running=keep_running,
+        seed=seed,
+        stall_after_seconds=stall_after_seconds,
+        timeout_seconds=timeout_seconds,
+    )
+    raise typer.Exit(demo.run_demo(options, configure_logging=configure_logging))
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

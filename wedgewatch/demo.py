@@ -1,0 +1,754 @@
+"""`wedgewatch demo`: the whole story on one machine, without a GPU, in about a minute.
+
+The simulator stands in for vLLM (its `vllm` shim is installed into a temporary directory),
+started by the launcher with the `tp2-offload` profile in `--watch` mode, in this process:
+the same `launcher.watch` that `wedgewatch launch --watch` runs. Agentic-burst traffic
+drives it into the scheduler wedge; the watchdog detects it after the (short, demo)
+`stall_after_seconds`, captures an evidence bundle, restarts the server's whole process
+group and sees it serve again. A live view shows every engine once a second; the story's
+steps are printed as they happen, and a summary at the end.
+
+The story is read the way an operator would read it: from the watchdog's own `/status`
+endpoint and the bundle's `summary.json`. Tracking it is pure (`advance`, `render_*`);
+`run_demo` is the IO shell. The server's and the watchdog's logs go to `demo.log` in the
+demo directory, so the terminal only shows the story.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from wedgewatch import launcher
+from wedgewatch.config import Config, load_config
+from wedgewatch.sim import load as sim_load
+from wedgewatch.sim.vllm_shim import install_shim
+
+DEMO_MODEL = "Qwen/Qwen3-0.6B"
+DEMO_PROFILE = "tp2-offload"
+#: The load and the simulator share this seed so that a default demo tells the same story.
+DEMO_SEED = 7
+#: One agentic-burst run: the burst comes a few seconds in, the wedge (when it comes) soon
+#: after. A run that ends without a wedge is followed by another with the next seed.
+BURST_SECONDS = 40.0
+RECOVERY_SECONDS = 60.0  # healthy `agentic` traffic after the restart, until recovery shows
+#: Recovered = after the restart, every engine calm for this long while tokens are generated.
+RECOVERED_AFTER_SECONDS = 5.0
+REFRESH_SECONDS = 1.0
+
+_CALM = ("ok", "idle", "sleeping")
+_FAILING = ("wedged", "unreachable")
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """`wedgewatch demo` settings."""
+
+    directory: Path = Path("wedgewatch-demo")
+    keep_running: bool = False
+    seed: int = DEMO_SEED
+    stall_after_seconds: float = 10.0
+    timeout_seconds: float = 300.0
+
+
+def demo_settings(options: DemoOptions, *, listen_port: int) -> dict[str, Any]:
+    """The watchdog's settings for the demo: short thresholds, private directories."""
+    stall = options.stall_after_seconds
+    return {
+        "interval_seconds": 1.0,
+        "stall_after_seconds": stall,
+        "hang_after_seconds": max(30.0, 2 * stall),
+        "output_stall_after_seconds": max(60.0, 4 * stall),
+        "unreachable_after_seconds": max(10.0, stall),
+        "startup_timeout_seconds": 120.0,
+        "grace_seconds": 5.0,
+        "listen_host": "127.0.0.1",
+        "listen_port": listen_port,
+        "state_dir": options.directory / "state",
+        "evidence_dir": options.directory / "evidence",
+        "log_level": "info",
+    }
+
+
+# ---- the story, read from /status (pure) ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One step of the story, printed as it happens."""
+
+    at: float  # seconds since the demo started
+    kind: str  # up, suspect, wedged, bundle, restarting, back, recovered, lost
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Story:
+    """What has happened so far; instants are seconds since the demo started."""
+
+    up_at: float | None = None
+    suspect_at: float | None = None
+    wedged_at: float | None = None
+    wedge: Mapping[str, Any] | None = None  # the wedged engine as /status showed it
+    bundle: str | None = None
+    restart_at: float | None = None
+    back_at: float | None = None
+    recovered_at: float | None = None
+    restarts: int = 0
+    tokens_at_back: float | None = None
+    tokens_since_back: float = 0.0
+    calm_since: float | None = None  # after the restart: every engine calm since then
+
+    @property
+    def complete(self) -> bool:
+        """Detection, evidence, restart and recovery all happened."""
+        return (
+            self.wedged_at is not None
+            and self.bundle is not None
+            and self.restart_at is not None
+            and self.recovered_at is not None
+        )
+
+    def missing(self) -> list[str]:
+        """The steps that did not happen, in story order."""
+        steps = [
+            ("the server never answered", self.up_at),
+            ("no wedge was detected", self.wedged_at),
+            ("no evidence bundle was written", self.bundle),
+            ("the server was not restarted", self.restart_at),
+            ("the server did not recover", self.recovered_at),
+        ]
+        return [what for what, value in steps if value is None]
+
+
+def _target(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    targets = status.get("targets") or []
+    return targets[0] if targets else None
+
+
+def _generated(target: Mapping[str, Any]) -> float:
+    total = 0.0
+    for engine in target.get("engines") or []:
+        reading = engine.get("last_reading") or {}
+        total += float(reading.get("generation_tokens") or 0.0)
+    return total
+
+
+def _engine_name(engine: Mapping[str, Any]) -> str:
+    return f"engine {engine.get('engine')} ({engine.get('model_name')})"
+
+
+def advance(story: Story, status: Mapping[str, Any], at: float) -> tuple[Story, list[Event]]:
+    """Fold one /status document into the story; the steps it completed, in order."""
+    target = _target(status)
+    if target is None:
+        return story, []
+    events: list[Event] = []
+    state = str(target.get("state"))
+    engines = list(target.get("engines") or [])
+    restarts = int(target.get("restarts") or 0)
+    in_restart = bool(target.get("restart_in_progress"))
+
+    if story.up_at is None and engines and state != "starting":
+        story = replace(story, up_at=at)
+        names = ", ".join(f"{_engine_name(e)} {e.get('state')}" for e in engines)
+        events.append(Event(at, "up", f"the server answers: {names}"))
+
+    if story.wedged_at is None:
+        suspect = next((e for e in engines if e.get("state") == "suspect"), None)
+        wedged = next((e for e in engines if e.get("state") in _FAILING), None)
+        if story.suspect_at is None and suspect is not None and wedged is None:
+            story = replace(story, suspect_at=at)
+            events.append(
+                Event(at, "suspect", f"{_engine_name(suspect)} suspect: {suspect.get('reason')}")
+            )
+        if wedged is not None:
+            story = replace(story, wedged_at=at, wedge=dict(wedged))
+            events.append(
+                Event(
+                    at,
+                    "wedged",
+                    f"WEDGE DETECTED: {_engine_name(wedged)} {wedged.get('family')}: "
+                    f"{wedged.get('reason')}",
+                )
+            )
+
+    episode = target.get("episode") or {}
+    bundle = episode.get("bundle") or target.get("last_bundle")
+    if story.wedged_at is not None and bundle and bundle != story.bundle:
+        story = replace(story, bundle=str(bundle))
+        events.append(Event(at, "bundle", f"evidence bundle: {bundle}"))
+
+    if restarts > story.restarts:
+        story = replace(story, restarts=restarts, back_at=None, tokens_at_back=None)
+        if story.restart_at is None:
+            story = replace(story, restart_at=at)
+        events.append(
+            Event(
+                at,
+                "restarting",
+                "restarting: SIGTERM to the server's process group (API server, EngineCore, "
+                "both TP workers), SIGKILL after grace_seconds, then the same command again",
+            )
+        )
+
+    restart_at = story.restart_at
+    if (
+        restart_at is not None
+        and story.back_at is None
+        and not in_restart
+        and engines
+        and state not in ("starting", *_FAILING)
+    ):
+        story = replace(story, back_at=at, tokens_at_back=_generated(target))
+        took = at - restart_at
+        events.append(
+            Event(at, "back", f"the restarted server answers its first scrape ({took:.1f} s)")
+        )
+
+    back_at = story.back_at
+    if back_at is not None and story.tokens_at_back is not None and story.recovered_at is None:
+        generated = max(_generated(target) - story.tokens_at_back, 0.0)
+        calm = bool(engines) and all(e.get("state") in _CALM for e in engines)
+        calm_since = (story.calm_since if story.calm_since is not None else at) if calm else None
+        story = replace(story, tokens_since_back=generated, calm_since=calm_since)
+        if (
+            calm_since is not None
+            and at - calm_since >= RECOVERED_AFTER_SECONDS
+            and generated > 0
+            and state == "ok"
+        ):
+            story = replace(story, recovered_at=at)
+            events.append(
+                Event(
+                    at,
+                    "recovered",
+                    f"RECOVERED: serving again, {generated:.0f} tokens generated in the "
+                    f"{at - back_at:.0f} s since the restart, every engine ok",
+                )
+            )
+    return story, events
+
+
+# ---- the live view (pure) ---------------------------------------------------------------------
+
+
+def threshold_for(family: str | None, settings: Mapping[str, Any]) -> tuple[str, float] | None:
+    """The setting (name, seconds) after which a stall of `family` is a wedge."""
+    name = {
+        "deferred_stall": "stall_after_seconds",
+        "admission_stall": "stall_after_seconds",
+        "progress_stall": "hang_after_seconds",
+        "output_stall": "output_stall_after_seconds",
+        "unreachable": "unreachable_after_seconds",
+    }.get(family or "")
+    if name is None:
+        return None
+    return name, float(settings[name])
+
+
+def _waiting(reading: Mapping[str, Any]) -> str:
+    waiting = reading.get("waiting")
+    by_reason = reading.get("waiting_by_reason") or {}
+    text = "-" if waiting is None else f"{waiting:.0f}"
+    reasons = ", ".join(f"{k} {v:.0f}" for k, v in sorted(by_reason.items()) if v)
+    return f"{text} ({reasons})" if reasons else text
+
+
+_COLOURS = {
+    "ok": "32",
+    "idle": "32",
+    "sleeping": "36",
+    "starting": "33",
+    "suspect": "33",
+    "wedged": "31;1",
+    "unreachable": "31;1",
+}
+
+
+def render_engines(
+    status: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    rates: Mapping[str, float],
+    *,
+    colour: bool,
+) -> list[str]:
+    """One line per engine: state, running, waiting by reason, progress, countdown."""
+    target = _target(status)
+    if target is None:
+        return ["  (no target yet)"]
+    engines = list(target.get("engines") or [])
+    if not engines:
+        state = str(target.get("state"))
+        return [f"  server {state}: {target.get('reason')}"]
+    lines = []
+    for engine in engines:
+        state = str(engine.get("state"))
+        shown = f"{state:<11}"
+        if colour:
+            shown = f"\x1b[{_COLOURS.get(state, '0')}m{shown}\x1b[0m"
+        reading = engine.get("last_reading") or {}
+        running = reading.get("running")
+        rate = rates.get(str(engine.get("engine")), 0.0)
+        line = (
+            f"  engine {engine.get('engine')}  {shown} running "
+            f"{'-' if running is None else f'{running:.0f}'}  waiting {_waiting(reading)}  "
+            f"progress {rate:+.0f} tok/s"
+        )
+        limit = threshold_for(engine.get("family"), settings)
+        stalled = float(engine.get("stalled_seconds") or 0.0)
+        if state == "suspect" and limit is not None:
+            name, seconds = limit
+            line += f"  wedge in {max(seconds - stalled, 0.0):.1f} s ({name} = {seconds:g})"
+        elif state in _FAILING and limit is not None:
+            name, seconds = limit
+            line += f"  stalled {stalled:.1f} s >= {name} = {seconds:g}"
+        lines.append(line)
+    return lines
+
+
+def render_header(status: Mapping[str, Any], elapsed: float, load: str, budget: int | None) -> str:
+    """The first line of the view: time, target state, restarts, traffic."""
+    target = _target(status) or {}
+    restarts = target.get("restarts", 0)
+    remaining = target.get("restart_budget_remaining")
+    budget_text = f" (budget left {remaining}/{budget})" if budget and remaining is not None else ""
+    return (
+        f"t+{elapsed:5.1f}s  server {target.get('state', 'starting')}  restarts {restarts}"
+        f"{budget_text}  traffic: {load}"
+    )
+
+
+def bundle_report(summary: Mapping[str, Any]) -> list[str]:
+    """What a completed bundle holds, in a few lines: verdict, triage, stacks by role."""
+    triage = summary.get("triage") or {}
+    phases = summary.get("phases") or {}
+    stacks = (phases.get("wedged") or phases.get("suspect") or {}).get("stacks") or []
+    dumped = [s for s in stacks if s.get("have_json")]
+    roles: dict[str, int] = {}
+    for record in dumped:
+        role = str(record.get("role"))
+        roles[role] = roles.get(role, 0) + 1
+    by_role = ", ".join(f"{role} x{n}" if n > 1 else role for role, n in sorted(roles.items()))
+    lines = [
+        f"triage: {triage.get('kind')}: {triage.get('summary')}",
+        f"py-spy stacks of {len(dumped)} processes ({by_role or 'none'}), process tree, "
+        "/metrics at suspect and at the wedge, the flight recorder",
+    ]
+    if summary.get("ptrace_denied"):
+        lines.append(
+            "py-spy was not allowed to read the stacks (ptrace denied): run the demo as root, "
+            "or allow it with `sudo sysctl -w kernel.yama.ptrace_scope=0`"
+        )
+    return lines
+
+
+def render_summary(
+    story: Story,
+    settings: Mapping[str, Any],
+    bundle_lines: Sequence[str],
+    log_path: Path,
+) -> list[str]:
+    """The closing summary: detection, evidence, restart, recovery (or what is missing)."""
+    lines = ["", "Summary"]
+    wedge = story.wedge or {}
+    if story.wedged_at is not None:
+        since = story.suspect_at if story.suspect_at is not None else story.wedged_at
+        lines.append(
+            f"  detected   {wedge.get('family')} on engine {wedge.get('engine')} at "
+            f"t+{story.wedged_at:.0f}s, {story.wedged_at - since:.0f} s after it turned "
+            f"suspect (stall_after_seconds = {settings['stall_after_seconds']:g} for the demo; "
+            "60 by default)"
+        )
+        lines.append(f"             {wedge.get('reason')}")
+    if story.bundle is not None:
+        lines.append(f"  evidence   {story.bundle}")
+        lines.extend(f"             {line}" for line in bundle_lines)
+    if story.restart_at is not None:
+        back = "" if story.back_at is None else f", back {story.back_at - story.restart_at:.1f} s"
+        lines.append(
+            f"  restart    {story.restarts} restart(s) by the launcher (remedy supervise) at "
+            f"t+{story.restart_at:.0f}s{back}"
+        )
+    if story.recovered_at is not None:
+        lines.append(
+            f"  recovery   serving again at t+{story.recovered_at:.0f}s "
+            f"({story.tokens_since_back:.0f} tokens since the restart)"
+        )
+    for what in story.missing():
+        lines.append(f"  MISSING    {what}")
+    lines.append(f"  logs       {log_path} (the server's and the watchdog's, JSON lines)")
+    return lines
+
+
+# ---- the shell (IO) ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _children_to_log(log_path: Path) -> Iterator[TextIO]:
+    """Send fds 1 and 2 (ours, the server's, the watchdog's) to the log; yield the terminal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    view = os.fdopen(os.dup(saved_out), "w", buffering=1, encoding="utf-8", errors="replace")
+    try:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        yield view
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        for fd in (saved_out, saved_err, log_fd):
+            os.close(fd)
+        view.close()
+
+
+class Screen:
+    """The live view: redrawn in place on a terminal, plain lines otherwise."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self._drawn = 0
+
+    def event(self, event: Event) -> None:
+        """A story step, kept on screen above the view."""
+        self._clear()
+        marker = {"wedged": "!!", "recovered": "OK", "restarting": ">>"}.get(event.kind, "--")
+        self.out.write(f"[t+{event.at:5.1f}s] {marker} {event.text}\n")
+
+    def lines(self, lines: Sequence[str]) -> None:
+        """Plain lines that stay (notes, the summary)."""
+        self._clear()
+        for line in lines:
+            self.out.write(line + "\n")
+
+    def view(self, lines: Sequence[str]) -> None:
+        """The refreshing part: replaced on a terminal, appended otherwise."""
+        self._clear()
+        for line in lines:
+            self.out.write(line + "\n")
+        self._drawn = len(lines) if self.tty else 0
+        self.out.flush()
+
+    def _clear(self) -> None:
+        if self.tty and self._drawn:
+            self.out.write(f"\x1b[{self._drawn}F\x1b[J")
+        self._drawn = 0
+
+
+@dataclass(slots=True)
+class _Traffic:
+    """The load generator's progress, for the header line."""
+
+    name: str = "none"
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    task: asyncio.Task[Any] | None = field(default=None)
+
+    def describe(self) -> str:
+        if self.task is None:
+            return "none"
+        running = "" if not self.task.done() else " (stopped)"
+        return (
+            f"{self.name}{running}: {self.sent} sent, {self.completed} completed, "
+            f"{self.failed} failed"
+        )
+
+    def start(self, name: sim_load.ProfileName, url: str, seed: int, seconds: float) -> None:
+        self.stop()
+        if self.finished and self.task is not None:
+            self.task.exception()  # retrieved: a run that failed (server gone) is not an error
+        self.name, self.sent, self.completed, self.failed = name, 0, 0, 0
+
+        def progress(elapsed: float, sent: int, completed: int, failed: int) -> None:
+            self.sent, self.completed, self.failed = sent, completed, failed
+
+        self.task = asyncio.create_task(
+            sim_load.run_load(
+                url,
+                sim_load.plan_requests(name, seed, seconds),
+                profile=name,
+                seed=seed,
+                duration_seconds=seconds,
+                request_timeout_seconds=30.0,
+                progress=progress,
+            ),
+            name=f"load-{name}",
+        )
+
+    @property
+    def finished(self) -> bool:
+        """The current run ended by itself (sent its plan and drained)."""
+        return self.task is not None and self.task.done() and not self.task.cancelled()
+
+    def stop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+def _read_summary(bundle: str) -> Mapping[str, Any] | None:
+    try:
+        data = json.loads((Path(bundle) / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _show_bundle(screen: Screen, bundle: str | None, at: float) -> list[str]:
+    """Print what a completed wedge bundle holds; [] while it is not complete yet."""
+    summary = _read_summary(bundle) if bundle is not None else None
+    if summary is None or summary.get("verdict") != "wedged":
+        return []
+    lines = bundle_report(summary)
+    for line in lines:
+        screen.event(Event(at, "bundle", line))
+    return lines
+
+
+def _rates(
+    status: Mapping[str, Any], last: dict[str, tuple[float, float]], now: float
+) -> dict[str, float]:
+    """Generated tokens per second per engine since the previous refresh."""
+    rates: dict[str, float] = {}
+    target = _target(status) or {}
+    for engine in target.get("engines") or []:
+        key = str(engine.get("engine"))
+        tokens = float((engine.get("last_reading") or {}).get("generation_tokens") or 0.0)
+        before = last.get(key)
+        if before is not None and now > before[1] and tokens >= before[0]:
+            rates[key] = (tokens - before[0]) / (now - before[1])
+        last[key] = (tokens, now)
+    return rates
+
+
+async def _run(
+    *,
+    options: DemoOptions,
+    screen: Screen,
+    settings: Mapping[str, Any],
+    config: Config,
+    shim: Path,
+    stop: asyncio.Event,
+    log_path: Path,
+) -> int:
+    port = free_port()
+    profiles = launcher.builtin_profiles()
+    prepared = launcher.prepare(
+        launcher.LaunchOptions(
+            model=DEMO_MODEL,
+            profile=DEMO_PROFILE,
+            vllm_bin=str(shim),
+            extra_args=("--host", "127.0.0.1", "--port", str(port), "--seed", str(options.seed)),
+            watch=True,
+        ),
+        profiles,
+    )
+    binary = prepared.binary
+    assert binary is not None  # noqa: S101 - prepare() raises when the shim cannot run
+    launcher.preflight(prepared.command, binary, config)
+    server_url = f"http://127.0.0.1:{port}"
+    status_url = f"http://127.0.0.1:{config.listen_port}/status"
+    screen.lines(
+        [
+            "wedgewatch demo: a simulated vLLM (no GPU) with the tp2-offload profile, watched "
+            "by wedgewatch, driven into the scheduler wedge by agentic-burst traffic.",
+            f"  server     {prepared.command.render()}",
+            f"  watchdog   launch --watch in this process, remedy supervise, "
+            f"stall_after_seconds = {settings['stall_after_seconds']:g} (demo; default 60)",
+            f"  endpoints  {status_url}   logs: {log_path}",
+            "",
+        ]
+    )
+    watch_stop = asyncio.Event()
+    watched = asyncio.create_task(
+        launcher.watch(prepared.command, config, stop=watch_stop), name="launch-watch"
+    )
+    traffic = _Traffic()
+    story = Story()
+    started = time.monotonic()
+    last_tokens: dict[str, tuple[float, float]] = {}
+    checked_bundle: str | None = None
+    bundle_lines: list[str] = []
+    endpoints_shown = False
+    bursts = 0
+    status: Mapping[str, Any] = {}
+    try:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while not stop.is_set() and not watched.done():
+                now = time.monotonic()
+                elapsed = now - started
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    status = (await client.get(status_url)).json()
+                story, events = advance(story, status, elapsed)
+                for event in events:
+                    if event.kind == "restarting" and story.bundle != checked_bundle:
+                        bundle_lines = _show_bundle(screen, story.bundle, elapsed) or bundle_lines
+                        checked_bundle = story.bundle if bundle_lines else checked_bundle
+                    screen.event(event)
+                    if event.kind == "up" and story.restart_at is None:
+                        traffic.start("agentic-burst", server_url, options.seed, BURST_SECONDS)
+                    elif event.kind == "restarting":
+                        traffic.stop()
+                    elif event.kind == "back":
+                        traffic.start("agentic", server_url, options.seed, RECOVERY_SECONDS)
+                if story.up_at is not None and story.wedged_at is None and traffic.finished:
+                    bursts += 1
+                    screen.event(
+                        Event(
+                            elapsed,
+                            "burst",
+                            f"no wedge from this burst; another one (seed {options.seed + bursts})",
+                        )
+                    )
+                    traffic.start("agentic-burst", server_url, options.seed + bursts, BURST_SECONDS)
+                if story.bundle is not None and story.bundle != checked_bundle:
+                    shown = _show_bundle(screen, story.bundle, elapsed)
+                    if shown:
+                        bundle_lines, checked_bundle = shown, story.bundle
+                rates = _rates(status, last_tokens, now)
+                header = render_header(status, elapsed, traffic.describe(), config.restart_budget)
+                screen.view([header, *render_engines(status, settings, rates, colour=screen.tty)])
+                if story.complete and checked_bundle is not None:
+                    if not options.keep_running:
+                        break
+                    if not endpoints_shown:
+                        endpoints_shown = True
+                        traffic.stop()
+                        screen.lines(_endpoint_notes(config, server_url, options.seed))
+                if not options.keep_running and elapsed > options.timeout_seconds:
+                    screen.lines(
+                        [f"the story did not complete within {options.timeout_seconds:g} s"]
+                    )
+                    break
+                await _sleep_or_stop(REFRESH_SECONDS, stop)
+        if watched.done() and not stop.is_set():
+            code = watched.result()
+            screen.lines([f"the server and the watchdog ended early (exit status {code})"])
+    finally:
+        traffic.stop()
+        watch_stop.set()
+        with contextlib.suppress(Exception):
+            await watched
+        if traffic.task is not None:
+            await asyncio.gather(traffic.task, return_exceptions=True)
+    screen.lines(render_summary(story, settings, bundle_lines, log_path))
+    if not story.complete:
+        return 1
+    return 0 if checked_bundle is not None else 1
+
+
+def _endpoint_notes(config: Config, server_url: str, seed: int) -> list[str]:
+    base = f"http://{config.listen_host}:{config.listen_port}"
+    return [
+        "",
+        "Still running (--keep-running); explore, then Ctrl-C to stop:",
+        f"  {base}/status    every engine, state, episode, last bundle (JSON)",
+        f"  {base}/probe     200, or 503 while wedged (a liveness probe for vLLM)",
+        f"  {base}/metrics   wedgewatch's own Prometheus metrics",
+        f"  {base}/health    wedgewatch's own liveness",
+        f"  {server_url}/metrics   the simulated vLLM's metrics",
+        "  wedge it again:  wedgewatch sim load --url "
+        f"{server_url} --profile agentic-burst --seed {seed} --duration 120",
+        "",
+    ]
+
+
+async def _sleep_or_stop(seconds: float, stop: asyncio.Event) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+def prepare_directory(directory: Path) -> Path:
+    """Create the demo directory; a previous demo's state is removed, its evidence kept."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(directory / "state", ignore_errors=True)
+    (directory / "evidence").mkdir(exist_ok=True)
+    return directory / "demo.log"
+
+
+def run_demo(options: DemoOptions, *, configure_logging: Callable[[str], None]) -> int:
+    """`wedgewatch demo`: 0 when the whole story happened, 1 when it did not, 130 on Ctrl-C."""
+    log_path = prepare_directory(options.directory)
+    settings = demo_settings(options, listen_port=free_port())
+    config = load_config(flags=settings).config
+    with tempfile.TemporaryDirectory(prefix="wedgewatch-demo-") as shim_dir:
+        shim = install_shim(Path(shim_dir))
+        with _children_to_log(log_path) as view:
+            configure_logging(config.log_level)  # now JSON lines into the log
+            screen = Screen(view)
+            return asyncio.run(
+                _main(
+                    options=options,
+                    screen=screen,
+                    settings=settings,
+                    config=config,
+                    shim=shim,
+                    log_path=log_path,
+                )
+            )
+
+
+async def _main(
+    *,
+    options: DemoOptions,
+    screen: Screen,
+    settings: Mapping[str, Any],
+    config: Config,
+    shim: Path,
+    log_path: Path,
+) -> int:
+    stop = asyncio.Event()
+    interrupted: list[str] = []
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        interrupted.append(sig.name)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        code = await _run(
+            options=options,
+            screen=screen,
+            settings=settings,
+            config=config,
+            shim=shim,
+            stop=stop,
+            log_path=log_path,
+        )
+    except launcher.LaunchError as exc:
+        screen.lines([f"wedgewatch demo: {exc}"])
+        return 2
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    if interrupted and not options.keep_running:
+        return 130  # Ctrl-C before the story ended, as a shell reports SIGINT
+    return code
