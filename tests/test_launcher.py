@@ -42,6 +42,27 @@ TP2_FLAGS = [
 ]
 
 
+def test_reporters_full_setup_adds_the_optional_knobs() -> None:
+    """tp2-offload-53868 is tp2-offload plus fp8, block size 1648, eager and retention 1648."""
+    profile = builtin_profiles()["tp2-offload-53868"]
+    old = build_command(vllm_bin="v", model="m", profile=profile, vllm_version=(0, 26, 1))
+    assert old.argv[: 3 + len(TP2_FLAGS)] == ("v", "serve", "m", *TP2_FLAGS)
+    assert old.argv[3 + len(TP2_FLAGS) :] == (
+        "--enforce-eager",
+        "--kv-cache-dtype",
+        "fp8",
+        "--block-size",
+        "1648",
+    )
+    assert dict(old.env) == {
+        "VLLM_USE_SIMPLE_KV_OFFLOAD": "1",
+        "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "1648",
+    }
+    new = build_command(vllm_bin="v", model="m", profile=profile, vllm_version=(0, 33, 0))
+    assert new.argv[-2:] == ("--prefix-cache-retention-interval", "1648")
+    assert "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" not in new.env
+
+
 def test_tp2_offload_profile_is_the_reported_production_setup() -> None:
     """The shipped tp2-offload profile carries exactly the reporter's flags and environment."""
     profile = builtin_profiles()["tp2-offload"]
@@ -269,7 +290,10 @@ def test_rendered_toml_keeps_profiles(tmp_path: Path) -> None:
 
 def test_unknown_profile_name_lists_the_known_ones() -> None:
     """`--profile tp2-offlaod` is refused with a suggestion and the list of profiles."""
-    with pytest.raises(LaunchError, match=r"did you mean 'tp2-offload'\?.*known: tp1, tp2-offload"):
+    with pytest.raises(
+        LaunchError,
+        match=r"did you mean 'tp2-offload'\?.*known: tp1, tp2-offload, tp2-offload-53868",
+    ):
         select_profile(builtin_profiles(), "tp2-offlaod")
 
 

@@ -456,7 +456,8 @@ class Config(BaseModel):
         {},
         "launcher",
         "Launch profiles for `wedgewatch launch --profile NAME`, added to the shipped ones "
-        "(`wedgewatch/profiles.toml`: `tp2-offload`, `tp1`) or overriding a shipped profile "
+        "(`wedgewatch/profiles.toml`, listed by `wedgewatch launch --list-profiles`) or "
+        "overriding a shipped profile "
         "key by key. In TOML one `[profiles.NAME]` table per profile with the keys "
         "`description`, `args`, `env`, `kv_cache_dtype`, `block_size`, `speculative_config` "
         "and `prefix_cache_retention_interval`; in the environment and as a flag the same "
