@@ -1,7 +1,154 @@
-"""`wedgewatch sim ...` commands."""
+"""`wedgewatch sim ...` commands: serve, load, install-vllm-shim."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import psutil
 import typer
 
-sim_app = typer.Typer(help="A vLLM stand-in for tests and demos without a GPU.", no_args_is_help=True)
+from wedgewatch.sim.api import serve
+from wedgewatch.sim.args import SERVE_HELP, ArgsError, HelpRequested, parse_serve_args
+from wedgewatch.sim.load import (
+    PROFILE_NAMES,
+    LoadError,
+    LoadSummary,
+    plan_requests,
+    print_summary,
+    run_load,
+    terminal_progress,
+)
+from wedgewatch.sim.vllm_shim import ShimError, install_shim
+
+sim_app = typer.Typer(
+    help="A vLLM stand-in for tests and demos without a GPU.", no_args_is_help=True
+)
+
+
+def process_started_at() -> float:
+    """The monotonic instant this process started (fault times count from it)."""
+    age = max(0.0, time.time() - psutil.Process().create_time())
+    return time.monotonic() - age
+
+
+def run_serve(argv: list[str]) -> int:
+    """Parse a `vllm serve` command line and run the simulator; the process exit code."""
+    origin = process_started_at()
+    parsed = parse_serve_args(argv)
+    if isinstance(parsed, HelpRequested):
+        sys.stdout.write(SERVE_HELP)
+        return 0
+    if isinstance(parsed, ArgsError):
+        sys.stderr.write(f"error: {parsed.message}\n(see --help)\n")
+        return 2
+    return serve(parsed, origin)
+
+
+@sim_app.command(
+    "serve",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def serve_command(ctx: typer.Context) -> None:
+    """Serve like `vllm serve [MODEL] [flags]` from a simulated scheduler (--help for flags)."""
+    raise typer.Exit(run_serve(list(ctx.args)))
+
+
+@sim_app.command("load")
+def load_command(  # noqa: PLR0917 - typer maps every parameter to a flag
+    url: Annotated[
+        str,
+        typer.Option("--url", help="Base URL of the server, e.g. http://127.0.0.1:8000."),
+    ],
+    profile: Annotated[
+        str, typer.Option("--profile", help="agentic, agentic-burst, steady or long-prefill.")
+    ] = "agentic",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the request sequence.")] = 0,
+    duration: Annotated[
+        float,
+        typer.Option(
+            "--duration", help="Seconds to send for; requests in flight are then awaited."
+        ),
+    ] = 60.0,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", help="Most requests in flight at once.")
+    ] = 256,
+    request_timeout_seconds: Annotated[
+        float,
+        typer.Option("--request-timeout-seconds", help="Give up on a request after this long."),
+    ] = 30.0,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="Model name to send (default: the first of /v1/models)."),
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Send a traffic profile to a server; print sent/completed/failed and latencies."""
+    if profile not in PROFILE_NAMES:
+        typer.echo(
+            f"error: unknown profile {profile!r}; choose one of {', '.join(PROFILE_NAMES)}",
+            err=True,
+        )
+        raise typer.Exit(2)
+    for name, value in (
+        ("--duration", duration),
+        ("--concurrency", concurrency),
+        ("--request-timeout-seconds", request_timeout_seconds),
+    ):
+        if value <= 0:
+            typer.echo(f"error: {name} must be positive, got {value}", err=True)
+            raise typer.Exit(2)
+    planned = plan_requests(profile, seed, duration)
+    progress = terminal_progress(sys.stdout) if sys.stdout.isatty() else None
+
+    async def main() -> LoadSummary:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        return await run_load(
+            url,
+            planned,
+            profile=profile,
+            seed=seed,
+            duration_seconds=duration,
+            concurrency=concurrency,
+            request_timeout_seconds=request_timeout_seconds,
+            model=model,
+            progress=progress,
+            stop=stop,
+        )
+
+    try:
+        summary = asyncio.run(main())
+    except LoadError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if progress is not None:
+        sys.stdout.write("\n")
+    print_summary(summary, json_output)
+    incomplete = summary.count("failed") + summary.count("timed_out")
+    raise typer.Exit(1 if incomplete else 0)
+
+
+@sim_app.command("install-vllm-shim")
+def install_vllm_shim_command(
+    directory: Annotated[
+        Path, typer.Argument(help="Directory to write the `vllm` script into.", show_default=False)
+    ],
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing `vllm` there.")
+    ] = False,
+) -> None:
+    """Write DIR/vllm, a drop-in `vllm` that runs the simulator; put DIR first on PATH."""
+    try:
+        path = install_shim(directory, force=force)
+    except ShimError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(str(path))
