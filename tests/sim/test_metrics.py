@@ -15,7 +15,7 @@ from wedgewatch.sim.metrics import (
 )
 from wedgewatch.sim.scheduler import FinishedRequest, IterationStats, SchedulerStats
 
-FIXTURE = Path("/work/shared/fixtures/vllm-0.33.0/healthy_busy.prom")
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-0.33.0" / "healthy_busy.prom"
 FIXTURE_CACHE_LABELS = {
     "_block_size_resolved", "block_size", "cache_dtype", "cache_hit_alignment_tokens",
     "effective_attention_block_size", "enable_mamba_shared_prefix_checkpoint",
