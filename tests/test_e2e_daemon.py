@@ -9,12 +9,16 @@ alarms.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +28,8 @@ import httpx
 import psutil
 import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, zeros
+
+from wedgewatch.signals import Exposition, parse
 
 pytestmark = pytest.mark.slow
 
@@ -261,3 +267,394 @@ def test_second_daemon_on_one_state_dir_is_refused(
         assert second.returncode == 2
         assert b"in use by another wedgewatch" in second.stderr
         assert first.stop() == 0
+
+
+# -- against the simulator -------------------------------------------------------------------------
+
+TP2_OFFLOAD = [
+    "--tensor-parallel-size",
+    "2",
+    "--kv-offloading-size",
+    "60",
+    "--kv-offloading-backend",
+    "native",
+    "--max-num-seqs",
+    "6",
+    "--max-num-batched-tokens",
+    "4096",
+    "--enable-prefix-caching",
+    "--enable-chunked-prefill",
+]
+# The load seed under which agentic-burst wedges the stock scheduler about 7 s into the load,
+# whatever the wall-clock jitter (tests/sim/test_e2e.py, docs/simulator.md).
+WEDGING_SEED = "16"
+
+# A supervising parent, as systemd or a container runtime would be: it runs the server in
+# its own process group and starts it again whenever it exits, until told to stop.
+SUPERVISOR = """
+import os, pathlib, signal, subprocess, sys, time
+stop_file, pids_file, argv = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3:]
+child = None
+def finish(*_):
+    stop_file.touch()
+    if child is not None and child.poll() is None:
+        os.killpg(child.pid, signal.SIGKILL)
+signal.signal(signal.SIGTERM, finish)
+while not stop_file.exists():
+    child = subprocess.Popen(argv, start_new_session=True)
+    with pids_file.open("a") as f:
+        f.write(f"{child.pid}\\n")
+    child.wait()
+    time.sleep(0.2)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Sim:
+    """`wedgewatch sim serve` on 127.0.0.1 (optionally under the supervisor above)."""
+
+    def __init__(
+        self, tmp_path: Path, name: str, flags: list[str], *, supervised: bool = False
+    ) -> None:
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.name = name
+        serve = [
+            *WEDGEWATCH,
+            "sim",
+            "serve",
+            "Qwen/Qwen3-0.6B",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *flags,
+        ]
+        self.log_path = tmp_path / f"sim-{name}.log"
+        self.stop_file = tmp_path / f"sim-{name}.stop"
+        self.pids_file = tmp_path / f"sim-{name}.pids"
+        argv = (
+            [sys.executable, "-c", SUPERVISOR, str(self.stop_file), str(self.pids_file), *serve]
+            if supervised
+            else serve
+        )
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.wait_healthy(timeout_seconds=60)
+
+    def wait_healthy(self, timeout_seconds: float) -> None:
+        """Wait until /health answers 200."""
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            with_error = None
+            try:
+                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError as exc:
+                with_error = exc
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        tail = self.log_path.read_text(errors="replace")[-3000:]
+        raise AssertionError(f"sim {self.name} not healthy ({with_error}); log:\n{tail}")
+
+    def serving_pids(self) -> list[int]:
+        """Pids of the serving processes the supervisor started, in order."""
+        return [int(p) for p in self.pids_file.read_text().split()]
+
+    def load(self, profile: str, duration_seconds: float, seed: str = "7") -> Load:
+        """Start `wedgewatch sim load` against this server."""
+        return Load(
+            [
+                *WEDGEWATCH,
+                "sim",
+                "load",
+                "--url",
+                self.base_url,
+                "--profile",
+                profile,
+                "--seed",
+                seed,
+                "--duration",
+                str(duration_seconds),
+                "--request-timeout-seconds",
+                "300",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        """Stop the server (and its supervisor) and every process of their groups."""
+        self.stop_file.touch()
+        groups = {self.proc.pid}
+        if self.pids_file.exists():
+            groups.update(self.serving_pids())
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+class Load:
+    """A `wedgewatch sim load` child in its own process group."""
+
+    def __init__(self, argv: list[str], **kwargs: Any) -> None:
+        self.proc = subprocess.Popen(argv, **kwargs)
+
+    def kill(self) -> None:
+        """Stop it now (it may have finished already)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+class ProgressWatch:
+    """Polls a server's /metrics at 5 Hz and remembers when engine 0 last made progress."""
+
+    def __init__(self, base_url: str) -> None:
+        self.url = base_url + "/metrics"
+        self.last_progress_timestamp: float | None = None
+        self._last: tuple[float, ...] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                body = httpx.get(self.url, timeout=2).content
+            except httpx.HTTPError:
+                continue
+            parsed = parse(body)
+            if not isinstance(parsed, Exposition) or not parsed.engines:
+                continue
+            reading = parsed.engines[min(parsed.engines)]
+            if reading.progress != self._last:
+                self._last = reading.progress
+                self.last_progress_timestamp = time.time()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _timestamp(line: dict[str, Any]) -> float:
+    return dt.datetime.fromisoformat(line["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+@pytest.fixture
+def sims(tmp_path: Path) -> Iterator[Callable[..., Sim]]:
+    """Starts simulators and stops every one of them after the test."""
+    started: list[Sim] = []
+
+    def start(name: str, flags: list[str], *, supervised: bool = False) -> Sim:
+        sim = Sim(tmp_path, name, flags, supervised=supervised)
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()
+
+
+def test_sim_wedge_is_detected_captured_and_restarted(
+    daemons: Callable[..., DaemonProcess], sims: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """The real scheduler wedge: detected in time, stacks of engine and both workers, restart."""
+    stall_after, interval = 5.0, 1.0
+    sim = sims("tp2", TP2_OFFLOAD, supervised=True)
+    watch = ProgressWatch(sim.base_url)
+    daemon = daemons(
+        [
+            "--target",
+            f"sim={sim.base_url}",
+            "--interval-seconds",
+            str(interval),
+            "--stall-after-seconds",
+            str(stall_after),
+            "--hang-after-seconds",
+            "30",
+            "--remedy",
+            "signal",
+            "--grace-seconds",
+            "5",
+        ]
+    )
+    load = sim.load("agentic-burst", 12, seed=WEDGING_SEED)
+    try:
+        wedge = daemon.wait_for("wedge_detected", timeout_seconds=150)
+        assert wedge["family"] == "deferred_stall", wedge
+        onset = watch.last_progress_timestamp
+        assert onset is not None
+        latency = _timestamp(wedge) - onset
+        assert latency <= stall_after + interval + 1.0, f"detected {latency:.2f} s after onset"
+
+        captured = daemon.wait_for("evidence_captured", timeout_seconds=60, phase="wedged")
+        bundle = Path(captured["bundle"])
+        summary = json.loads((bundle / "summary.json").read_text())
+        assert len(summary["pids"]["engine_core"]) == 1
+        assert len(summary["pids"]["worker"]) == 2
+        stacks = {p.name for p in (bundle / "pyspy").iterdir()}
+        for pid in [*summary["pids"]["engine_core"], *summary["pids"]["worker"]]:
+            assert any(str(pid) in name for name in stacks), (pid, stacks)
+        assert summary["triage"]["kind"] == "scheduler_wedge", summary["triage"]
+        assert oct((bundle / "summary.json").stat().st_mode & 0o777) == "0o600"
+
+        daemon.wait_for("restart_requested", timeout_seconds=60)
+        load.kill()  # let the new server come back to an idle world
+        daemon.wait_for("restart_succeeded", timeout_seconds=120)
+        closed = daemon.wait_for("episode_closed", timeout_seconds=30)
+        assert closed["outcome"] == "restarted"
+        sim.wait_healthy(timeout_seconds=60)
+        assert len(sim.serving_pids()) == 2  # the supervisor started a second server
+        time.sleep(3)
+        assert daemon.get("/probe").status_code == 200
+        assert daemon.stop() == 0
+    finally:
+        load.kill()
+        watch.close()
+
+
+def test_sim_faults_are_their_own_families(
+    daemons: Callable[..., DaemonProcess], sims: Callable[..., Sim]
+) -> None:
+    """collective-hang is a progress stall; engine-crash and api-hang are unreachable."""
+    hang = sims("hang", [*TP2_OFFLOAD, "--fault", "collective-hang@10"])
+    crash = sims("crash", ["--fault", "engine-crash@10"])
+    api = sims("api", ["--fault", "api-hang@10"])
+    load = hang.load("steady", 60)
+    try:
+        daemon = daemons(
+            [
+                "--target",
+                f"hang={hang.base_url}",
+                "--target",
+                f"crash={crash.base_url}",
+                "--target",
+                f"api={api.base_url}",
+                "--interval-seconds",
+                "1",
+                "--stall-after-seconds",
+                "5",
+                "--hang-after-seconds",
+                "5",
+                "--unreachable-after-seconds",
+                "5",
+                "--scrape-timeout-seconds",
+                "2",
+            ]
+        )
+        hung = daemon.wait_for("wedge_detected", timeout_seconds=90, target="hang")
+        assert hung["family"] == "progress_stall", hung
+        for name in ("crash", "api"):
+            line = daemon.wait_for("target_unreachable", timeout_seconds=90, target=name)
+            assert line["family"] == "unreachable", line
+        assert daemon.events("wedge_detected", target="crash") == []
+        assert daemon.events("wedge_detected", target="api") == []
+        captured = daemon.wait_for(
+            "evidence_captured", timeout_seconds=90, target="hang", phase="wedged"
+        )
+        assert captured["triage"].startswith("collective_hang"), captured
+        assert daemon.stop() == 0
+    finally:
+        load.kill()
+
+
+def test_sim_no_false_alarm(
+    daemons: Callable[..., DaemonProcess], sims: Callable[..., Sim]
+) -> None:
+    """Healthy agentic load, an idle server, long prefills and a sleeping engine: no wedge."""
+    fixed = ["--scheduler-fix", "skip-head-when-idle"]
+    agentic = sims("agentic", fixed)
+    idle = sims("idle", [])
+    prefill = sims("prefill", fixed)
+    sleeping = sims("sleeping", [])
+    assert httpx.post(sleeping.base_url + "/sleep", timeout=10).status_code == 200
+    loads = [
+        agentic.load("agentic", 75),
+        prefill.load("long-prefill", 75),
+        sleeping.load("steady", 75),
+    ]
+    try:
+        daemon = daemons(
+            [
+                "--target",
+                f"agentic={agentic.base_url}",
+                "--target",
+                f"idle={idle.base_url}",
+                "--target",
+                f"prefill={prefill.base_url}",
+                "--target",
+                f"sleeping={sleeping.base_url}",
+                "--interval-seconds",
+                "1",
+                "--stall-after-seconds",
+                "10",
+                "--hang-after-seconds",
+                "30",
+                "--remedy",
+                "signal",
+            ]
+        )
+        time.sleep(75)
+        targets = {t["name"]: t for t in daemon.get("/status").json()["targets"]}
+        for busy in ("agentic", "prefill"):  # the load really reached them
+            reading = targets[busy]["engines"][0]["last_reading"]
+            assert reading["generation_tokens"] > 0, targets[busy]
+        states = {name: t["state"] for name, t in targets.items()}
+        assert states["idle"] == "idle"
+        assert states["sleeping"] == "sleeping"
+        assert daemon.events("wedge_detected") == []
+        assert daemon.events("target_unreachable") == []
+        assert daemon.events("restart_requested") == []
+        assert daemon.stop() == 0
+    finally:
+        for load in loads:
+            load.kill()
+
+
+def test_capture_command_takes_a_bundle_now(sims: Callable[..., Sim], tmp_path: Path) -> None:
+    """`wedgewatch capture --target URL` writes a private bundle with every process's stacks."""
+    sim = sims("capture", ["--tensor-parallel-size", "2"])
+    evidence_dir = tmp_path / "manual"
+    result = subprocess.run(
+        [
+            *WEDGEWATCH,
+            "capture",
+            "--target",
+            sim.base_url,
+            "--evidence-dir",
+            str(evidence_dir),
+            "--json",
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    report = json.loads(result.stdout)
+    bundle = Path(report["bundle"])
+    assert bundle.parent == evidence_dir
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert summary["verdict"] == "manual"
+    assert len(summary["pids"]["worker"]) == 2
+    assert (bundle / "metrics_manual.prom").read_bytes().startswith(b"# HELP")
+    assert oct(bundle.stat().st_mode & 0o777) == "0o700"
+
+    missing = subprocess.run(
+        [*WEDGEWATCH, "capture", "--evidence-dir", str(evidence_dir)],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode == 2
+    assert b"--target URL, --pid PID or --pid-file FILE" in missing.stderr
