@@ -261,3 +261,17 @@ def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
             if proc.environ().get("DEMO_TEST_MARK") == mark:
                 left.append((proc.pid, proc.name()))
     assert left == [], f"processes of the demo outlived it: {left}"
+
+
+def test_a_stall_that_cleared_does_not_hide_the_next_one() -> None:
+    """Each new stall is reported: suspect, calm again, suspect again gives two events."""
+    steps = [
+        (1.0, status("ok", [engine("ok")])),
+        (2.0, status("suspect", [engine("suspect", family="unreachable")])),
+        (3.0, status("ok", [engine("ok")])),
+        (9.0, status("suspect", [engine("suspect", family="deferred_stall")])),
+        (19.0, status("wedged", [WEDGED])),
+    ]
+    story, kinds = play(steps)
+    assert kinds == ["up", "suspect", "suspect", "wedged"]
+    assert story.suspect_at == 9.0

@@ -615,7 +615,7 @@ def _demo(
             help="The wedge threshold for the demo (the production default is 60).",
         ),
     ] = 10.0,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the simulator and the load.")] = 7,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the agentic-burst traffic.")] = 16,
     timeout_seconds: Annotated[
         float,
         typer.Option("--timeout-seconds", min=30, help="Give up when the story takes longer."),
