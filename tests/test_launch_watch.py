@@ -28,6 +28,8 @@ pytestmark = pytest.mark.slow
 
 WEDGEWATCH = [sys.executable, "-m", "wedgewatch"]
 FIXTURES = Path(__file__).parent / "fixtures"
+# The traffic that wedges the simulator's stock scheduler on most tries (see wedgewatch demo).
+BURST_LOAD = ("--profile", "agentic-burst", "--seed", "16", "--duration", "30")
 
 FAKE_VLLM = r'''#!{python}
 """A fake `vllm`: `--version`, or `serve MODEL ... --port P` serving a fixture body."""
@@ -376,3 +378,65 @@ def test_watch_refuses_a_busy_watchdog_port_before_starting_the_server(tmp_path:
     assert done.returncode == 2
     assert f"wedgewatch's own endpoints: port {taken} is already in use" in done.stderr
     assert recorded_starts(state) == []
+
+
+def test_watch_restarts_the_wedged_simulator_and_its_whole_tree(
+    tmp_path: Path, launchers: list[Launcher]
+) -> None:
+    """The real wedge through the vllm shim: EngineCore and both workers replaced, not orphaned."""
+    shim = tmp_path / "shim"
+    subprocess.run(
+        [*WEDGEWATCH, "sim", "install-vllm-shim", str(shim)],
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    for attempt in range(3):  # whether a burst wedges depends on timing; a fresh try each time
+        try_dir = tmp_path / f"try{attempt}"
+        try_dir.mkdir()
+        port, listen = free_port(), free_port()
+        launcher = Launcher(
+            launch_args(
+                shim / "vllm",
+                "--watch",
+                *watchdog_args(try_dir, listen),
+                *("--stall-after-seconds", "5", "--hang-after-seconds", "30"),
+                server=("--host", "127.0.0.1", "--port", str(port)),
+            ),
+            try_dir,
+        )
+        launchers.append(launcher)
+        launcher.wait_for("engine_discovered", timeout_seconds=60)
+        load = subprocess.Popen(
+            [*WEDGEWATCH, "sim", "load", "--url", f"http://127.0.0.1:{port}", *BURST_LOAD],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wedge = launcher.wait_for("wedge_detected", timeout_seconds=45)
+        except AssertionError:
+            launcher.proc.send_signal(signal.SIGTERM)
+            launcher.proc.wait(timeout=60)
+            continue
+        finally:
+            load.kill()
+            load.wait(timeout=30)
+        break
+    else:
+        pytest.fail("no agentic burst wedged the simulator in three tries")
+    assert wedge["family"] == "deferred_stall"
+    captured = [
+        line
+        for line in (launcher.wait_for("restart_completed", 60), *launcher.lines())
+        if line.get("event") == "evidence_captured" and line.get("phase") == "wedged"
+    ]
+    summary = json.loads((Path(captured[0]["bundle"]) / "summary.json").read_text())
+    old_tree = [*summary["pids"]["engine_core"], *summary["pids"]["worker"]]
+    assert len(old_tree) == 3
+    launcher.wait_for("restart_succeeded", timeout_seconds=60)
+    assert all(gone(pid) for pid in old_tree), "a process of the wedged server survived"
+    status = httpx.get(f"http://127.0.0.1:{listen}/status", timeout=5).json()
+    assert status["targets"][0]["restarts"] == 1
+    launcher.proc.send_signal(signal.SIGTERM)
+    launcher.proc.wait(timeout=60)
+    assert launcher.wait_for("server_stopped")["restarts"] == 1
