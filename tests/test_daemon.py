@@ -25,6 +25,7 @@ from wedgewatch.daemon import (
     run,
 )
 from wedgewatch.detect import Observation, Scraped, ScrapeFailed
+from wedgewatch.ownmetrics import CAPTURE_FAILURE_REASONS
 from wedgewatch.procs import Discovery, ProcessSelector
 from wedgewatch.server import make_app
 from wedgewatch.signals import EngineKey, EngineReading, Exposition
@@ -494,7 +495,11 @@ async def test_failed_capture_does_not_block_the_restart(tmp_path: Path, behavio
     _, logs = await play(world, capture_timeout_seconds=0.2)
     assert len(world.restarter.requests) == 1
     assert events(logs, "evidence_capture_failed")
-    assert world.metric("wedgewatch_evidence_capture_failures_total", target="sim") >= 1
+    failures = sum(
+        world.metric("wedgewatch_evidence_capture_failures_total", target="sim", reason=reason)
+        for reason in CAPTURE_FAILURE_REASONS
+    )
+    assert failures >= 1
 
 
 async def test_budget_then_gave_up(tmp_path: Path) -> None:

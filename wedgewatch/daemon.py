@@ -1333,7 +1333,7 @@ class BundleEvidence:
 
 
 def capture_failure_reasons(result: evidence.BundleResult) -> tuple[str, ...]:
-    """The closed set of reasons for `wedgewatch_evidence_capture_failures_total`."""
+    """The closed set of reasons (`ownmetrics.CAPTURE_FAILURE_REASONS`) for the failure counter."""
     reasons: list[str] = []
     if result.bundle is None:
         reasons.append("write_failed")

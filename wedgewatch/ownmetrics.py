@@ -29,6 +29,11 @@ CAPTURE_PHASES = ("suspect", "wedged", "manual")
 # timeout, or the server did not come back healthy within startup_timeout_seconds.
 RESTART_FAILURE_REASONS = ("remedy_error", "timeout", "not_recovered")
 
+# Why an evidence capture step failed: the bundle could not be written, ptrace was denied
+# (py-spy without root or CAP_SYS_PTRACE), the capture deadline passed, some part failed,
+# or the capture raised an error (a bug or an unwritable evidence_dir).
+CAPTURE_FAILURE_REASONS = ("write_failed", "ptrace_denied", "timeout", "incomplete", "error")
+
 
 @dataclass(frozen=True, slots=True)
 class EngineSample:
@@ -199,6 +204,8 @@ class OwnMetrics:
         self._restarts.labels(target, remedy)
         for reason in RESTART_FAILURE_REASONS:
             self._restart_failures.labels(target, reason)
+        for reason in CAPTURE_FAILURE_REASONS:
+            self._capture_failures.labels(target, reason)
         self._budget_remaining.labels(target).set(budget_remaining)
         self._gave_up.labels(target).set(0)
         self._engines.setdefault(target, {})
