@@ -604,7 +604,7 @@ def test_cli_probe_mode_across_invocations(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_cli_critical_only_turns_a_warning_into_0(tmp_path: Path) -> None:
-    """--critical-only exits 0 on suspect (a Kubernetes probe must not fail early) but 2 on wedged."""
+    """--critical-only exits 0 on suspect (a probe must not fail early) but 2 on wedged."""
     sequence = [Reply(body=one(busy(n))) for n in range(3)] + [Reply(body=one(DEFERRED_WEDGE))]
     with ScriptedServer(in_turn(sequence)) as server:
         args = ["check", server.url, "--for", "1", "--interval-seconds", "0.2", "--json"]

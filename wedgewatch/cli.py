@@ -269,6 +269,7 @@ def _check(
             show_default=False,
         ),
     ],
+    *,
     window_seconds: Annotated[
         float,
         typer.Option(
@@ -299,7 +300,6 @@ def _check(
             "Kubernetes exec probes, where any non-zero exit counts as a failure.",
         ),
     ] = False,
-    *,
     flags: dict[str, Any],
 ) -> None:
     """Judge one vLLM server now, Nagios style.
