@@ -582,6 +582,24 @@ def test_cli_bad_arguments_exit_3(args: list[str], env: dict[str, str], message:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["--json", "http://h:1", "--bogus"], "No such option", id="parse-error"),
+        pytest.param(["http://h:1", "--for", "0", "--json"], "needs --state-file", id="bad-value"),
+    ],
+)
+def test_cli_bad_arguments_with_json_print_the_json_object(args: list[str], message: str) -> None:
+    """With --json a usage error is still one JSON object on stdout: status unknown, exit 3."""
+    done = wedgewatch("check", *args)
+    assert done.returncode == 3
+    answer = json.loads(done.stdout)
+    assert answer["status"] == "unknown"
+    assert answer["engines"] == []
+    assert message in answer["error"]
+
+
+@pytest.mark.slow
 def test_cli_probe_mode_across_invocations(tmp_path: Path) -> None:
     """Repeated `--for 0 --state-file` runs on a flat deferred wedge go OK, WARNING..., CRITICAL."""
     fixture = (FIXTURES / "deferred_wedge.prom").read_bytes()

@@ -234,19 +234,31 @@ class _UnknownUsageError(UsageError):
 
 
 class _NagiosCommand(TyperCommand):
-    """A command whose usage errors exit 3 (UNKNOWN), as Nagios plugins must."""
+    """A command whose usage errors exit 3 (UNKNOWN), as Nagios plugins must.
+
+    With `--json` the error is also printed as the command's JSON object on stdout, so a
+    caller that parses stdout gets `{"status": "unknown", ...}` rather than nothing.
+    """
 
     def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        wants_json = "--json" in args  # before parsing: click consumes the list in place
         try:
             return super().parse_args(ctx, args)
         except UsageError as exc:
-            raise _UnknownUsageError(exc.format_message(), exc.ctx) from None
+            raise self._unknown(exc, wants_json=wants_json) from None
 
     def invoke(self, ctx: Context) -> Any:
         try:
             return super().invoke(ctx)
         except UsageError as exc:
-            raise _UnknownUsageError(exc.format_message(), exc.ctx) from None
+            raise self._unknown(exc, wants_json=bool(ctx.params.get("as_json"))) from None
+
+    @staticmethod
+    def _unknown(exc: UsageError, *, wants_json: bool) -> _UnknownUsageError:
+        message = exc.format_message()
+        if wants_json:
+            typer.echo(json.dumps({"status": "unknown", "engines": [], "error": message}))
+        return _UnknownUsageError(message, exc.ctx)
 
 
 @app.command("check", cls=_NagiosCommand)
