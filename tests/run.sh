@@ -1,23 +1,44 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: creates (or reuses) .venv, installs wedgewatch
-# with its test tools, installs promtool (Debian's prometheus package) when it is missing,
+# with its test tools, installs the real tools the tests use (Debian's prometheus, systemd
+# and nodejs packages) when they are missing,
 # then runs the formatter check, the linter, mypy --strict and every test, slow ones included.
 # Extra arguments go to pytest (e.g. `bash tests/run.sh -m "not slow"` for a quick pass).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ]; then
-        echo "tests/run.sh: installing Debian's prometheus package (promtool, prometheus)" >&2
-        apt-get update -q >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null
-    else
-        echo "tests/run.sh: promtool is missing; run 'sudo apt-get install -y prometheus'" >&2
+need_root() {
+    if [ "$(id -u)" != 0 ]; then
+        echo "tests/run.sh: $1 is missing; run 'sudo apt-get install -y $2' first" >&2
         exit 2
     fi
+}
+apt_updated=""
+apt_install() {  # apt_install PACKAGE...: Debian packages, `apt-get update` once first
+    if [ -z "$apt_updated" ]; then
+        apt-get update -q >/dev/null
+        apt_updated=1
+    fi
+    echo "tests/run.sh: installing Debian packages: $*" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
+}
+
+if ! python3 -m venv .venv >/dev/null 2>&1; then  # fresh Debian: venv lives in python3-venv
+    need_root "python3 venv" python3-venv
+    apt_install python3-venv
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+# Real tools the tests run: promtool and prometheus (rules, end to end), systemd-analyze
+# (unit verification), node (evaluates the polkit rule).
+missing=()
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+if [ "${#missing[@]}" -gt 0 ]; then
+    need_root "${missing[*]}" "${missing[*]}"
+    apt_install "${missing[@]}"
 fi
 
 .venv/bin/ruff format --check .
