@@ -199,3 +199,14 @@ def test_openmetrics_is_negotiated() -> None:
     assert plain.startswith("text/plain; version=0.0.4")
     assert open_metrics.startswith("application/openmetrics-text")
     assert body.rstrip().endswith(b"# EOF")
+
+
+def test_the_golden_story_uses_the_real_label_values() -> None:
+    """The states, families and scrape failure reasons pinned here are the daemon's own."""
+    from typing import get_args
+
+    from wedgewatch.detect import EngineState, FailureReason, Family
+
+    assert tuple(EngineState) == STATES
+    assert tuple(Family) == FAMILIES
+    assert set(get_args(FailureReason)) == set(REASONS)
