@@ -21,10 +21,10 @@ import json
 import logging
 import math
 import os
+import random
 import signal
 import socket
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
@@ -184,6 +184,22 @@ def completion_text(num_tokens: int) -> str:
     return " sim" * num_tokens
 
 
+class RequestIds:
+    """The request ids a server assigns, `cmpl-<32 hex>`, drawn in arrival order from `--seed`.
+
+    vLLM draws them from uuid4; the simulator seeds them so that the same `--seed` and the
+    same arrival order give the same ids, hence the same per-request hashes in the scheduler
+    model (a request's own KV block identities, the early-stop choice), run after run.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(f"request-ids:{seed}")
+
+    def next(self) -> str:
+        """The id of the next request that arrives."""
+        return f"cmpl-{self._rng.getrandbits(128):032x}"
+
+
 class InstrumentatorMiddleware:
     """Records `http_*` like prometheus-fastapi-instrumentator (handler = route template)."""
 
@@ -243,6 +259,7 @@ class SimServer:
         self.faults = faults
         self._created = int(time.time())
         self._served_names = args.served_model_name or (args.model,)
+        self._request_ids = RequestIds(args.seed)
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/ping", self.health, methods=["GET", "POST"]),
@@ -378,7 +395,7 @@ class SimServer:
         rejection = self._admission_rejection(params.prompt_tokens)
         if rejection is not None:
             return rejection
-        request_id = f"cmpl-{uuid.uuid4().hex}"
+        request_id = self._request_ids.next()
         sim_request = SimRequest(
             request_id=request_id,
             prompt_tokens=params.prompt_tokens,
