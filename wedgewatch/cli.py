@@ -59,17 +59,21 @@ def _root(
 
 
 def configure_logging(level: str = "info") -> None:
-    """structlog to stderr: a console renderer on a terminal, JSON lines otherwise."""
-    renderer: Any = (
-        structlog.dev.ConsoleRenderer()
+    """structlog to stderr: a console renderer on a terminal, JSON lines otherwise.
+
+    JSON lines carry a `log.exception` traceback as text in the `exception` field (the
+    console renderer prints it itself).
+    """
+    renderers: list[Any] = (
+        [structlog.dev.ConsoleRenderer()]
         if sys.stderr.isatty()
-        else structlog.processors.JSONRenderer()
+        else [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
     )
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
+            *renderers,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
