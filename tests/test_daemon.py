@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -548,17 +551,60 @@ async def test_backoff_defers_the_second_restart(tmp_path: Path) -> None:
     assert events(logs, "restart_deferred")
 
 
-async def test_restart_error_is_reported_once(tmp_path: Path) -> None:
-    """A failing remedy is logged as restart_failed (remedy_error), not retried in the episode."""
-    world = make_world(tmp_path, wedge_at(60), until=600, restart_ok=False)
-    daemon, logs = await play(world)
-    assert len(world.restarter.requests) == 1
-    (failed,) = events(logs, "restart_failed")
-    assert failed["reason"] == "remedy_error"
-    assert (
-        world.metric("wedgewatch_restart_failures_total", target="sim", reason="remedy_error") == 1
+async def test_restart_error_is_retried_after_the_backoff(tmp_path: Path) -> None:
+    """A failing remedy is restart_failed, retried after the back-off, then gave_up."""
+    world = make_world(
+        tmp_path,
+        wedge_at(60),
+        until=1200,
+        restart_ok=False,
+        restart_budget=3,
+        restart_backoff_seconds=50.0,
+        restart_backoff_max_seconds=100.0,
     )
-    assert daemon.snapshot.targets["sim"].state == "wedged"
+    restart_times: list[float] = []
+    original = world.restarter.restart
+
+    async def timed(request: remedy.RestartRequest) -> remedy.RestartOutcome:
+        restart_times.append(world.clock.now)
+        return await original(request)
+
+    world.restarter.restart = timed  # type: ignore[method-assign]
+    daemon, logs = await play(world)
+    assert len(world.restarter.requests) == 3  # the whole budget, no more
+    assert restart_times[1] - restart_times[0] >= 50.0  # the back-off is honoured
+    assert restart_times[2] - restart_times[1] >= 100.0
+    failed = events(logs, "restart_failed")
+    assert [line["reason"] for line in failed] == ["remedy_error"] * 3
+    assert len(events(logs, "gave_up")) == 1
+    assert len(events(logs, "episode_opened")) == 1  # all within one episode
+    assert (
+        world.metric("wedgewatch_restart_failures_total", target="sim", reason="remedy_error") == 3
+    )
+    target = daemon.snapshot.targets["sim"]
+    assert target.state == "wedged"
+    assert target.gave_up
+
+
+async def test_restart_error_then_success_closes_the_episode(tmp_path: Path) -> None:
+    """A remedy that fails once and then works brings the server back within the episode."""
+    world = make_world(
+        tmp_path, wedge_at(60), until=600, restart_ok=False, restart_backoff_seconds=20.0
+    )
+    original = world.restarter.restart
+
+    async def flaky(request: remedy.RestartRequest) -> remedy.RestartOutcome:
+        outcome = await original(request)
+        world.restarter.ok = True
+        return outcome
+
+    world.restarter.restart = flaky  # type: ignore[method-assign]
+    daemon, logs = await play(world)
+    assert len(world.restarter.requests) == 2
+    assert len(events(logs, "restart_failed")) == 1
+    assert len(events(logs, "restart_succeeded")) == 1
+    assert events(logs, "episode_closed")[0]["outcome"] == "restarted"
+    assert daemon.snapshot.targets["sim"].state == "ok"
 
 
 async def test_server_that_never_returns_is_not_recovered(tmp_path: Path) -> None:
@@ -696,6 +742,24 @@ async def test_scrape_failures_log_on_change_of_reason(tmp_path: Path) -> None:
     assert world.metric("wedgewatch_scrape_failures_total", target="sim", reason="refused") == 10
 
 
+@pytest.mark.parametrize(("mode", "reason"), [("down", "refused"), ("timeout", "timeout")])
+async def test_unreachable_says_why(tmp_path: Path, mode: str, reason: str) -> None:
+    """A crashed server (refused) and a hung one (timeout) differ in the log line and /status."""
+    world = make_world(tmp_path, wedge_at(30, mode), until=120, remedy_name="none")
+    daemon, logs = await play(world)
+    (line,) = events(logs, "target_unreachable")
+    assert line["family"] == "unreachable"
+    assert line["scrape_failure"] == reason
+    assert line["triage"] == "scheduler_wedge"  # the suspect bundle's triage (fake evidence)
+    (captured, *_) = events(logs, "evidence_captured")
+    assert captured["scrape_failure"] == reason
+    target = daemon.snapshot.targets["sim"]
+    assert target.episode is not None
+    assert target.episode["scrape_failure"] == reason
+    assert target.last_scrape_error is not None
+    assert target.last_scrape_error.startswith(reason)
+
+
 async def test_never_up_target_is_starting_then_unreachable(tmp_path: Path) -> None:
     """A target that never answers is starting until startup_timeout_seconds, then unreachable."""
     world = make_world(tmp_path, lambda t: "down", until=200, startup_timeout_seconds=100.0)
@@ -753,6 +817,22 @@ async def test_webhooks_get_the_story(tmp_path: Path) -> None:
     payload = dict(world.notifier.events[names.index("wedge_detected")][1])
     assert payload["target"] == "sim"
     assert payload["family"] == "deferred_stall"
+    succeeded = dict(world.notifier.events[names.index("restart_succeeded")][1])
+    assert succeeded["engine"] == "0"
+    assert succeeded["model_name"] == "m"
+    assert succeeded["family"] == "deferred_stall"
+    assert succeeded["bundle"].startswith("/evidence/")
+
+
+async def test_gave_up_webhook_names_the_engine_family_and_bundle(tmp_path: Path) -> None:
+    """The gave_up notification carries the episode's engine, family and bundle."""
+    world = make_world(tmp_path, wedge_at(30), until=600, restart_ok=False, restart_budget=1)
+    await play(world)
+    (payload,) = [dict(p) for name, p in world.notifier.events if name == "gave_up"]
+    assert payload["engine"] == "0"
+    assert payload["family"] == "deferred_stall"
+    assert payload["bundle"].startswith("/evidence/")
+    assert payload["reason"] == "budget_exhausted"
 
 
 async def test_shutdown_lets_an_inflight_capture_finish(tmp_path: Path) -> None:
@@ -806,3 +886,24 @@ def test_capture_failure_reasons(
         deadline_exceeded=deadline,
     )
     assert capture_failure_reasons(result) == expected
+
+
+def test_json_log_lines_keep_the_traceback() -> None:
+    """`log.exception` in the JSON log (not a terminal) carries the traceback text."""
+    code = (
+        "import structlog\n"
+        "from wedgewatch.cli import configure_logging\n"
+        "configure_logging()\n"
+        "try:\n"
+        "    {}['missing_key']\n"
+        "except KeyError:\n"
+        "    structlog.get_logger('t').exception('worker_error', target='sim')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=60, check=True
+    )
+    line = json.loads(result.stderr.decode().strip().splitlines()[-1])
+    assert line["event"] == "worker_error"
+    assert line["level"] == "error"
+    assert "Traceback (most recent call last)" in line["exception"]
+    assert "KeyError: 'missing_key'" in line["exception"]

@@ -271,6 +271,7 @@ class Episode:
     restart_requested: bool = False
     restart_pending_since: float | None = None  # a restart waits for the back-off to pass
     triage: str | None = None
+    scrape_failure: str | None = None  # the latest scrape failure reason seen in the episode
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,6 +494,8 @@ class Daemon:
         rt.verdict = verdict
         self._log_transitions(rt, verdict, now_at, now)
         self._track_episode(rt, verdict, now_at, now)
+        if rt.episode is not None and failure is not None:
+            rt.episode.scrape_failure = failure.reason
         for action in verdict.actions:
             self._on_action(rt, verdict, action, now_at)
 
@@ -573,6 +576,13 @@ class Daemon:
                     fields["threshold_seconds"] = self.policy.threshold(
                         transition.family or Family.UNREACHABLE
                     )
+            if transition.new in _ACTED_ON:
+                # What tells an engine crash (refused: the server is gone) from an API hang
+                # (timeout: the port accepts, nothing answers), and what the stacks said.
+                if transition.family is Family.UNREACHABLE and rt.failure is not None:
+                    fields["scrape_failure"] = rt.failure.reason
+                if rt.episode is not None and rt.episode.triage is not None:
+                    fields["triage"] = rt.episode.triage
             new, old = transition.new, transition.old
             family = str(transition.family) if transition.family else "unknown"
             if new is EngineState.SUSPECT and old not in _STALLED:
@@ -713,14 +723,33 @@ class Daemon:
         rt.policy = result.state
         for event in result.events:
             self._dirty = True
-            fields = {"target": rt.target.name, "reason": event.reason, "detail": event.detail}
+            fields: dict[str, Any] = {
+                "target": rt.target.name,
+                "reason": event.reason,
+                "detail": event.detail,
+            }
+            episode = rt.episode
+            if episode is not None:
+                fields.update(
+                    episode=episode.episode_id,
+                    engine=episode.key.engine,
+                    model_name=episode.key.model_name,
+                    family=episode.family,
+                    bundle=episode.bundle,
+                )
             kind = event.kind
             if kind is remedy.PolicyEventKind.RESTART_FAILED:
                 self.metrics.count_restart_failure(rt.target.name, event.reason)
-                log.error("restart_failed", **fields)
                 if event.reason == remedy.FailureReason.NOT_RECOVERED:
+                    log.error("restart_failed", **fields)
                     rt.ignore_before_at = None
                     self._close_episode(rt, "restart_failed", event.at)
+                else:
+                    # The remedy itself failed (error, timeout): the server is still the
+                    # stalled one, so try again once the back-off allows, within the budget.
+                    log.error("restart_failed", retry="after the back-off", **fields)
+                    if episode is not None:
+                        episode.restart_pending_since = event.at
             elif kind is remedy.PolicyEventKind.RESTART_SUCCEEDED:
                 log.info("restart_succeeded", **fields)
                 self._close_episode(rt, "restarted", event.at)
@@ -808,6 +837,7 @@ class Daemon:
             "model_name": job.key.model_name,
             "bundle": outcome.bundle,
             "triage": outcome.triage,
+            "scrape_failure": rt.episode.scrape_failure if rt.episode else None,
             "duration_seconds": round(duration, 3),
         }
         if outcome.bundle is not None:
@@ -1145,6 +1175,7 @@ class Daemon:
                         "opened_timestamp": episode.opened_timestamp,
                         "bundle": episode.bundle,
                         "triage": episode.triage,
+                        "scrape_failure": episode.scrape_failure,
                         "restart_requested": episode.restart_requested,
                     }
                     if episode
