@@ -17,11 +17,14 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from wedgewatch.sim.api import RequestIds
+
 from .simproc import (
     LAUNCHER_FLAGS,
     WEDGEWATCH,
     LoadProcess,
     Samples,
+    SimProcess,
     progress,
     py_spy_dump,
     running,
@@ -32,9 +35,13 @@ from .test_metrics import FIXTURE, families
 
 pytestmark = pytest.mark.slow
 
-# agentic-burst under this seed wedges the stock scheduler about 7 s into the load (the
-# request sequence does not depend on wall-clock jitter); see docs/simulator.md.
+# agentic-burst under this seed wedges the stock scheduler about 7 s into the load in the pure
+# model (tests/sim/test_burst.py); over HTTP arrival steps follow wall-clock timing, so a run
+# that slips through is retried on a fresh server. See docs/simulator.md.
 WEDGING_SEED = "16"
+WEDGE_ATTEMPTS = 3
+WEDGE_RETRY_BUDGET_SECONDS = 150.0  # no new attempt after this; keeps the test under 300 s
+WEDGE_HOLD_SECONDS = 10.0
 WEDGE_LOAD = [
     "--profile", "agentic-burst",
     "--seed", WEDGING_SEED,
@@ -75,6 +82,7 @@ def test_a_tp2_server_looks_like_vllm_from_outside(tmp_path: Path) -> None:
             timeout=30,
         ).json()
         assert answer["object"] == "text_completion"
+        assert answer["id"] == RequestIds(0).next()  # the first id under the default --seed 0
         assert answer["choices"][0]["finish_reason"] == "length"
         assert answer["usage"] == {
             "prompt_tokens": 100,
@@ -139,45 +147,73 @@ def test_a_tp2_server_looks_like_vllm_from_outside(tmp_path: Path) -> None:
         assert value(sim.samples(), "vllm:engine_sleep_state", sleep_state="awake") == 1
 
 
+def wait_for_wedge(sim: SimProcess, within_seconds: float) -> float | None:
+    """The instant the wedge was seen held for 3 s (counters flat), or None within the time."""
+    started = time.monotonic()
+    history: list[tuple[float, Samples]] = []
+    while time.monotonic() - started < within_seconds:
+        samples = sim.samples()
+        now = time.monotonic()
+        history.append((now, samples))
+        quiet = [s for t, s in history if now - t <= 3.0]
+        if (
+            now - history[0][0] >= 3.0
+            and all(is_wedged(s) for s in quiet)
+            and len({progress(s) for s in quiet}) == 1
+        ):
+            return now
+        time.sleep(0.25)
+    return None
+
+
+def engine_stack_in_step(pid: int, attempts: int = 3) -> str:
+    """A py-spy dump of the engine that shows `_process_engine_step` (up to `attempts` dumps)."""
+    stack = ""
+    for _ in range(attempts):
+        stack = py_spy_dump(pid)
+        if "_process_engine_step" in stack:
+            return stack
+        time.sleep(0.2)
+    raise AssertionError(f"no dump of {attempts} showed _process_engine_step; last:\n{stack}")
+
+
 def test_stock_scheduler_wedges_under_the_agentic_burst_and_stays_wedged(tmp_path: Path) -> None:
-    """The launcher's TP=2 offload flags + agentic-burst: the real wedge, within 60 s, for good."""
-    with running(tmp_path, "stock", LAUNCHER_FLAGS) as sim:
-        load = LoadProcess(sim.url, WEDGE_LOAD, tmp_path / "load.txt")
-        try:
-            started = time.monotonic()
-            history: list[tuple[float, Samples]] = []
-            wedged_at = None
-            while time.monotonic() - started < 60 and wedged_at is None:
-                samples = sim.samples()
-                now = time.monotonic()
-                history.append((now, samples))
-                quiet = [s for t, s in history if now - t <= 3.0]
-                if (
-                    now - history[0][0] >= 3.0
-                    and all(is_wedged(s) for s in quiet)
-                    and len({progress(s) for s in quiet}) == 1
-                ):
-                    wedged_at = now
-                time.sleep(0.25)
-            assert wedged_at is not None, f"no wedge within 60 s; load:\n{load.output()}"
+    """The launcher's TP=2 offload flags + agentic-burst: the real wedge, within 60 s, for good.
 
-            (engine,) = sim.titled("VLLM::EngineCore")
-            frozen = vllm_samples(sim.samples())
-            cpu_before = cpu_seconds(engine.pid)
-            time.sleep(3.0)
-            still = vllm_samples(sim.samples())
-            assert cpu_seconds(engine.pid) - cpu_before > 0.2, "engine not busy-looping"
-            assert is_wedged(still)
-            assert still == frozen, "a vllm: sample moved during the wedge"
-            assert sim.get("/health").status_code == 200
+    Over HTTP each request's arrival step depends on wall-clock timing, so on a loaded machine
+    a burst can slip through; a run that does not wedge within 60 s is repeated on a fresh
+    server (at most `WEDGE_ATTEMPTS` runs, each with its own 60 s).
+    """
+    outcomes: list[str] = []
+    suite_started = time.monotonic()
+    for attempt in range(WEDGE_ATTEMPTS):
+        if attempt and time.monotonic() - suite_started > WEDGE_RETRY_BUDGET_SECONDS:
+            break
+        with running(tmp_path, f"stock-{attempt}", LAUNCHER_FLAGS) as sim:
+            load = LoadProcess(sim.url, WEDGE_LOAD, tmp_path / f"load-{attempt}.txt")
+            try:
+                if wait_for_wedge(sim, 60.0) is None:
+                    outcomes.append(f"attempt {attempt}: no wedge in 60 s; load:\n{load.output()}")
+                    continue
+                (engine,) = sim.titled("VLLM::EngineCore")
+                frozen = vllm_samples(sim.samples())
+                cpu_before = cpu_seconds(engine.pid)
+                time.sleep(WEDGE_HOLD_SECONDS)
+                still = vllm_samples(sim.samples())
+                assert cpu_seconds(engine.pid) - cpu_before > 0.2, "engine not busy-looping"
+                assert is_wedged(still)
+                assert value(still, "vllm:num_requests_running") == 0
+                assert still == frozen, "a vllm: sample moved during the wedge"
+                assert sim.get("/health").status_code == 200
 
-            engine_stack = py_spy_dump(engine.pid)
-            assert "_process_engine_step" in engine_stack, engine_stack
-            assert "run_busy_loop" in engine_stack
-            worker = engine.children()[0]
-            assert "acquire_read" in py_spy_dump(worker.pid)
-        finally:
-            load.stop()
+                engine_stack = engine_stack_in_step(engine.pid)
+                assert "run_busy_loop" in engine_stack
+                worker = engine.children()[0]
+                assert "acquire_read" in py_spy_dump(worker.pid)
+                return
+            finally:
+                load.stop()
+    raise AssertionError("\n".join(outcomes))
 
 
 def test_the_fix_completes_every_request_of_the_same_load(tmp_path: Path) -> None:
