@@ -404,7 +404,7 @@ vLLM flags the simulator models:
   --kv-cache-dtype NAME            reported in vllm:cache_config_info (default: auto)
   --max-num-queued-reqs N          reject with 503 beyond N queued requests
   --max-num-queued-tokens N        reject with 503 beyond N queued prompt tokens
-  --seed N                         simulation seed (default: 0)
+  --seed N                         seeds the request ids (default: 0)
   --disable-log-stats              no vllm:* metrics, like vLLM
   --disable-uvicorn-access-log     no per-request access log lines
   --uvicorn-log-level LEVEL        (default: info)
