@@ -527,7 +527,7 @@ def test_sim_wedge_is_detected_captured_and_restarted(
 def test_sim_faults_are_their_own_families(
     daemons: Callable[..., DaemonProcess], sims: Callable[..., Sim]
 ) -> None:
-    """collective-hang is a progress stall; engine-crash and api-hang are unreachable."""
+    """Each fault its own story: progress stall; unreachable (refused); unreachable (timeout)."""
     hang = sims("hang", [*TP2_OFFLOAD, "--fault", "collective-hang@10"])
     crash = sims("crash", ["--fault", "engine-crash@10"])
     api = sims("api", ["--fault", "api-hang@10"])
@@ -555,15 +555,33 @@ def test_sim_faults_are_their_own_families(
         )
         hung = daemon.wait_for("wedge_detected", timeout_seconds=90, target="hang")
         assert hung["family"] == "progress_stall", hung
-        for name in ("crash", "api"):
+        assert "scrape_failure" not in hung
+        # What tells them apart: the crashed server's port is closed (refused), the hung
+        # API server accepts and never answers (timeout).
+        for name, failure in (("crash", "refused"), ("api", "timeout")):
             line = daemon.wait_for("target_unreachable", timeout_seconds=90, target=name)
             assert line["family"] == "unreachable", line
+            assert line["scrape_failure"] == failure, line
         assert daemon.events("wedge_detected", target="crash") == []
         assert daemon.events("wedge_detected", target="api") == []
-        captured = daemon.wait_for(
-            "evidence_captured", timeout_seconds=90, target="hang", phase="wedged"
-        )
-        assert captured["triage"].startswith("collective_hang"), captured
+        triages = {}
+        for name in ("hang", "crash", "api"):
+            captured = daemon.wait_for(
+                "evidence_captured", timeout_seconds=90, target=name, phase="wedged"
+            )
+            triages[name] = captured["triage"]
+        assert triages["hang"].startswith("collective_hang"), triages
+        assert triages["api"].startswith("api_hang"), triages
+        # The crashed server exited (sim: within ~5 s of the engine): nothing left to py-spy.
+        assert triages["crash"].startswith("no_stacks"), triages
+        assert "no process listens" in triages["crash"], triages
+        status = {t["name"]: t for t in daemon.get("/status").json()["targets"]}
+        for name, failure in (("crash", "refused"), ("api", "timeout")):
+            episode = status[name]["episode"]
+            assert episode["scrape_failure"] == failure, status[name]
+            assert status[name]["last_scrape_error"].startswith(failure), status[name]
+        assert status["hang"]["episode"]["triage"].startswith("collective_hang")
+        assert status["api"]["episode"]["triage"].startswith("api_hang")
         assert daemon.stop() == 0
     finally:
         load.kill()
