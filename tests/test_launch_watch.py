@@ -29,7 +29,10 @@ pytestmark = pytest.mark.slow
 WEDGEWATCH = [sys.executable, "-m", "wedgewatch"]
 FIXTURES = Path(__file__).parent / "fixtures"
 # The traffic that wedges the simulator's stock scheduler on most tries (see wedgewatch demo).
-BURST_LOAD = ("--profile", "agentic-burst", "--seed", "16", "--duration", "30")
+BURST_LOAD = (
+    *("--profile", "agentic-burst", "--seed", "16", "--duration", "30"),
+    *("--request-timeout-seconds", "600"),  # clients that give up would end the wedge
+)
 
 FAKE_VLLM = r'''#!{python}
 """A fake `vllm`: `--version`, or `serve MODEL ... --port P` serving a fixture body."""
@@ -415,19 +418,25 @@ def test_watch_restarts_the_wedged_simulator_and_its_whole_tree(
         try:
             wedge = launcher.wait_for("wedge_detected", timeout_seconds=45)
         except AssertionError:
+            load.kill()
+            load.wait(timeout=30)
             launcher.proc.send_signal(signal.SIGTERM)
             launcher.proc.wait(timeout=60)
             continue
-        finally:
-            load.kill()
-            load.wait(timeout=30)
         break
     else:
         pytest.fail("no agentic burst wedged the simulator in three tries")
     assert wedge["family"] == "deferred_stall"
+    # The clients stay connected until the restart: a client that gives up aborts its
+    # requests, which frees the parked loads' blocks and ends the wedge (as in vLLM).
+    try:
+        restarted = launcher.wait_for("restart_completed", 120)
+    finally:
+        load.kill()
+        load.wait(timeout=30)
     captured = [
         line
-        for line in (launcher.wait_for("restart_completed", 60), *launcher.lines())
+        for line in (restarted, *launcher.lines())
         if line.get("event") == "evidence_captured" and line.get("phase") == "wedged"
     ]
     summary = json.loads((Path(captured[0]["bundle"]) / "summary.json").read_text())

@@ -518,7 +518,9 @@ class _Traffic:
                 profile=name,
                 seed=seed,
                 duration_seconds=seconds,
-                request_timeout_seconds=30.0,
+                # Clients keep waiting: one that gives up aborts its request, which frees
+                # the parked loads' blocks and ends the wedge before the watchdog acts.
+                request_timeout_seconds=300.0,
                 progress=progress,
             )
 
