@@ -216,17 +216,73 @@ def b(name: str, t: float, size: int = 10, wedge: bool = False) -> StoredBundle:
             [b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("r3", 3)],
             (1, 1000),
             ("r3",),
-            ("w1",),
+            (),
             True,
-            id="newest-wedge-and-current-kept-over-count",
+            id="routine-current-never-costs-a-wedge",
         ),
         pytest.param(
-            [b("w1", 1, 500, True), b("w2", 2, 500, True)],
-            (10, 100),
+            [b("w0", 0, wedge=True), b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("s3", 3)],
+            (3, 1000),
+            ("s3",),
             (),
+            True,
+            id="reviewer-case-suspect-after-three-wedges-keep-3",
+        ),
+        pytest.param(
+            [b("w0", 0, wedge=True), b("r1", 1), b("w2", 2, wedge=True), b("m3", 3)],
+            (2, 1000),
+            ("m3",),
+            ("r1",),
+            True,
+            id="routine-current-evicts-older-routine-only",
+        ),
+        pytest.param(
+            [b("w0", 0, 60, True), b("w1", 1, 60, True), b("m2", 2, 60)],
+            (10, 130),
+            ("m2",),
+            (),
+            True,
+            id="routine-current-over-size-keeps-wedges",
+        ),
+        pytest.param(
+            [b("w0", 0, wedge=True), b("w1", 1, wedge=True), b("w2", 2, wedge=True)],
+            (1, 1000),
+            (),
+            (),
+            True,
+            id="no-trigger-evicts-no-wedge",
+        ),
+        pytest.param(
+            [b("w0", 0, wedge=True), b("w1", 1, wedge=True), b("w2", 2, wedge=True)],
+            (2, 1000),
+            ("w2",),
+            ("w0",),
+            False,
+            id="wedge-current-evicts-oldest-wedge",
+        ),
+        pytest.param(
+            [b("w1", 1, wedge=True), b("r2", 2), b("w3", 3, wedge=True)],
+            (2, 1000),
+            ("w3",),
+            ("r2",),
+            False,
+            id="wedge-current-evicts-routine-before-wedge",
+        ),
+        pytest.param(
+            [b("w1", 1, 500, True), b("w2", 2, 500, True), b("w3", 3, 500, True)],
+            (10, 100),
+            ("w3",),
+            ("w1", "w2"),
+            True,
+            id="wedge-current-kept-over-size",
+        ),
+        pytest.param(
+            [b("w1", 1, wedge=True), b("w3", 3, wedge=True), b("w2", 2, wedge=True)],
+            (1, 1000),
+            ("w2",),
             ("w1",),
             True,
-            id="newest-wedge-kept-over-size",
+            id="older-wedge-current-and-newest-wedge-both-kept",
         ),
         pytest.param(
             [b("r1", 1, 60), b("r2", 2, 60), b("r3", 3, 60)],
@@ -239,10 +295,10 @@ def b(name: str, t: float, size: int = 10, wedge: bool = False) -> StoredBundle:
         pytest.param(
             [b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("w3", 3, wedge=True)],
             (1, 1000),
-            (),
+            ("w3",),
             ("w1", "w2"),
             False,
-            id="old-wedges-go-when-no-routine-left",
+            id="old-wedges-go-for-a-new-wedge-when-no-routine-left",
         ),
         pytest.param(
             [b("r1", 1), b("r2", 2)], (1, 1000), ("r1",), ("r2",), False, id="protected-routine"
@@ -256,7 +312,7 @@ def test_plan_retention(
     evict: tuple[str, ...],
     over: bool,
 ) -> None:
-    """Routine bundles go first, oldest first; the newest wedge and the current bundle stay."""
+    """Routine bundles go first; only a wedge trigger evicts wedges, never the newest one."""
     keep, max_bytes = budget
     plan = plan_retention(bundles, keep, max_bytes, protect=protect)
     assert plan.evict == evict
@@ -267,7 +323,8 @@ def test_plan_retention(
 def test_plan_retention_protects_several_wedges_when_asked() -> None:
     """`protected_wedges=2` keeps the two newest wedge bundles."""
     bundles = [b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("w3", 3, wedge=True)]
-    assert plan_retention(bundles, 1, 1000, protected_wedges=2).evict == ("w1",)
+    plan = plan_retention(bundles, 1, 1000, protect=("w3",), protected_wedges=2)
+    assert plan.evict == ("w1",)
 
 
 @given(
@@ -278,22 +335,54 @@ def test_plan_retention_protects_several_wedges_when_asked() -> None:
     ),
     st.integers(1, 6),
     st.integers(1, 600),
+    st.integers(0, 3),
+    st.one_of(st.none(), st.integers(0, 11)),
 )
 def test_plan_retention_invariants(
-    raw: list[tuple[int, int, bool]], keep: int, max_bytes: int
+    raw: list[tuple[int, int, bool]],
+    keep: int,
+    max_bytes: int,
+    protected_wedges: int,
+    trigger: int | None,
 ) -> None:
-    """Never evicts the newest wedge; a wedge only after every evictable routine bundle."""
+    """Routine triggers never cost a wedge; wedges go only after routine ones, newest kept."""
     bundles = [b(f"n{t:03d}", float(t), size, wedge) for t, size, wedge in raw]
-    plan = plan_retention(bundles, keep, max_bytes)
+    current = bundles[trigger] if trigger is not None and trigger < len(bundles) else None
+    protect = () if current is None else (current.name,)
+    plan = plan_retention(
+        bundles, keep, max_bytes, protect=protect, protected_wedges=protected_wedges
+    )
+    by_name = {x.name: x for x in bundles}
+    evicted_wedges = [name for name in plan.evict if by_name[name].wedge]
+    if current is None or not current.wedge:
+        assert evicted_wedges == []  # a routine bundle (or none) never evicts a wedge bundle
+    assert current is None or current.name not in plan.evict
     wedges = sorted((x for x in bundles if x.wedge), key=lambda x: x.created_timestamp)
-    if wedges:
-        assert wedges[-1].name not in plan.evict
-    kinds = [next(x.wedge for x in bundles if x.name == name) for name in plan.evict]
+    newest = (
+        {x.name for x in wedges[len(wedges) - protected_wedges :]} if protected_wedges else set()
+    )
+    assert not newest & set(plan.evict)
+    kinds = [by_name[name].wedge for name in plan.evict]
     assert kinds == sorted(kinds)  # all routine evictions come before any wedge eviction
+    for kind in (False, True):  # within a class, oldest first
+        times = [by_name[n].created_timestamp for n in plan.evict if by_name[n].wedge is kind]
+        assert times == sorted(times)
     left = [x for x in bundles if x.name not in plan.evict]
     within = len(left) <= keep and sum(x.size_bytes for x in left) <= max_bytes
-    assert within or plan.over_budget
     assert within != plan.over_budget
+    if plan.over_budget:  # over only when nothing evictable is left
+        evictable = [
+            x
+            for x in left
+            if x.name not in protect
+            and x.name not in newest
+            and (not x.wedge or (current is not None and current.wedge))
+        ]
+        assert evictable == []
+    elif plan.evict:  # and never evicts more than needed
+        last = by_name[plan.evict[-1]]
+        back = [*left, last]
+        assert len(back) > keep or sum(x.size_bytes for x in back) > max_bytes
 
 
 # ---------------------------------------------------------------- private files
@@ -363,6 +452,27 @@ def test_apply_retention_deletes_only_bundles(tmp_path: Path) -> None:
     wedge = next(x for x in scan_bundles(root) if x.name.endswith("wedged"))
     assert wedge.wedge
     assert wedge.size_bytes > 100
+
+
+def test_apply_retention_routine_bundle_keeps_wedges_until_it_becomes_one(tmp_path: Path) -> None:
+    """A suspect bundle over a full set of wedges evicts none; once wedged it evicts the oldest."""
+    root = tmp_path / "evidence"
+    wedges = [f"20261201T0{h}0000Z_a_wedged" for h in range(3)]
+    for name in wedges:
+        fake_bundle(root, name, "wedged")
+    suspect = "20261201T030000Z_a_suspect"
+    fake_bundle(root, suspect, "suspect")
+    settings = EvidenceSettings(evidence_dir=root, evidence_keep=3)
+    evicted, failures = apply_retention(settings, protect=[suspect])
+    assert evicted == ()
+    assert len(failures) == 1
+    assert failures[0].startswith("retention: over evidence_keep or evidence_max_bytes")
+    assert sorted(p.name for p in root.iterdir()) == [*wedges, suspect]
+    summary = root / suspect / "summary.json"
+    summary.write_text(json.dumps({"schema": SCHEMA, "verdict": "wedged"}))
+    evicted, failures = apply_retention(settings, protect=[suspect])
+    assert (evicted, failures) == ((wedges[0],), ())
+    assert sorted(p.name for p in root.iterdir()) == [*wedges[1:], suspect]
 
 
 def test_request_accepts_the_detectors_plain_phase_strings(tmp_path: Path) -> None:

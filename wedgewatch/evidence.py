@@ -14,10 +14,12 @@ whole capture runs under `capture_deadline_seconds`; steps still running then ar
 cancelled (py-spy runs are killed and their targets checked for SIGSTOP) and recorded.
 
 Directories are created 0700 and files 0600 regardless of the umask. Retention
-(`plan_retention`, pure) keeps the newest `evidence_keep` bundles under
-`evidence_max_bytes`, evicting routine bundles (suspect episodes that resolved, manual
-captures) before wedge bundles, oldest first, and never the newest wedge bundle or the
-bundle just written. See docs/evidence.md.
+(`plan_retention`, pure) keeps at most `evidence_keep` bundles under `evidence_max_bytes`
+by evicting routine bundles (suspect bundles, resolved or still open, and manual captures)
+oldest first. Wedge bundles are evicted only to make room for a newer wedge bundle, oldest
+first, never the newest `protected_wedge_bundles`; the bundle just written is never
+evicted. A routine bundle never costs a wedge bundle, so when wedge bundles fill the
+budget the directory runs over by the newest routine bundle. See docs/evidence.md.
 """
 
 from __future__ import annotations
@@ -306,19 +308,22 @@ def plan_retention(
     protect: Iterable[str] = (),
     protected_wedges: int = 1,
 ) -> RetentionPlan:
-    """Evict until at most `keep` bundles of at most `max_bytes` remain.
+    """Evict until at most `keep` bundles of at most `max_bytes` remain, as far as allowed.
 
-    Routine bundles go first, oldest first; then wedge bundles, oldest first. The newest
-    `protected_wedges` wedge bundles and the names in `protect` (the bundle just written)
-    are never evicted, even when that leaves the budget exceeded (`over_budget`).
+    `protect` names the bundle just written (the trigger); it is never evicted. Routine
+    bundles go first, oldest first. Wedge bundles are evicted only when the plan is for a
+    wedge bundle (a protected bundle is a wedge bundle), then oldest first, and never the
+    newest `protected_wedges` of them: a routine bundle never costs a wedge bundle. What
+    cannot be evicted under these rules stays, and `over_budget` says the budget is exceeded.
     """
     newest_first = sorted(bundles, key=lambda b: (b.created_timestamp, b.name), reverse=True)
     protected = set(protect)
+    for_wedge = any(b.wedge and b.name in protected for b in bundles)
     protected.update(b.name for b in [b for b in newest_first if b.wedge][:protected_wedges])
     oldest_first = list(reversed(newest_first))
-    candidates = [b for b in oldest_first if not b.wedge and b.name not in protected] + [
-        b for b in oldest_first if b.wedge and b.name not in protected
-    ]
+    candidates = [b for b in oldest_first if not b.wedge and b.name not in protected]
+    if for_wedge:
+        candidates += [b for b in oldest_first if b.wedge and b.name not in protected]
     count = len(bundles)
     total = sum(b.size_bytes for b in bundles)
     evicted: list[str] = []
@@ -391,7 +396,9 @@ def apply_retention(
             evicted.append(name)
     if plan.over_budget:
         failures.append(
-            "retention: the protected bundles alone exceed evidence_keep or evidence_max_bytes"
+            "retention: over evidence_keep or evidence_max_bytes; kept the bundle just written"
+            " and the wedge bundles (only a newer wedge bundle evicts a wedge bundle, never"
+            f" the newest {settings.protected_wedge_bundles})"
         )
     return tuple(evicted), tuple(failures)
 
