@@ -590,47 +590,77 @@ def test_sim_faults_are_their_own_families(
 def test_sim_no_false_alarm(
     daemons: Callable[..., DaemonProcess], sims: Callable[..., Sim]
 ) -> None:
-    """Healthy agentic load, an idle server, long prefills and a sleeping engine: no wedge."""
+    """Three minutes of agentic load, an idle server, long prefills, a sleeping engine: no wedge.
+
+    One daemon watches the four servers at once, so the cases share the three minutes. The
+    long-prefill server runs whole (unchunked) prompts in 4 s steps, so its counters stay flat
+    for seconds while requests run: the test checks that this flat window was really seen
+    (suspect, progress_stall) and that it never became a wedge.
+    """
+    duration = 180.0
     fixed = ["--scheduler-fix", "skip-head-when-idle"]
     agentic = sims("agentic", fixed)
     idle = sims("idle", [])
-    prefill = sims("prefill", fixed)
+    prefill = sims(
+        "prefill",
+        [
+            *fixed,
+            "--no-enable-chunked-prefill",
+            "--max-num-batched-tokens",
+            "32768",
+            "--step-time-seconds",
+            "4",
+        ],
+    )
     sleeping = sims("sleeping", [])
     assert httpx.post(sleeping.base_url + "/sleep", timeout=10).status_code == 200
+    daemon = daemons(
+        [
+            "--target",
+            f"agentic={agentic.base_url}",
+            "--target",
+            f"idle={idle.base_url}",
+            "--target",
+            f"prefill={prefill.base_url}",
+            "--target",
+            f"sleeping={sleeping.base_url}",
+            "--interval-seconds",
+            "1",
+            "--stall-after-seconds",
+            "10",
+            "--hang-after-seconds",
+            "30",
+            "--remedy",
+            "signal",
+        ]
+    )
     loads = [
-        agentic.load("agentic", 75),
-        prefill.load("long-prefill", 75),
-        sleeping.load("steady", 75),
+        agentic.load("agentic", duration),
+        prefill.load("long-prefill", duration),
+        sleeping.load("steady", duration),
     ]
     try:
-        daemon = daemons(
-            [
-                "--target",
-                f"agentic={agentic.base_url}",
-                "--target",
-                f"idle={idle.base_url}",
-                "--target",
-                f"prefill={prefill.base_url}",
-                "--target",
-                f"sleeping={sleeping.base_url}",
-                "--interval-seconds",
-                "1",
-                "--stall-after-seconds",
-                "10",
-                "--hang-after-seconds",
-                "30",
-                "--remedy",
-                "signal",
-            ]
-        )
-        time.sleep(75)
+        flat_seen = 0.0
+        deadline = time.monotonic() + duration
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            for target in daemon.get("/status").json()["targets"]:
+                if target["name"] == "prefill" and target["engines"]:
+                    flat_seen = max(flat_seen, target["engines"][0]["stalled_seconds"])
         targets = {t["name"]: t for t in daemon.get("/status").json()["targets"]}
         for busy in ("agentic", "prefill"):  # the load really reached them
             reading = targets[busy]["engines"][0]["last_reading"]
             assert reading["generation_tokens"] > 0, targets[busy]
+        # The long prefill really looked like a stall for a while (so this case can fail).
+        suspected = daemon.events("stall_suspected", target="prefill")
+        assert suspected, "the long prefill never left the counters flat"
+        assert {line["family"] for line in suspected} == {"progress_stall"}
+        assert flat_seen > 0, "no stalled_seconds seen for the long prefill in /status"
+        assert daemon.events("engine_recovered", target="prefill")
         states = {name: t["state"] for name, t in targets.items()}
         assert states["idle"] == "idle"
         assert states["sleeping"] == "sleeping"
+        assert daemon.events("stall_suspected", target="agentic") == []
         assert daemon.events("wedge_detected") == []
         assert daemon.events("target_unreachable") == []
         assert daemon.events("restart_requested") == []
