@@ -189,7 +189,8 @@ def test_bad_targets_are_data_not_crashes(daemons: Callable[..., DaemonProcess])
         for name in expected:  # one line per change of reason, not one per scrape
             assert len(daemon.events("scrape_failed", target=name)) == 1
         assert daemon.events("wedge_detected") == []
-        assert peak < 200 * 1024 * 1024, f"RSS peaked at {peak / 2**20:.0f} MiB"
+        # Measured about 78 MiB; a body cap that failed would hold the 200 MB body.
+        assert peak < 120 * 1024 * 1024, f"RSS peaked at {peak / 2**20:.0f} MiB"
         assert daemon.stop() == 0
 
 
