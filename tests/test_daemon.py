@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,12 @@ from wedgewatch.daemon import (
     Daemon,
     Deps,
     ScrapeResult,
+    WebhookNotifications,
     run,
 )
 from wedgewatch.detect import Observation, Scraped, ScrapeFailed
+from wedgewatch.notify import Notification, NotifyStats
+from wedgewatch.notify import payload as webhook_payload
 from wedgewatch.ownmetrics import CAPTURE_FAILURE_REASONS
 from wedgewatch.procs import Discovery, ProcessSelector
 from wedgewatch.server import make_app
@@ -907,3 +910,37 @@ def test_json_log_lines_keep_the_traceback() -> None:
     assert line["level"] == "error"
     assert "Traceback (most recent call last)" in line["exception"]
     assert "KeyError: 'missing_key'" in line["exception"]
+
+
+class RecordingWebhooks:
+    """Stands in for `notify.WebhookNotifier` at its boundary: keeps what would be POSTed."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.stats = NotifyStats(sent=0, failed=0, dropped=0, retried=0)
+
+    def start(self) -> None:
+        return None
+
+    def notify(self, notification: Notification) -> None:
+        self.bodies.append(webhook_payload(notification, version="0.1.0", host="gpu-node-7"))
+
+
+async def test_gave_up_webhook_body_is_the_documented_one(tmp_path: Path) -> None:
+    """The POSTed gave_up body has the documented keys and names engine, family, state, bundle."""
+    world = make_world(tmp_path, wedge_at(30), until=600, restart_ok=False, restart_budget=1)
+    hooks = RecordingWebhooks()
+    world.deps = replace(world.deps, notifier=WebhookNotifications(hooks))  # type: ignore[arg-type]
+    await play(world)
+    (body,) = [b for b in hooks.bodies if b["event"] == "gave_up"]
+    assert set(body) == {
+        "event", "target", "engine", "model_name", "family", "state", "reason", "bundle",
+        "wedgewatch_version", "host", "timestamp", "text",
+    }  # fmt: skip
+    assert body["engine"] == "0"
+    assert body["model_name"] == "m"
+    assert body["family"] == "deferred_stall"
+    assert body["state"] == "wedged"
+    assert body["reason"].startswith("budget_exhausted: 1 restarts within the last")
+    assert body["bundle"].startswith("/evidence/")
+    assert body["text"].startswith("wedgewatch on gpu-node-7: gave_up for sim (m engine 0)")

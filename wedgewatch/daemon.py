@@ -728,6 +728,8 @@ class Daemon:
                 "reason": event.reason,
                 "detail": event.detail,
             }
+            if rt.verdict is not None:
+                fields["state"] = str(rt.verdict.state)
             episode = rt.episode
             if episode is not None:
                 fields.update(
@@ -1404,6 +1406,10 @@ class WebhookNotifications:
         if not self._started:
             self._notifier.start()  # needs the running loop; notify is called from it
             self._started = True
+        reason = str(payload.get("reason") or "")
+        detail = str(payload.get("detail") or "")
+        if detail and detail != reason:  # a policy event: the code, then the sentence
+            reason = f"{reason}: {detail}" if reason else detail
         self._notifier.notify(
             Notification(
                 event=event,
@@ -1412,7 +1418,7 @@ class WebhookNotifications:
                 model_name=str(payload.get("model_name") or ""),
                 family=str(payload.get("family") or ""),
                 state=str(payload.get("state") or ""),
-                reason=str(payload.get("reason") or payload.get("detail") or ""),
+                reason=reason,
                 timestamp=float(payload.get("timestamp", time.time())),
                 bundle=payload.get("bundle"),
             )
