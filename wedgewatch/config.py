@@ -439,8 +439,10 @@ class Config(BaseModel):
     webhook_urls: tuple[str, ...] = _setting(
         (),
         "notify",
-        "URLs that receive a JSON POST on every state change. In the environment a "
-        "comma-separated list; as a flag repeat `--webhook-url URL`.",
+        "URLs that receive a JSON POST on each notable event (wedge detected, target "
+        "unreachable, engine recovered, restart requested/succeeded/failed, gave up, gave-up "
+        "cleared), not on every state change. In the environment a comma-separated list; as "
+        "a flag repeat `--webhook-url URL`.",
         flag="--webhook-url",
     )
     webhook_timeout_seconds: float = _setting(5.0, "notify", "Deadline for one webhook POST.", gt=0)
