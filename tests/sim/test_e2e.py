@@ -42,10 +42,11 @@ WEDGING_SEED = "16"
 WEDGE_ATTEMPTS = 3
 WEDGE_RETRY_BUDGET_SECONDS = 150.0  # no new attempt after this; keeps the test under 300 s
 WEDGE_HOLD_SECONDS = 10.0
+WEDGE_LOAD_SECONDS = 12.0
 WEDGE_LOAD = [
     "--profile", "agentic-burst",
     "--seed", WEDGING_SEED,
-    "--duration", "12",
+    "--duration", f"{WEDGE_LOAD_SECONDS:g}",
     "--request-timeout-seconds", "300",
 ]  # fmt: skip
 
@@ -190,11 +191,15 @@ def test_stock_scheduler_wedges_under_the_agentic_burst_and_stays_wedged(tmp_pat
         if attempt and time.monotonic() - suite_started > WEDGE_RETRY_BUDGET_SECONDS:
             break
         with running(tmp_path, f"stock-{attempt}", LAUNCHER_FLAGS) as sim:
+            load_started = time.monotonic()
             load = LoadProcess(sim.url, WEDGE_LOAD, tmp_path / f"load-{attempt}.txt")
             try:
                 if wait_for_wedge(sim, 60.0) is None:
                     outcomes.append(f"attempt {attempt}: no wedge in 60 s; load:\n{load.output()}")
                     continue
+                # New arrivals still join the queue (waiting grows) until the load's last
+                # request is sent; from then on every vllm: sample must stay frozen.
+                time.sleep(max(0.0, load_started + WEDGE_LOAD_SECONDS + 1.0 - time.monotonic()))
                 (engine,) = sim.titled("VLLM::EngineCore")
                 frozen = vllm_samples(sim.samples())
                 cpu_before = cpu_seconds(engine.pid)
