@@ -29,6 +29,7 @@ import psutil
 import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, zeros
 
+from wedgewatch.launcher import builtin_profiles
 from wedgewatch.signals import Exposition, parse
 
 pytestmark = pytest.mark.slow
@@ -272,22 +273,10 @@ def test_second_daemon_on_one_state_dir_is_refused(
 
 # -- against the simulator -------------------------------------------------------------------------
 
-TP2_OFFLOAD = [
-    "--tensor-parallel-size",
-    "2",
-    "--kv-offloading-size",
-    "60",
-    "--kv-offloading-backend",
-    "native",
-    "--max-num-seqs",
-    "6",
-    "--max-num-batched-tokens",
-    "4096",
-    "--enable-prefix-caching",
-    "--enable-chunked-prefill",
-]
-# The load seed under which agentic-burst wedges the stock scheduler about 7 s into the load,
-# whatever the wall-clock jitter (tests/sim/test_e2e.py, docs/simulator.md).
+# The launcher's production profile, exactly as `wedgewatch launch --profile tp2-offload` runs it.
+TP2_OFFLOAD = list(builtin_profiles()["tp2-offload"].args)
+# The load seed under which agentic-burst wedges the stock scheduler about 7 s into the load
+# (tests/sim/test_burst.py); over HTTP, arrival timing can occasionally let a burst through.
 WEDGING_SEED = "16"
 
 # A supervising parent, as systemd or a container runtime would be: it runs the server in
