@@ -39,8 +39,8 @@ from typing import Any
 import httpx
 import psutil
 
-from wedgewatch.launcher import builtin_profiles
-from wedgewatch.signals import Exposition, parse
+from wedgewatch.vllm.profiles import builtin_profiles
+from wedgewatch.vllm.signals import Exposition, parse
 
 WEDGEWATCH = [sys.executable, "-m", "wedgewatch"]
 # The launcher's production profile, exactly as `wedgewatch launch --profile tp2-offload` runs it.

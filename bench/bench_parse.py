@@ -30,7 +30,7 @@ from pathlib import Path
 
 from prometheus_client.parser import _parse_sample, text_string_to_metric_families
 
-from wedgewatch import signals
+from wedgewatch.vllm import signals
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"

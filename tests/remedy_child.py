@@ -99,8 +99,8 @@ def _tree_options(args: list[str]) -> tuple[set[str], str, str]:
 
 
 def _write_state(path: Path, targets: int) -> None:
-    from wedgewatch import statefile
-    from wedgewatch.remedy import Phase, PolicyRecord
+    from wedgewatch.core.restart_policy import Phase, PolicyRecord
+    from wedgewatch.io import statefile
 
     counter = 0
     while True:
@@ -128,7 +128,7 @@ def _write_state(path: Path, targets: int) -> None:
 
 
 def _read_state(path: Path) -> None:
-    from wedgewatch import statefile
+    from wedgewatch.io import statefile
 
     loaded = statefile.load(path)
     counters = sorted(
@@ -155,14 +155,17 @@ def _read_state(path: Path) -> None:
 
 
 def _burn_budget(state_dir: Path) -> None:
-    from wedgewatch import remedy, statefile
+    from wedgewatch.core import restart_policy
+    from wedgewatch.io import statefile
 
-    policy = remedy.RestartPolicy(restart_backoff_seconds=0.0, restart_backoff_max_seconds=0.0)
-    state = remedy.PolicyState()
+    policy = restart_policy.RestartPolicy(
+        restart_backoff_seconds=0.0, restart_backoff_max_seconds=0.0
+    )
+    state = restart_policy.PolicyState()
     path = statefile.state_path(state_dir)
 
     def save() -> None:
-        record = remedy.to_record(state, time.monotonic(), time.time())
+        record = restart_policy.to_record(state, time.monotonic(), time.time())
         saved = statefile.save(
             path,
             statefile.SavedState(targets={"vllm": statefile.TargetRecord(restart_policy=record)}),
@@ -172,15 +175,19 @@ def _burn_budget(state_dir: Path) -> None:
             raise SystemExit(saved.message)
 
     for _ in range(policy.restart_budget):
-        decision, step = remedy.decide(state, policy, time.monotonic(), time.time())
-        if not isinstance(decision, remedy.Allow):
+        decision, step = restart_policy.decide(state, policy, time.monotonic(), time.time())
+        if not isinstance(decision, restart_policy.Allow):
             raise SystemExit(f"expected Allow, got {decision}")
         state = step.state
         save()
-        outcome = remedy.RestartOutcome(ok=True, detail="test", duration_seconds=0.0)
-        state = remedy.record_restart(state, policy, time.monotonic(), time.time(), outcome).state
+        outcome = restart_policy.RestartOutcome(ok=True, detail="test", duration_seconds=0.0)
+        state = restart_policy.record_restart(
+            state, policy, time.monotonic(), time.time(), outcome
+        ).state
         save()
-        state = remedy.record_good_scrape(state, policy, time.monotonic(), time.time()).state
+        state = restart_policy.record_good_scrape(
+            state, policy, time.monotonic(), time.time()
+        ).state
         save()
     print("spent", flush=True)
     while True:
@@ -231,7 +238,7 @@ def main(argv: list[str]) -> None:
     elif mode == "burn-budget":
         _burn_budget(Path(args[0]))
     elif mode == "hold-lock":
-        from wedgewatch import statefile
+        from wedgewatch.io import statefile
 
         lock = statefile.lock_state_dir(Path(args[0]))
         if isinstance(lock, statefile.LockFailed):

@@ -24,9 +24,9 @@ from wedgewatch.check import (
     one_shot_policy,
     run_check,
 )
-from wedgewatch.detect import Policy
-from wedgewatch.scrape import ScrapeLimits
-from wedgewatch.signals import EngineKey
+from wedgewatch.core.detect import Policy
+from wedgewatch.io.scrape import ScrapeLimits
+from wedgewatch.vllm.signals import EngineKey
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KEY = EngineKey("tiny-llama", "0")

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import httpx
 import structlog
 
-from wedgewatch.detect import (
+from wedgewatch.core.detect import (
     EngineState,
     EngineVerdict,
     Policy,
@@ -43,8 +43,8 @@ from wedgewatch.detect import (
     load_state,
     step,
 )
-from wedgewatch.scrape import ScrapeLimits, observe
-from wedgewatch.statefile import write_atomic
+from wedgewatch.io.scrape import ScrapeLimits, observe
+from wedgewatch.io.statefile import write_atomic
 
 Status = Literal[
     "ok", "idle", "sleeping", "starting", "suspect", "wedged", "unreachable", "unknown"

@@ -26,8 +26,10 @@ from typer._click.core import Context
 from typer._click.exceptions import UsageError
 from typer.core import TyperCommand
 
-from wedgewatch import __version__, check, config, daemon, scrape
+from wedgewatch import __version__, check, config
 from wedgewatch.config import SETTINGS, Config
+from wedgewatch.daemon import loop as daemon
+from wedgewatch.io import scrape
 from wedgewatch.sim.cli import sim_app
 
 app = typer.Typer(
@@ -367,7 +369,7 @@ def _check(
     raise typer.Exit(check.EXIT_OK if critical_only and code == check.EXIT_WARNING else code)
 
 
-# -- wedgewatch run / capture (the daemon; see wedgewatch/daemon.py, docs/daemon.md) -----
+# -- wedgewatch run / capture (the daemon; see wedgewatch/daemon/loop.py, docs/daemon.md)
 
 
 @app.command("run")
@@ -481,7 +483,7 @@ def _capture(
     raise typer.Exit(0 if result.bundle is not None else 1)
 
 
-# -- wedgewatch reset-restarts (see wedgewatch/statefile.py, docs/remedies.md) ---------------
+# -- wedgewatch reset-restarts (see wedgewatch/io/statefile.py, docs/remedies.md) ------------
 
 
 @app.command("reset-restarts")
@@ -501,7 +503,7 @@ def _reset_restarts(
     """
     import time  # noqa: PLC0415  (local: this block is added to a shared file)
 
-    from wedgewatch import statefile  # noqa: PLC0415  (ditto)
+    from wedgewatch.io import statefile  # noqa: PLC0415  (ditto)
 
     try:
         loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
@@ -513,7 +515,7 @@ def _reset_restarts(
     typer.echo(result.message)
 
 
-# -- wedgewatch launch (see wedgewatch/launcher.py, docs/launcher.md) ------------------------
+# -- wedgewatch launch (see wedgewatch/launch.py, docs/launcher.md) --------------------------
 
 # The watchdog part of `launch --watch` takes every setting except those the launcher fixes
 # itself: the target (the launched server), the remedy (supervise) and its other remedies.
@@ -575,20 +577,21 @@ def _launch(
 
     The watchdog settings (--config and the flags from --interval-seconds on) apply to --watch.
     """
-    from wedgewatch import launcher  # noqa: PLC0415  (local: this block is added to a shared file)
+    from wedgewatch import launch  # noqa: PLC0415  (local: this block is added to a shared file)
+    from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles  # noqa: PLC0415
 
     try:
         loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
-        profiles = launcher.merge_profiles(launcher.builtin_profiles(), loaded.config.profiles)
+        profiles = merge_profiles(builtin_profiles(), loaded.config.profiles)
     except config.ConfigError as exc:
         raise _fail(exc.messages, 2) from None
     if list_profiles:
-        typer.echo(launcher.render_profiles(profiles), nl=False)
+        typer.echo(launch.render_profiles(profiles), nl=False)
         return
     if model is None:
         raise _fail(["--model is required (or --list-profiles)"], 2)
     configure_logging(loaded.config.log_level)
-    options = launcher.LaunchOptions(
+    options = launch.LaunchOptions(
         model=model,
         profile=profile,
         vllm_bin=vllm_bin,
@@ -597,8 +600,8 @@ def _launch(
         watch=watch,
     )
     try:
-        code = launcher.launch(options, loaded.config, profiles)
-    except launcher.LaunchError as exc:
+        code = launch.launch(options, loaded.config, profiles)
+    except launch.LaunchError as exc:
         raise _fail([str(exc)], 2) from None
     raise typer.Exit(code)
 

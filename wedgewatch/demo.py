@@ -2,7 +2,7 @@
 
 The simulator stands in for vLLM (its `vllm` shim is installed into a temporary directory),
 started by the launcher with the `tp2-offload` profile in `--watch` mode, in this process:
-the same `launcher.watch` that `wedgewatch launch --watch` runs. Agentic-burst traffic
+the same `launch.watch` that `wedgewatch launch --watch` runs. Agentic-burst traffic
 drives it into the scheduler wedge; the watchdog detects it after the (short, demo)
 `stall_after_seconds`, captures an evidence bundle, restarts the server's whole process
 group and sees it serve again. A live view shows every engine once a second; the story's
@@ -33,10 +33,12 @@ from typing import Any, TextIO
 
 import httpx
 
-from wedgewatch import launcher, remedy
+from wedgewatch import launch
 from wedgewatch.config import Config, load_config
+from wedgewatch.io import restarters
 from wedgewatch.sim import load as sim_load
 from wedgewatch.sim.vllm_shim import install_shim
+from wedgewatch.vllm.profiles import builtin_profiles
 
 DEMO_MODEL = "Qwen/Qwen3-0.6B"
 DEMO_PROFILE = "tp2-offload"
@@ -543,7 +545,7 @@ def _stalling(status: Mapping[str, Any]) -> bool:
 
 
 def _fresh_server(
-    supervisor: remedy.Supervisor, url: str, grace_seconds: float
+    supervisor: restarters.Supervisor, url: str, grace_seconds: float
 ) -> Callable[[], Awaitable[None]]:
     """Restart the server (not a remedy: nothing is wedged) and wait until it answers."""
 
@@ -605,9 +607,9 @@ async def _run(
     log_path: Path,
 ) -> int:
     port = free_port()
-    profiles = launcher.builtin_profiles()
-    prepared = launcher.prepare(
-        launcher.LaunchOptions(
+    profiles = builtin_profiles()
+    prepared = launch.prepare(
+        launch.LaunchOptions(
             model=DEMO_MODEL,
             profile=DEMO_PROFILE,
             vllm_bin=str(shim),
@@ -618,7 +620,7 @@ async def _run(
     )
     binary = prepared.binary
     assert binary is not None  # noqa: S101 - prepare() raises when the shim cannot run
-    launcher.preflight(prepared.command, binary, config)
+    launch.preflight(prepared.command, binary, config)
     server_url = f"http://127.0.0.1:{port}"
     status_url = f"http://127.0.0.1:{config.listen_port}/status"
     screen.lines(
@@ -633,9 +635,9 @@ async def _run(
         ]
     )
     watch_stop = asyncio.Event()
-    supervisors: list[remedy.Supervisor] = []
+    supervisors: list[restarters.Supervisor] = []
     watched = asyncio.create_task(
-        launcher.watch(prepared.command, config, stop=watch_stop, on_started=supervisors.append),
+        launch.watch(prepared.command, config, stop=watch_stop, on_started=supervisors.append),
         name="launch-watch",
     )
     traffic = _Traffic()
@@ -804,7 +806,7 @@ async def _main(
             stop=stop,
             log_path=log_path,
         )
-    except launcher.LaunchError as exc:
+    except launch.LaunchError as exc:
         screen.lines([f"wedgewatch demo: {exc}"])
         return 2
     finally:

@@ -27,7 +27,8 @@ from deploy.crd_schemas import SCHEMAS
 from deploy.kustomize import KustomizeError, apply_json_patch, object_key, render
 from deploy.repo import BASE, EXEC_PROBE, REPO
 from wedgewatch import config as ww_config
-from wedgewatch.launcher import builtin_profiles, flag_value
+from wedgewatch.launch import flag_value
+from wedgewatch.vllm.profiles import builtin_profiles
 
 VARIANTS = {"base": BASE, "exec-probe": EXEC_PROBE}
 # Native sidecars (restartPolicy on an init container) are on by default from 1.29.

@@ -5,15 +5,11 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
-import psutil
 import typer
 
-from wedgewatch.sim.api import serve
-from wedgewatch.sim.args import SERVE_HELP, ArgsError, HelpRequested, parse_serve_args
 from wedgewatch.sim.load import (
     PROFILE_NAMES,
     LoadError,
@@ -23,30 +19,12 @@ from wedgewatch.sim.load import (
     run_load,
     terminal_progress,
 )
+from wedgewatch.sim.serve import run_serve
 from wedgewatch.sim.vllm_shim import ShimError, install_shim
 
 sim_app = typer.Typer(
     help="A vLLM stand-in for tests and demos without a GPU.", no_args_is_help=True
 )
-
-
-def process_started_at() -> float:
-    """The monotonic instant this process started (fault times count from it)."""
-    age = max(0.0, time.time() - psutil.Process().create_time())
-    return time.monotonic() - age
-
-
-def run_serve(argv: list[str]) -> int:
-    """Parse a `vllm serve` command line and run the simulator; the process exit code."""
-    origin = process_started_at()
-    parsed = parse_serve_args(argv)
-    if isinstance(parsed, HelpRequested):
-        sys.stdout.write(SERVE_HELP)
-        return 0
-    if isinstance(parsed, ArgsError):
-        sys.stderr.write(f"error: {parsed.message}\n(see --help)\n")
-        return 2
-    return serve(parsed, origin)
 
 
 @sim_app.command(

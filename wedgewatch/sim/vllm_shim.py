@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
             "and only runs `vllm serve` and `vllm --version`\n"
         )
         raise SystemExit(2)
-    # Imported here: wedgewatch.sim.cli imports this module for `install-vllm-shim`.
-    from wedgewatch.sim.cli import run_serve  # noqa: PLC0415
+    # Imported here: `vllm --version` (which the launcher asks) need not load the simulator.
+    from wedgewatch.sim.serve import run_serve  # noqa: PLC0415
 
     raise SystemExit(run_serve(args[1:]))

@@ -1,0 +1,355 @@
+"""Invariants of the wedge detector over generated observation histories (hypothesis)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wedgewatch.core.detect import (
+    CaptureEvidence,
+    EngineState,
+    Family,
+    Observation,
+    Policy,
+    Restart,
+    Scraped,
+    ScrapeFailed,
+    TargetState,
+    TargetVerdict,
+    dump_state,
+    load_state,
+    new_state,
+    step,
+)
+from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
+
+K0 = EngineKey("m", "0")
+K1 = EngineKey("m", "1")
+ENGINES = (K0, K1)
+FLAT_FAMILIES = {Family.DEFERRED_STALL, Family.ADMISSION_STALL, Family.PROGRESS_STALL}
+STALL_FAMILIES = {*FLAT_FAMILIES, Family.OUTPUT_STALL}
+STALLED = {EngineState.SUSPECT, EngineState.WEDGED, EngineState.UNREACHABLE}
+
+# Gaps cluster around the default thresholds so that boundaries are hit exactly.
+GAPS = (0.0, 0.5, 1.0, 5.0, 29.0, 30.0, 31.0, 59.0, 60.0, 61.0, 119.0, 120.0, 299.0, 300.0)
+THRESHOLDS = st.sampled_from([0.0, 1.0, 10.0, 30.0, 60.0, 120.0, 300.0])
+POLICIES = st.builds(
+    Policy,
+    stall_after_seconds=THRESHOLDS,
+    hang_after_seconds=THRESHOLDS,
+    output_stall_after_seconds=THRESHOLDS,
+    unreachable_after_seconds=THRESHOLDS,
+    startup_timeout_seconds=st.none() | THRESHOLDS,
+)
+# How an engine's counters change in one sample: mostly flat or all moving, so stalls happen.
+MOVES = ("flat", "flat", "all", "other", "output", "random", "reset")
+
+
+@dataclass(frozen=True)
+class History:
+    """A generated sequence of observations and the policy to judge them by."""
+
+    observations: tuple[Observation, ...]
+    policy: Policy
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Which kinds of trouble a generated history may contain."""
+
+    idle_only: bool = False
+    failures: bool = True
+    missing: bool = True
+    resets: bool = True
+
+
+def move_counters(old: list[float], move: str, rng: random.Random) -> list[float]:
+    """The counters after one sample; "reset" halves or zeroes them (a server restart)."""
+    if move == "reset":
+        return [c / 2 if rng.random() < 0.5 else 0.0 for c in old]
+    if move == "all":
+        return [c + rng.randint(1, 4) for c in old]
+    if move == "other":  # prompt tokens and preemptions move; output does not
+        return [old[0] + rng.randint(0, 2), old[1], old[2], old[3] + 1, old[4]]
+    if move == "output":
+        return [old[0], old[1] + 1, old[2] + rng.randint(0, 1), old[3], old[4] + 1]
+    if move == "random":
+        return [c + rng.randint(0, 1) for c in old]
+    return list(old)
+
+
+def make_history(seed: int, length: int, policy: Policy, shape: Shape) -> History:
+    """A pseudo-random history; for one seed, a shorter length gives a prefix (shrinks well)."""
+    rng = random.Random(seed)
+    at = rng.choice([0.0, 12.25, 1e6])
+    counters = {key: [0.0] * 5 for key in ENGINES}
+    observations: list[Observation] = []
+    for _ in range(length):
+        at += rng.choice(GAPS) if rng.random() < 0.7 else rng.uniform(0, 400)
+        if shape.failures and rng.random() < 0.12:
+            observations.append(ScrapeFailed(at, rng.choice(["timeout", "refused"]), "x"))
+            continue
+        present = rng.choice([ENGINES, ENGINES, (K0,), (K1,), ()]) if shape.missing else ENGINES
+        readings = {}
+        for key in present:
+            move = rng.choice(MOVES)
+            if move == "reset" and not shape.resets:
+                move = "flat"
+            counters[key] = new = move_counters(counters[key], move, rng)
+            running = 0.0 if shape.idle_only else float(rng.choice([0, 0, 1, 4]))
+            waiting = 0.0 if shape.idle_only else float(rng.choice([0, 0, 2, 5]))
+            deferred = float(rng.randint(0, int(waiting)))
+            readings[key] = EngineReading(
+                key=key,
+                running=running,
+                waiting=waiting,
+                waiting_by_reason=(
+                    {"deferred": deferred, "capacity": waiting - deferred}
+                    if rng.random() < 0.7
+                    else {}
+                ),
+                kv_cache_usage=rng.choice([None, 0.5]),
+                awake=rng.choice([True, True, True, None, False]),
+                prompt_tokens=new[0],
+                generation_tokens=new[1],
+                request_success=new[2],
+                preemptions=new[3],
+                iterations=new[4],
+            )
+        start = rng.choice([None, 1000.0, 1000.0, 1000.0, 1000.0, 2000.0])
+        observations.append(Scraped(at, Exposition(readings, start)))
+    return History(tuple(observations), policy)
+
+
+def histories(**shape: bool) -> st.SearchStrategy[History]:
+    """Random readings, time gaps, failures, vanishing engines and counter resets."""
+    return st.builds(
+        make_history,
+        seed=st.integers(0, 2**32 - 1),
+        length=st.integers(1, 40),
+        policy=POLICIES,
+        shape=st.just(Shape(**shape)),
+    )
+
+
+def judge(history: History) -> list[tuple[TargetState, TargetVerdict]]:
+    """Every state and verdict of the history, in order."""
+    state = new_state()
+    out = []
+    for observation in history.observations:
+        state, verdict = step(state, observation, history.policy)
+        out.append((state, verdict))
+    return out
+
+
+def good_scrapes(observations: Sequence[Observation]) -> list[Scraped]:
+    """The good scrapes of a history."""
+    return [o for o in observations if isinstance(o, Scraped)]
+
+
+def calm(reading: EngineReading) -> bool:
+    """Asleep or idle: a reading that resets the stall clocks."""
+    return reading.awake is False or (reading.running == 0 and reading.waiting == 0)
+
+
+@settings(max_examples=300)
+@given(histories(idle_only=True))
+def test_idle_never_stalls(history: History) -> None:
+    """An engine whose every reading has running == waiting == 0 never has a stall family."""
+    for _, verdict in judge(history):
+        for judged in verdict.engines:
+            assert judged.family not in STALL_FAMILIES
+            if judged.reading is not None:
+                assert judged.state in {EngineState.IDLE, EngineState.SLEEPING}
+
+
+@settings(max_examples=300)
+@given(histories(failures=False, missing=False, idle_only=True))
+def test_idle_without_outages_is_idle_or_sleeping(history: History) -> None:
+    """With no failures and no vanishing engines, an idle server is only ever idle or asleep."""
+    for _, verdict in judge(history):
+        assert verdict.engines, "a good scrape with engines reports them"
+        assert {e.state for e in verdict.engines} <= {EngineState.IDLE, EngineState.SLEEPING}
+
+
+@settings(max_examples=300)
+@given(histories())
+def test_progress_returns_to_ok_in_one_step(history: History) -> None:
+    """Progress with output is OK at once; progress without output is never a flat-family stall."""
+    previous: dict[EngineKey, EngineReading] = {}
+    for (_, verdict), observation in zip(judge(history), history.observations, strict=True):
+        if not isinstance(observation, Scraped):
+            continue
+        for judged in verdict.engines:
+            now = observation.exposition.engines.get(judged.key)
+            before = previous.get(judged.key)
+            if now is None or before is None or calm(now):
+                continue
+            moved = now.progress != before.progress
+            output_moved = (now.generation_tokens, now.request_success) != (
+                before.generation_tokens,
+                before.request_success,
+            )
+            if moved:
+                assert judged.family not in FLAT_FAMILIES
+            if output_moved:
+                assert judged.state is EngineState.OK
+        previous = dict(observation.exposition.engines)
+
+
+@settings(max_examples=600)
+@given(histories())
+def test_wedged_never_before_its_threshold(history: History) -> None:
+    """WEDGED/UNREACHABLE only once stalled_seconds and the real quiet time reach the threshold."""
+    policy = history.policy
+    seen: list[Observation] = []
+    for (_, verdict), observation in zip(judge(history), history.observations, strict=True):
+        seen.append(observation)
+        for judged in verdict.engines:
+            if judged.state is EngineState.WEDGED or (
+                judged.state is EngineState.UNREACHABLE and judged.family is Family.UNREACHABLE
+            ):
+                assert judged.family is not None
+                threshold = policy.threshold(judged.family)
+                assert judged.stalled_seconds >= threshold
+                # No event that restarts this family's clock happened in (at - threshold, at].
+                for event_at in clock_events(seen, judged.key, judged.family):
+                    assert verdict.at - event_at >= threshold, (judged, event_at)
+
+
+def clock_events(
+    observations: Sequence[Observation], key: EngineKey, family: Family
+) -> list[float]:
+    """Times at which the engine's own readings prove it was not stalled in `family`.
+
+    A first reading or reappearance, a calm reading, or (per family) any counter / an output
+    counter / the mere presence of the engine. Server restarts add more resets, so this is a
+    necessary condition only.
+    """
+    events = []
+    before: EngineReading | None = None
+    for scrape in good_scrapes(observations):
+        now = scrape.exposition.engines.get(key)
+        if now is None:
+            before = None
+            continue
+        if family is Family.UNREACHABLE or before is None or calm(now):
+            events.append(scrape.at)
+        elif family is Family.OUTPUT_STALL:
+            if (now.generation_tokens, now.request_success) != (
+                before.generation_tokens,
+                before.request_success,
+            ):
+                events.append(scrape.at)
+        elif now.progress != before.progress:
+            events.append(scrape.at)
+        before = now
+    return events
+
+
+@settings(max_examples=300)
+@given(histories())
+def test_counter_reset_never_produces_a_stall(history: History) -> None:
+    """On a step where some counter went backwards, every reported engine is re-baselined."""
+    previous: Scraped | None = None
+    for (_, verdict), observation in zip(judge(history), history.observations, strict=True):
+        if not isinstance(observation, Scraped):
+            continue
+        if previous is not None and went_backwards(previous, observation):
+            assert verdict.engines == tuple(
+                e for e in verdict.engines if e.key in observation.exposition.engines
+            )
+            for judged in verdict.engines:
+                assert judged.family is None
+                assert judged.state in {EngineState.OK, EngineState.IDLE, EngineState.SLEEPING}
+                assert judged.stalled_seconds == 0
+        previous = observation
+
+
+def went_backwards(before: Scraped, now: Scraped) -> bool:
+    """Whether an engine present in both scrapes has a counter lower than before."""
+    for key, reading in now.exposition.engines.items():
+        old = before.exposition.engines.get(key)
+        if old is not None and any(
+            b < a for a, b in zip(old.progress, reading.progress, strict=True)
+        ):
+            return True
+    return False
+
+
+@settings(max_examples=300)
+@given(histories())
+def test_sleeping_is_never_wedged(history: History) -> None:
+    """An engine whose reading says it is asleep is SLEEPING, whatever its queues and counters."""
+    for (_, verdict), observation in zip(judge(history), history.observations, strict=True):
+        if not isinstance(observation, Scraped):
+            continue
+        for judged in verdict.engines:
+            now = observation.exposition.engines.get(judged.key)
+            if now is not None and now.awake is False:
+                assert judged.state is EngineState.SLEEPING
+
+
+@settings(max_examples=300)
+@given(histories())
+def test_dump_load_round_trips_at_every_step(history: History) -> None:
+    """Every intermediate state survives strict JSON, and resuming from it changes nothing."""
+    results = judge(history)
+    for index, (state, _) in enumerate(results):
+        restored = load_state(json.loads(json.dumps(dump_state(state), allow_nan=False)))
+        assert restored == state
+        if index + 1 < len(history.observations):
+            resumed = step(restored, history.observations[index + 1], history.policy)
+            assert resumed == results[index + 1]
+
+
+@settings(max_examples=600)
+@given(histories())
+def test_actions_at_most_once_per_episode(history: History) -> None:
+    """Per episode: at most one suspect capture, one wedged capture, one restart; captures first."""
+    counts: dict[EngineKey, dict[str, int]] = {}
+    for _, verdict in judge(history):
+        kinds = [
+            "restart" if isinstance(a, Restart) else f"capture:{a.phase}" for a in verdict.actions
+        ]
+        assert kinds == sorted(kinds, key=lambda k: k == "restart"), "captures precede restarts"
+        states = {e.key: e.state for e in verdict.engines}
+        for key in list(counts):
+            if states.get(key) not in STALLED:
+                del counts[key]  # the episode ended (or the engine was dropped)
+        for action in verdict.actions:
+            assert states[action.key] in STALLED
+            kind = "restart" if isinstance(action, Restart) else f"capture:{action.phase}"
+            episode = counts.setdefault(action.key, {})
+            episode[kind] = episode.get(kind, 0) + 1
+            assert episode[kind] == 1, (action, episode)
+            if isinstance(action, Restart):
+                assert CaptureEvidence(action.key, action.family, "wedged") in verdict.actions
+
+
+@settings(max_examples=300)
+@given(histories())
+def test_transitions_list_every_state_change(history: History) -> None:
+    """Each step lists one transition per engine whose state changed, and no other."""
+    before: dict[EngineKey, EngineState] = {}
+    for _, verdict in judge(history):
+        expected = {
+            e.key: (before.get(e.key, EngineState.STARTING), e.state)
+            for e in verdict.engines
+            if before.get(e.key, EngineState.STARTING) is not e.state
+        }
+        assert {t.key: (t.old, t.new) for t in verdict.transitions} == expected
+        assert len(verdict.transitions) == len(expected)
+        before = {e.key: e.state for e in verdict.engines}
+
+
+@settings(max_examples=300)
+@given(histories())
+def test_step_is_deterministic(history: History) -> None:
+    """Judging the same history twice gives identical states and verdicts."""
+    assert judge(history) == judge(history)

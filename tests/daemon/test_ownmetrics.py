@@ -1,0 +1,212 @@
+"""wedgewatch's own metrics: the exposition is pinned by a golden file and checked by promtool."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics, render
+
+GOLDEN = Path(__file__).parent / "golden" / "ownmetrics.prom"
+STATES = ("starting", "ok", "idle", "sleeping", "suspect", "wedged", "unreachable")
+FAMILIES = ("deferred_stall", "admission_stall", "progress_stall", "output_stall", "unreachable")
+REASONS = ("timeout", "refused", "http_status", "parse_error", "too_large", "connect_error")
+
+
+def _metrics() -> tuple[CollectorRegistry, OwnMetrics]:
+    registry = CollectorRegistry()
+    metrics = OwnMetrics(
+        registry,
+        version="1.2.3",
+        states=STATES,
+        families=FAMILIES,
+        scrape_failure_reasons=REASONS,
+    )
+    return registry, metrics
+
+
+def _story(metrics: OwnMetrics) -> None:
+    """A wedge story on two targets: one wedges, is captured, restarted; one stays healthy."""
+    metrics.add_target("llama", state="starting", remedy="signal", budget_remaining=3)
+    metrics.add_target("qwen", state="starting", remedy="none", budget_remaining=3)
+    metrics.mark_tick(1_700_000_000.0)
+    metrics.observe_scrape("llama", duration_seconds=0.012, failure_reason=None)
+    metrics.observe_scrape("qwen", duration_seconds=2.0, failure_reason="timeout")
+    metrics.set_engines(
+        "llama",
+        "wedged",
+        [
+            EngineSample("meta-llama/Llama-3.1-8B", "0", "wedged", 95.5, 1_699_999_904.5),
+            EngineSample("meta-llama/Llama-3.1-8B", "1", "ok", 0.0, 1_700_000_000.0),
+        ],
+    )
+    metrics.set_engines("qwen", "unreachable", [])
+    metrics.count_suspect("llama", "deferred_stall")
+    metrics.count_wedge("llama", "deferred_stall")
+    metrics.count_capture("llama", phase="suspect", duration_seconds=0.8)
+    metrics.count_capture("llama", phase="wedged", duration_seconds=1.7)
+    metrics.count_capture_failure("llama", "ptrace_denied")
+    metrics.count_restart("llama", "signal")
+    metrics.count_restart_failure("llama", "not_recovered")
+    metrics.set_restart_budget("llama", remaining=2, gave_up=False)
+    metrics.set_restart_budget("qwen", remaining=0, gave_up=True)
+    metrics.count_webhook_failure()
+
+
+def _normalised(body: bytes) -> str:
+    """The exposition with `_created` timestamps (set from the real clock) replaced by 0."""
+    return re.sub(r"^(\S+_created(?:\{[^}]*\})?) \S+$", r"\1 0", body.decode(), flags=re.M)
+
+
+def test_exposition_matches_golden_file() -> None:
+    """The full exposition after a wedge story is byte-identical to the golden file."""
+    registry, metrics = _metrics()
+    _story(metrics)
+    body, _ = render(registry)
+    text = _normalised(body)
+    if os.environ.get("WEDGEWATCH_UPDATE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def test_promtool_accepts_the_exposition() -> None:
+    """`promtool check metrics` finds no lint problem in wedgewatch's own exposition."""
+    registry, metrics = _metrics()
+    _story(metrics)
+    body, _ = render(registry)
+    result = subprocess.run(
+        ["promtool", "check", "metrics"], input=body, capture_output=True, check=False
+    )
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def test_promtool_rejects_a_misnamed_counter() -> None:
+    """The promtool check can fail: a counter without `_total` is reported."""
+    body = b"# HELP wedgewatch_bad x\n# TYPE wedgewatch_bad counter\nwedgewatch_bad 1\n"
+    result = subprocess.run(
+        ["promtool", "check", "metrics"], input=body, capture_output=True, check=False
+    )
+    assert result.returncode != 0
+
+
+def _samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    body, _ = render(registry)
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
+
+
+def test_engine_state_is_one_hot() -> None:
+    """Exactly one state series of an engine is 1, and it follows the latest state."""
+    registry, metrics = _metrics()
+    metrics.add_target("t", state="starting", remedy="none", budget_remaining=3)
+    metrics.set_engines("t", "suspect", [EngineSample("m", "0", "suspect", 12.0, None)])
+    metrics.set_engines("t", "ok", [EngineSample("m", "0", "ok", 0.0, 5.0)])
+    states = {
+        dict(labels)["state"]: value
+        for (name, labels), value in _samples(registry).items()
+        if name == "wedgewatch_engine_state"
+    }
+    assert states == {s: (1.0 if s == "ok" else 0.0) for s in STATES}
+
+
+def test_vanished_engine_loses_its_series() -> None:
+    """An engine that is no longer reported has no state, stall or progress series left."""
+    registry, metrics = _metrics()
+    metrics.add_target("t", state="starting", remedy="none", budget_remaining=3)
+    metrics.set_engines(
+        "t",
+        "ok",
+        [EngineSample("m", "0", "ok", 0.0, 5.0), EngineSample("m", "1", "ok", 0.0, 5.0)],
+    )
+    metrics.set_engines("t", "ok", [EngineSample("m", "0", "ok", 0.0, 6.0)])
+    engines = {
+        dict(labels).get("engine")
+        for (name, labels), _ in _samples(registry).items()
+        if name.startswith("wedgewatch_engine_")
+    }
+    assert engines == {"0"}
+
+
+def test_unknown_progress_has_no_timestamp_series() -> None:
+    """An engine that never showed progress exports no last-progress timestamp (not a fake 0)."""
+    registry, metrics = _metrics()
+    metrics.add_target("t", state="starting", remedy="none", budget_remaining=3)
+    metrics.set_engines("t", "ok", [EngineSample("m", "0", "ok", 0.0, 5.0)])
+    metrics.set_engines("t", "starting", [EngineSample("m", "0", "starting", 0.0, None)])
+    names = {name for (name, _), _ in _samples(registry).items()}
+    assert "wedgewatch_engine_last_progress_timestamp_seconds" not in names
+
+
+def test_counters_start_at_zero_for_known_labels() -> None:
+    """A new target's failure, wedge and restart counters exist at 0 before anything happens."""
+    registry, metrics = _metrics()
+    metrics.add_target("t", state="starting", remedy="signal", budget_remaining=3)
+    samples = _samples(registry)
+    assert (
+        samples[
+            ("wedgewatch_wedges_total", frozenset({("target", "t"), ("family", "deferred_stall")}))
+        ]
+        == 0
+    )
+    assert (
+        samples[
+            (
+                "wedgewatch_scrape_failures_total",
+                frozenset({("target", "t"), ("reason", "refused")}),
+            )
+        ]
+        == 0
+    )
+    assert (
+        samples[("wedgewatch_restarts_total", frozenset({("target", "t"), ("remedy", "signal")}))]
+        == 0
+    )
+
+
+def test_two_registries_do_not_collide() -> None:
+    """Two OwnMetrics in one process each own their registry (no global registration)."""
+    first_registry, first = _metrics()
+    second_registry, second = _metrics()
+    first.add_target("a", state="starting", remedy="none", budget_remaining=1)
+    second.add_target("b", state="starting", remedy="none", budget_remaining=1)
+    targets = {
+        dict(labels).get("target") for (name, labels), _ in _samples(second_registry).items()
+    }
+    assert "a" not in targets
+    assert "b" in targets
+    assert first_registry is not second_registry
+
+
+def test_openmetrics_is_negotiated() -> None:
+    """A scraper that asks for OpenMetrics gets it; a plain scrape gets text 0.0.4."""
+    registry, metrics = _metrics()
+    metrics.add_target("t", state="starting", remedy="none", budget_remaining=3)
+    _, plain = render(registry, "")
+    body, open_metrics = render(registry, "application/openmetrics-text; version=1.0.0")
+    assert plain.startswith("text/plain; version=0.0.4")
+    assert open_metrics.startswith("application/openmetrics-text")
+    assert body.rstrip().endswith(b"# EOF")
+
+
+def test_the_golden_story_uses_the_real_label_values() -> None:
+    """The states, families and scrape failure reasons pinned here are the daemon's own."""
+    from typing import get_args
+
+    from wedgewatch.core.detect import EngineState, FailureReason, Family
+
+    assert tuple(EngineState) == STATES
+    assert tuple(Family) == FAMILIES
+    assert set(get_args(FailureReason)) == set(REASONS)

@@ -1,0 +1,857 @@
+"""Evidence bundles: naming, privacy, retention planning, and captures of real process trees."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from standin_tree import StandinTree, standin_tree
+
+from wedgewatch.core.triage import TriageKind
+from wedgewatch.io.evidence import (
+    NVIDIA_SMI_NOT_FOUND,
+    SCHEMA,
+    BundleResult,
+    CaptureRequest,
+    EvidenceDeps,
+    EvidenceSettings,
+    Phase,
+    StoredBundle,
+    apply_retention,
+    bundle_name,
+    capture_bundle,
+    complete_bundle,
+    ensure_private_dir,
+    history_lines,
+    json_safe,
+    make_bundle_dir,
+    open_bundle,
+    plan_retention,
+    redact_pyspy_text,
+    redact_title,
+    resolve_bundle,
+    sanitise,
+    scan_bundles,
+    timestamp_of_name,
+    write_atomic,
+    write_private,
+)
+from wedgewatch.io.procs import ProcessSelector
+from wedgewatch.io.pyspy import PTRACE_FIX, PySpyRunner
+
+SUSPECT_BODY = b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+WEDGED_BODY = b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n# later\n'
+
+
+@pytest.fixture
+def umask_zero() -> Iterator[None]:
+    """Run with umask 0, so only explicit modes can make files private."""
+    old = os.umask(0)
+    yield
+    os.umask(old)
+
+
+def settings_for(tmp_path: Path, **changes: Any) -> EvidenceSettings:
+    """Settings for a test: short CPU sample, no nvidia-smi unless a test provides one."""
+    values: dict[str, Any] = {
+        "evidence_dir": tmp_path / "evidence",
+        "process_sample_seconds": 0.2,
+        "pyspy_timeout_seconds": 20.0,
+        "nvidia_smi_path": "nvidia-smi-that-does-not-exist",
+    }
+    values.update(changes)
+    return EvidenceSettings(**values)
+
+
+def request_for(selector: ProcessSelector, **changes: Any) -> CaptureRequest:
+    """A suspect request for engine 0 of target `local`."""
+    values: dict[str, Any] = {
+        "target": "local",
+        "selector": selector,
+        "phase": Phase.SUSPECT,
+        "family": "deferred_stall",
+        "engine": "0",
+        "model_name": "m",
+        "episode_id": "ep-1",
+        "metrics_body": SUSPECT_BODY,
+        "history": [{"at": 1.0, "running": 0.0, "waiting": 3.0}],
+        "thresholds": {"stall_after_seconds": 30.0},
+        "verdict": {"state": "suspect", "reason": "3 deferred, nothing running for 12 s"},
+        "verdict_at": 0.0,
+    }
+    values.update(changes)
+    return CaptureRequest(**values)
+
+
+def summary_of(result: BundleResult) -> dict[str, Any]:
+    """The bundle's summary.json."""
+    assert result.bundle is not None
+    data: dict[str, Any] = json.loads((result.bundle / "summary.json").read_text())
+    return data
+
+
+def modes(root: Path) -> dict[str, int]:
+    """Permission bits of every path under root (root included), relative names."""
+    found = {".": stat.S_IMODE(root.stat().st_mode)}
+    for path in root.rglob("*"):
+        found[str(path.relative_to(root))] = stat.S_IMODE(path.lstat().st_mode)
+    return found
+
+
+def assert_private(root: Path) -> None:
+    """Directories 0700, files 0600, nothing else."""
+    for name, mode in modes(root).items():
+        path = root / name
+        expected = 0o700 if path.is_dir() else 0o600
+        assert mode == expected, f"{name}: {oct(mode)}"
+
+
+# ---------------------------------------------------------------- names and redaction
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        pytest.param("local", "local", id="plain"),
+        pytest.param("127.0.0.1:8000", "127.0.0.1-8000", id="host-port"),
+        pytest.param("[::1]:8000", "1-8000", id="ipv6"),
+        pytest.param("../../etc/passwd", "etc-passwd", id="traversal"),
+        pytest.param("..", "x", id="dotdot"),
+        pytest.param("", "x", id="empty"),
+        pytest.param("a" * 80, "a" * 48, id="long"),
+    ],
+)
+def test_sanitise(raw: str, clean: str) -> None:
+    """Path components keep only safe characters and can never climb out of the directory."""
+    assert sanitise(raw) == clean
+
+
+def test_bundle_name_has_utc_time_target_engine_family() -> None:
+    """Bundle names read `UTC_target_engineN_family`."""
+    when = dt.datetime(2026, 12, 2, 10, 15, 0, tzinfo=dt.UTC).timestamp()
+    assert bundle_name(when, "local", "0", "deferred_stall") == (
+        "20261202T101500Z_local_engine0_deferred_stall"
+    )
+    assert bundle_name(when, "vllm:8000", None, "manual") == "20261202T101500Z_vllm-8000_manual"
+    assert timestamp_of_name("20261202T101500Z_local_engine0_deferred_stall") == when
+    assert timestamp_of_name("notes") is None
+    assert timestamp_of_name("20261399T999999Z_x") is None
+
+
+@pytest.mark.parametrize(
+    ("title", "redacted"),
+    [
+        pytest.param(
+            "vllm serve m --api-key sk-1 --port 8000",
+            "vllm serve m --api-key *** --port 8000",
+            id="api-key",
+        ),
+        pytest.param("vllm serve m --api-key=sk-1", "vllm serve m --api-key=***", id="equals"),
+        pytest.param("x --hf-token hf_abc", "x --hf-token ***", id="token"),
+        pytest.param("x --DB_PASSWORD=p", "x --DB_PASSWORD=***", id="password"),
+        pytest.param(
+            "x --max-num-batched-tokens 8192", "x --max-num-batched-tokens 8192", id="tokens-flag"
+        ),
+        pytest.param("x --ssl-keyfile /k.pem", "x --ssl-keyfile /k.pem", id="keyfile-path"),
+        pytest.param("VLLM::EngineCore", "VLLM::EngineCore", id="title"),
+    ],
+)
+def test_redact_title(title: str, redacted: str) -> None:
+    """Values of secret flags are masked; ordinary flags are left alone."""
+    assert redact_title(title) == redacted
+
+
+def test_redact_pyspy_text_header() -> None:
+    """py-spy's `Process N: cmdline` header is redacted, the stacks are not touched."""
+    text = (
+        "Process 7: vllm serve m --api-key sk-1\nPython v3.11\n\nThread 7 (idle)\n    f (a.py:1)\n"
+    )
+    assert redact_pyspy_text(text) == (
+        "Process 7: vllm serve m --api-key ***\nPython v3.11\n\nThread 7 (idle)\n    f (a.py:1)\n"
+    )
+
+
+def test_history_lines_are_strict_json() -> None:
+    """The flight recorder is one strict JSON object per line (NaN becomes a string)."""
+    lines = history_lines([{"at": 1.0, "kv": float("nan")}, {"at": 2.0, "key": ("a", 1)}])
+    assert lines == b'{"at": 1.0, "kv": "nan"}\n{"at": 2.0, "key": ["a", 1]}\n'
+    assert json_safe({1: float("inf"), "p": Path("/x")}) == {"1": "inf", "p": "/x"}
+
+
+# ---------------------------------------------------------------- retention (pure)
+
+
+def b(name: str, t: float, size: int = 10, wedge: bool = False) -> StoredBundle:
+    """A stored bundle for planner tables."""
+    return StoredBundle(name, t, size, wedge)
+
+
+@pytest.mark.parametrize(
+    ("bundles", "budget", "protect", "evict", "over"),
+    [
+        pytest.param([b("r1", 1), b("r2", 2)], (5, 1000), (), (), False, id="under-budget"),
+        pytest.param(
+            [b("r1", 1), b("r2", 2), b("r3", 3)], (2, 1000), (), ("r1",), False, id="count-oldest"
+        ),
+        pytest.param(
+            [b("w1", 1, wedge=True), b("r2", 2), b("r3", 3), b("r4", 4)],
+            (2, 1000),
+            (),
+            ("r2", "r3"),
+            False,
+            id="routine-before-older-wedge",
+        ),
+        pytest.param(
+            [b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("r3", 3)],
+            (1, 1000),
+            ("r3",),
+            (),
+            True,
+            id="routine-current-never-costs-a-wedge",
+        ),
+        pytest.param(
+            [b("w0", 0, wedge=True), b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("s3", 3)],
+            (3, 1000),
+            ("s3",),
+            (),
+            True,
+            id="reviewer-case-suspect-after-three-wedges-keep-3",
+        ),
+        pytest.param(
+            [b("w0", 0, wedge=True), b("r1", 1), b("w2", 2, wedge=True), b("m3", 3)],
+            (2, 1000),
+            ("m3",),
+            ("r1",),
+            True,
+            id="routine-current-evicts-older-routine-only",
+        ),
+        pytest.param(
+            [b("w0", 0, 60, True), b("w1", 1, 60, True), b("m2", 2, 60)],
+            (10, 130),
+            ("m2",),
+            (),
+            True,
+            id="routine-current-over-size-keeps-wedges",
+        ),
+        pytest.param(
+            [b("w0", 0, wedge=True), b("w1", 1, wedge=True), b("w2", 2, wedge=True)],
+            (1, 1000),
+            (),
+            (),
+            True,
+            id="no-trigger-evicts-no-wedge",
+        ),
+        pytest.param(
+            [b("w0", 0, wedge=True), b("w1", 1, wedge=True), b("w2", 2, wedge=True)],
+            (2, 1000),
+            ("w2",),
+            ("w0",),
+            False,
+            id="wedge-current-evicts-oldest-wedge",
+        ),
+        pytest.param(
+            [b("w1", 1, wedge=True), b("r2", 2), b("w3", 3, wedge=True)],
+            (2, 1000),
+            ("w3",),
+            ("r2",),
+            False,
+            id="wedge-current-evicts-routine-before-wedge",
+        ),
+        pytest.param(
+            [b("w1", 1, 500, True), b("w2", 2, 500, True), b("w3", 3, 500, True)],
+            (10, 100),
+            ("w3",),
+            ("w1", "w2"),
+            True,
+            id="wedge-current-kept-over-size",
+        ),
+        pytest.param(
+            [b("w1", 1, wedge=True), b("w3", 3, wedge=True), b("w2", 2, wedge=True)],
+            (1, 1000),
+            ("w2",),
+            ("w1",),
+            True,
+            id="older-wedge-current-and-newest-wedge-both-kept",
+        ),
+        pytest.param(
+            [b("r1", 1, 60), b("r2", 2, 60), b("r3", 3, 60)],
+            (10, 130),
+            (),
+            ("r1",),
+            False,
+            id="size-cap",
+        ),
+        pytest.param(
+            [b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("w3", 3, wedge=True)],
+            (1, 1000),
+            ("w3",),
+            ("w1", "w2"),
+            False,
+            id="old-wedges-go-for-a-new-wedge-when-no-routine-left",
+        ),
+        pytest.param(
+            [b("r1", 1), b("r2", 2)], (1, 1000), ("r1",), ("r2",), False, id="protected-routine"
+        ),
+    ],
+)
+def test_plan_retention(
+    bundles: list[StoredBundle],
+    budget: tuple[int, int],
+    protect: tuple[str, ...],
+    evict: tuple[str, ...],
+    over: bool,
+) -> None:
+    """Routine bundles go first; only a wedge trigger evicts wedges, never the newest one."""
+    keep, max_bytes = budget
+    plan = plan_retention(bundles, keep, max_bytes, protect=protect)
+    assert plan.evict == evict
+    assert plan.over_budget is over
+    assert set(plan.keep) == {x.name for x in bundles} - set(evict)
+
+
+def test_plan_retention_protects_several_wedges_when_asked() -> None:
+    """`protected_wedges=2` keeps the two newest wedge bundles."""
+    bundles = [b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("w3", 3, wedge=True)]
+    plan = plan_retention(bundles, 1, 1000, protect=("w3",), protected_wedges=2)
+    assert plan.evict == ("w1",)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 50), st.integers(1, 100), st.booleans()),
+        max_size=12,
+        unique_by=lambda t: t[0],
+    ),
+    st.integers(1, 6),
+    st.integers(1, 600),
+    st.integers(0, 3),
+    st.one_of(st.none(), st.integers(0, 11)),
+)
+def test_plan_retention_invariants(
+    raw: list[tuple[int, int, bool]],
+    keep: int,
+    max_bytes: int,
+    protected_wedges: int,
+    trigger: int | None,
+) -> None:
+    """Routine triggers never cost a wedge; wedges go only after routine ones, newest kept."""
+    bundles = [b(f"n{t:03d}", float(t), size, wedge) for t, size, wedge in raw]
+    current = bundles[trigger] if trigger is not None and trigger < len(bundles) else None
+    protect = () if current is None else (current.name,)
+    plan = plan_retention(
+        bundles, keep, max_bytes, protect=protect, protected_wedges=protected_wedges
+    )
+    by_name = {x.name: x for x in bundles}
+    evicted_wedges = [name for name in plan.evict if by_name[name].wedge]
+    if current is None or not current.wedge:
+        assert evicted_wedges == []  # a routine bundle (or none) never evicts a wedge bundle
+    assert current is None or current.name not in plan.evict
+    wedges = sorted((x for x in bundles if x.wedge), key=lambda x: x.created_timestamp)
+    newest = (
+        {x.name for x in wedges[len(wedges) - protected_wedges :]} if protected_wedges else set()
+    )
+    assert not newest & set(plan.evict)
+    kinds = [by_name[name].wedge for name in plan.evict]
+    assert kinds == sorted(kinds)  # all routine evictions come before any wedge eviction
+    for kind in (False, True):  # within a class, oldest first
+        times = [by_name[n].created_timestamp for n in plan.evict if by_name[n].wedge is kind]
+        assert times == sorted(times)
+    left = [x for x in bundles if x.name not in plan.evict]
+    within = len(left) <= keep and sum(x.size_bytes for x in left) <= max_bytes
+    assert within != plan.over_budget
+    if plan.over_budget:  # over only when nothing evictable is left
+        evictable = [
+            x
+            for x in left
+            if x.name not in protect
+            and x.name not in newest
+            and (not x.wedge or (current is not None and current.wedge))
+        ]
+        assert evictable == []
+    elif plan.evict:  # and never evicts more than needed
+        last = by_name[plan.evict[-1]]
+        back = [*left, last]
+        assert len(back) > keep or sum(x.size_bytes for x in back) > max_bytes
+
+
+# ---------------------------------------------------------------- private files
+
+
+def test_private_dirs_and_files_ignore_the_umask(tmp_path: Path, umask_zero: None) -> None:
+    """Bundle directories are 0700 and files 0600 even with umask 0."""
+    root = tmp_path / "a" / "evidence"
+    ensure_private_dir(root)
+    bundle = make_bundle_dir(root, "20261202T101500Z_local_manual")
+    write_private(bundle / "f.txt", b"data")
+    write_atomic(bundle / "summary.json", b"{}")
+    write_atomic(bundle / "summary.json", b'{"v": 2}')
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert_private(bundle)
+    assert (bundle / "summary.json").read_bytes() == b'{"v": 2}'
+    assert sorted(p.name for p in bundle.iterdir()) == ["f.txt", "summary.json"]
+
+
+def test_bundle_dir_name_collision_gets_a_suffix(tmp_path: Path) -> None:
+    """Two captures in the same second get distinct directories."""
+    first = make_bundle_dir(tmp_path, "20261202T101500Z_local_manual")
+    second = make_bundle_dir(tmp_path, "20261202T101500Z_local_manual")
+    assert second.name == "20261202T101500Z_local_manual-2"
+    assert first != second
+
+
+def test_write_private_never_overwrites_or_follows_links(tmp_path: Path) -> None:
+    """An existing file or a planted symlink makes the write fail instead of clobbering."""
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "link").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        write_private(tmp_path / "link", b"x")
+    with pytest.raises(FileExistsError):
+        write_private(victim, b"x")
+    assert victim.read_text() == "keep"
+
+
+def fake_bundle(root: Path, name: str, verdict: str, size: int = 100) -> None:
+    """A bundle directory with a summary of the given verdict."""
+    path = root / name
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps({"schema": SCHEMA, "verdict": verdict}))
+    (path / "pad.bin").write_bytes(b"\0" * size)
+
+
+def test_apply_retention_deletes_only_bundles(tmp_path: Path) -> None:
+    """Retention deletes evicted bundles and never touches other entries in evidence_dir."""
+    root = tmp_path / "evidence"
+    fake_bundle(root, "20261201T000000Z_a_wedged", "wedged")
+    fake_bundle(root, "20261201T010000Z_a_manual", "manual")
+    fake_bundle(root, "20261201T020000Z_a_suspect", "resolved")
+    fake_bundle(root, "20261201T030000Z_a_suspect", "suspect")
+    (root / "notes").mkdir()
+    (root / "README").write_text("mine")
+    settings = EvidenceSettings(evidence_dir=root, evidence_keep=2)
+    evicted, failures = apply_retention(settings, protect=["20261201T030000Z_a_suspect"])
+    assert evicted == ("20261201T010000Z_a_manual", "20261201T020000Z_a_suspect")
+    assert failures == ()
+    assert sorted(p.name for p in root.iterdir()) == [
+        "20261201T000000Z_a_wedged",
+        "20261201T030000Z_a_suspect",
+        "README",
+        "notes",
+    ]
+    wedge = next(x for x in scan_bundles(root) if x.name.endswith("wedged"))
+    assert wedge.wedge
+    assert wedge.size_bytes > 100
+
+
+def test_apply_retention_routine_bundle_keeps_wedges_until_it_becomes_one(tmp_path: Path) -> None:
+    """A suspect bundle over a full set of wedges evicts none; once wedged it evicts the oldest."""
+    root = tmp_path / "evidence"
+    wedges = [f"20261201T0{h}0000Z_a_wedged" for h in range(3)]
+    for name in wedges:
+        fake_bundle(root, name, "wedged")
+    suspect = "20261201T030000Z_a_suspect"
+    fake_bundle(root, suspect, "suspect")
+    settings = EvidenceSettings(evidence_dir=root, evidence_keep=3)
+    evicted, failures = apply_retention(settings, protect=[suspect])
+    assert evicted == ()
+    assert len(failures) == 1
+    assert failures[0].startswith("retention: over evidence_keep or evidence_max_bytes")
+    assert sorted(p.name for p in root.iterdir()) == [*wedges, suspect]
+    summary = root / suspect / "summary.json"
+    summary.write_text(json.dumps({"schema": SCHEMA, "verdict": "wedged"}))
+    evicted, failures = apply_retention(settings, protect=[suspect])
+    assert (evicted, failures) == ((wedges[0],), ())
+    assert sorted(p.name for p in root.iterdir()) == [*wedges[1:], suspect]
+
+
+def test_request_accepts_the_detectors_plain_phase_strings(tmp_path: Path) -> None:
+    """`phase="wedged"` (a plain string, as the detector's actions carry it) becomes Phase."""
+    request = CaptureRequest(
+        target="t", selector=ProcessSelector(pid=1), phase="wedged", bundle=str(tmp_path)
+    )  # type: ignore[arg-type]
+    assert request.phase is Phase.WEDGED
+    assert request.bundle == tmp_path
+    with pytest.raises(ValueError, match="'sideways' is not a valid Phase"):
+        CaptureRequest(target="t", selector=ProcessSelector(pid=1), phase="sideways")  # type: ignore[arg-type]
+
+
+def test_settings_reject_nonsense() -> None:
+    """Bad evidence settings are rejected with the field named."""
+    with pytest.raises(ValueError, match="process_sample_seconds must be > 0"):
+        EvidenceSettings(evidence_dir=Path("/x"), process_sample_seconds=0)
+    with pytest.raises(ValueError, match="evidence_keep must be >= 1"):
+        EvidenceSettings(evidence_dir=Path("/x"), evidence_keep=0)
+
+
+# ---------------------------------------------------------------- captures without a tree
+
+
+def gone_or_zombie(pid: int) -> bool:
+    """True when the process no longer runs."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return ") Z " in f.read()
+    except FileNotFoundError:
+        return True
+
+
+def dead_pid() -> int:
+    """The pid of a child that has exited and been reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+async def test_missing_pid_file_is_recorded_and_bundle_still_written(tmp_path: Path) -> None:
+    """A missing pid file ends up in the summary; metrics and history are still saved."""
+    deps = EvidenceDeps(settings_for(tmp_path))
+    pid_file = tmp_path / "vllm.pid"
+    result = await capture_bundle(request_for(ProcessSelector(pid_file=pid_file)), deps)
+    assert result.bundle is not None
+    assert f"processes: pid file {pid_file} does not exist" in result.failures
+    assert result.triage.kind is TriageKind.NO_STACKS
+    assert (result.bundle / "metrics_suspect.prom").read_bytes() == SUSPECT_BODY
+    summary = summary_of(result)
+    assert summary["phases"]["suspect"]["discovery"]["error"] == (
+        f"pid file {pid_file} does not exist"
+    )
+    assert summary["nvidia_smi"] == {"status": "not_found", "message": NVIDIA_SMI_NOT_FOUND}
+    assert not result.complete
+
+
+async def test_missing_metrics_body_is_a_recorded_failure(tmp_path: Path) -> None:
+    """When the daemon had no body (scrape failed) the summary says so."""
+    deps = EvidenceDeps(settings_for(tmp_path))
+    request = request_for(
+        ProcessSelector(pid=dead_pid()), metrics_body=None, metrics_error="timeout after 5 s"
+    )
+    result = await capture_bundle(request, deps)
+    assert "metrics_suspect.prom: no /metrics body (timeout after 5 s)" in result.failures
+    assert result.bundle is not None
+    assert not (result.bundle / "metrics_suspect.prom").exists()
+
+
+async def test_unusable_evidence_dir_is_a_result_not_an_exception(tmp_path: Path) -> None:
+    """An evidence_dir that cannot be created gives a failed result, never an exception."""
+    (tmp_path / "file").write_text("in the way")
+    deps = EvidenceDeps(settings_for(tmp_path, evidence_dir=tmp_path / "file" / "evidence"))
+    result = await capture_bundle(request_for(ProcessSelector(pid=dead_pid())), deps)
+    assert result.bundle is None
+    assert result.failures[0].startswith(f"cannot create a bundle in {tmp_path / 'file'}")
+    assert not result.complete
+
+
+async def test_fake_nvidia_smi_output_is_saved(tmp_path: Path) -> None:
+    """When nvidia-smi exists its query (utilisation, power) and full output are saved."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--query-gpu=index,name,utilization.gpu,power.draw,memory.used" ]; then\n'
+        '  echo "index, name, utilization.gpu [%], power.draw [W], memory.used [MiB]"\n'
+        '  echo "0, NVIDIA H100, 0 %, 71.3 W, 70000 MiB"\n'
+        "else\n"
+        '  echo "| NVIDIA-SMI 560.35 |"\n'
+        "fi\n"
+    )
+    smi.chmod(0o755)
+    deps = EvidenceDeps(settings_for(tmp_path, nvidia_smi_path=str(smi)))
+    result = await capture_bundle(request_for(ProcessSelector(pid=dead_pid())), deps)
+    assert result.bundle is not None
+    text = (result.bundle / "nvidia-smi.txt").read_text()
+    assert "0, NVIDIA H100, 0 %, 71.3 W, 70000 MiB" in text
+    assert "| NVIDIA-SMI 560.35 |" in text
+    assert summary_of(result)["nvidia_smi"]["status"] == "ok"
+
+
+async def test_failing_nvidia_smi_is_a_recorded_failure(tmp_path: Path) -> None:
+    """nvidia-smi exiting non-zero (driver gone) is recorded with its message."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    smi.chmod(0o755)
+    deps = EvidenceDeps(settings_for(tmp_path, nvidia_smi_path=str(smi)))
+    result = await capture_bundle(request_for(ProcessSelector(pid=dead_pid())), deps)
+    failure = next(f for f in result.failures if f.startswith("nvidia-smi:"))
+    assert "NVIDIA-SMI has failed" in failure
+
+
+async def test_complete_of_missing_bundle_writes_a_one_shot_bundle(tmp_path: Path) -> None:
+    """Completing a bundle that is gone writes a full wedge bundle and says why."""
+    deps = EvidenceDeps(settings_for(tmp_path))
+    gone = tmp_path / "evidence" / "20261201T000000Z_local_engine0_deferred_stall"
+    request = request_for(
+        ProcessSelector(pid=dead_pid()), phase=Phase.WEDGED, bundle=gone, metrics_body=WEDGED_BODY
+    )
+    result = await complete_bundle(gone, request, deps)
+    assert result.bundle is not None
+    assert result.bundle != gone
+    assert result.failures[0].startswith(f"suspect bundle {gone} unusable")
+    assert summary_of(result)["verdict"] == "wedged"
+    assert (result.bundle / "metrics_wedged.prom").read_bytes() == WEDGED_BODY
+
+
+async def test_resolved_suspect_bundle_is_routine(tmp_path: Path) -> None:
+    """A suspect episode that resolved is marked so and counts as routine for retention."""
+    deps = EvidenceDeps(settings_for(tmp_path))
+    result = await open_bundle(request_for(ProcessSelector(pid=dead_pid())), deps)
+    assert result.bundle is not None
+    assert resolve_bundle(result.bundle, deps, "engine recovered") is None
+    summary = summary_of(result)
+    assert summary["verdict"] == "resolved"
+    assert summary["resolution"] == "engine recovered"
+    assert [x.wedge for x in scan_bundles(tmp_path / "evidence")] == [False]
+    assert resolve_bundle(tmp_path, deps) == f"{tmp_path}: cannot mark resolved: " + (
+        f"[Errno 2] No such file or directory: '{tmp_path / 'summary.json'}'"
+    )
+
+
+async def test_retention_runs_after_each_capture(tmp_path: Path) -> None:
+    """Old routine bundles are evicted after a capture; the new bundle is kept."""
+    root = tmp_path / "evidence"
+    for hour in range(3):
+        fake_bundle(root, f"20200101T0{hour}0000Z_local_manual", "manual")
+    deps = EvidenceDeps(settings_for(tmp_path, evidence_keep=2))
+    result = await capture_bundle(request_for(ProcessSelector(pid=dead_pid())), deps)
+    assert result.evicted == ("20200101T000000Z_local_manual", "20200101T010000Z_local_manual")
+    assert result.bundle is not None
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        ["20200101T020000Z_local_manual", result.bundle.name]
+    )
+
+
+# ---------------------------------------------------------------- captures of real trees
+
+
+@pytest.fixture(scope="module")
+def tree() -> Iterator[StandinTree]:
+    """One stand-in vLLM tree (scheduler wedge) shared by this module's captures."""
+    with standin_tree("scheduler_wedge") as running:
+        yield running
+
+
+def url_of(tree: StandinTree) -> ProcessSelector:
+    """Selector that finds the tree from its listening port."""
+    return ProcessSelector(url=f"http://127.0.0.1:{tree.port}/metrics")
+
+
+@pytest.mark.slow
+async def test_suspect_then_wedged_bundle(
+    tree: StandinTree, tmp_path: Path, umask_zero: None
+) -> None:
+    """Phase 1 writes everything; phase 2 adds the wedge's metrics and stacks and says wedged."""
+    deps = EvidenceDeps(settings_for(tmp_path))
+    suspect = await capture_bundle(request_for(url_of(tree)), deps)
+    assert suspect.complete, suspect.failures
+    assert suspect.bundle is not None
+    bundle = suspect.bundle
+    assert bundle.name.endswith("_local_engine0_deferred_stall")
+    stems = [
+        f"api_server-{tree.api_pid}",
+        f"engine_core-{tree.engine_pid}",
+        *(f"worker-{pid}" for pid in tree.worker_pids),
+    ]
+    expected = {
+        "summary.json",
+        "metrics_suspect.prom",
+        "history.jsonl",
+        "processes.json",
+        "pyspy",
+        *(f"pyspy/{s}.{ext}" for s in stems for ext in ("json", "txt")),
+    }
+    assert set(modes(bundle)) - {"."} == expected
+    assert suspect.triage.kind is TriageKind.SCHEDULER_WEDGE
+    summary = summary_of(suspect)
+    assert summary["verdict"] == "suspect"
+    assert summary["family"] == "deferred_stall"
+    assert summary["engine_labels"] == {"model_name": "m", "engine": "0"}
+    assert summary["thresholds"] == {"stall_after_seconds": 30.0}
+    assert summary["pids"] == {
+        "api_server": [tree.api_pid],
+        "engine_core": [tree.engine_pid],
+        "worker": list(tree.worker_pids),
+        "other": [],
+    }
+    assert summary["triage"]["kind"] == "scheduler_wedge"
+    phase = summary["phases"]["suspect"]
+    assert {s["status"] for s in phase["stacks"]} == {"ok"}
+    assert phase["nvidia_smi"]["message"] == NVIDIA_SMI_NOT_FOUND
+    assert set(phase["durations"]) == {
+        "discovery_seconds",
+        "stacks_seconds",
+        "pyspy_seconds",
+        "write_seconds",
+    }
+    assert summary["wedgewatch_version"]
+    assert summary["host"]
+    processes = json.loads((bundle / "processes.json").read_text())["processes"]
+    engine = next(p for p in processes if p["role"] == "engine_core")
+    assert engine["title"] == "VLLM::EngineCore"
+    assert engine["cpu_percent"] is not None
+    assert engine["num_threads"] >= 2
+    assert (bundle / "history.jsonl").read_text().count("\n") == 1
+
+    wedged = await capture_bundle(
+        request_for(
+            url_of(tree),
+            phase=Phase.WEDGED,
+            bundle=bundle,
+            metrics_body=WEDGED_BODY,
+            history=[{"at": float(i)} for i in range(5)],
+            verdict={"state": "wedged", "reason": "deferred stall for 31 s"},
+        ),
+        deps,
+    )
+    assert wedged.complete, wedged.failures
+    assert wedged.bundle == bundle
+    assert wedged.triage.kind is TriageKind.SCHEDULER_WEDGE
+    assert any(d.startswith("suspect:") for d in wedged.triage.details)
+    assert any(d.startswith("wedged:") for d in wedged.triage.details)
+    assert (bundle / "metrics_suspect.prom").read_bytes() == SUSPECT_BODY
+    assert (bundle / "metrics_wedged.prom").read_bytes() == WEDGED_BODY
+    assert (bundle / f"pyspy/wedged/engine_core-{tree.engine_pid}.json").is_file()
+    assert (bundle / "processes_wedged.json").is_file()
+    assert (bundle / "history.jsonl").read_text().count("\n") == 5
+    summary = summary_of(wedged)
+    assert summary["verdict"] == "wedged"
+    assert summary["reason"] == "deferred stall for 31 s"
+    assert set(summary["phases"]) == {"suspect", "wedged"}
+    assert_private(bundle)
+    assert not list(bundle.rglob(".*.tmp"))
+
+
+@pytest.mark.slow
+async def test_one_shot_wedge_bundle(tree: StandinTree, tmp_path: Path) -> None:
+    """A wedge without a suspect bundle gets a complete bundle in one call."""
+    deps = EvidenceDeps(settings_for(tmp_path))
+    result = await capture_bundle(
+        request_for(url_of(tree), phase=Phase.WEDGED, metrics_body=WEDGED_BODY), deps
+    )
+    assert result.complete, result.failures
+    assert result.bundle is not None
+    assert (result.bundle / "metrics_wedged.prom").read_bytes() == WEDGED_BODY
+    assert (result.bundle / f"pyspy/engine_core-{tree.engine_pid}.txt").is_file()
+    summary = summary_of(result)
+    assert summary["verdict"] == "wedged"
+    assert list(summary["phases"]) == ["wedged"]
+    assert result.since_verdict_seconds is not None
+
+
+@pytest.mark.slow
+async def test_manual_capture_by_pid(tree: StandinTree, tmp_path: Path) -> None:
+    """`wedgewatch capture --pid` style: family manual, the pid's subtree, no engine label."""
+    deps = EvidenceDeps(settings_for(tmp_path))
+    request = CaptureRequest(
+        target=f"pid{tree.api_pid}",
+        selector=ProcessSelector(pid=tree.api_pid),
+        metrics_body=SUSPECT_BODY,
+    )
+    result = await capture_bundle(request, deps)
+    assert result.bundle is not None
+    assert result.bundle.name.endswith(f"_pid{tree.api_pid}_manual")
+    assert (result.bundle / "metrics_manual.prom").is_file()
+    summary = summary_of(result)
+    assert summary["family"] == "manual"
+    assert summary["selector"] == f"pid {tree.api_pid}"
+    assert summary["triage"]["kind"] == "scheduler_wedge"
+
+
+@pytest.mark.slow
+async def test_permission_denied_is_recorded_and_counted(tree: StandinTree, tmp_path: Path) -> None:
+    """py-spy without ptrace rights: every process is counted, the fix is spelled out."""
+    prefix = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is not installed")
+    deps = EvidenceDeps(
+        settings_for(tmp_path), dumper=PySpyRunner(timeout_seconds=20, argv_prefix=prefix)
+    )
+    result = await capture_bundle(request_for(url_of(tree)), deps)
+    assert result.ptrace_denied == 4
+    assert result.triage.kind is TriageKind.NO_STACKS
+    assert any(PTRACE_FIX in f for f in result.failures)
+    summary = summary_of(result)
+    assert summary["ptrace_denied"] == 4
+    assert {s["status"] for s in summary["phases"]["suspect"]["stacks"]} == {"permission_denied"}
+    assert {s["fix"] for s in summary["phases"]["suspect"]["stacks"]} == {PTRACE_FIX}
+    assert result.bundle is not None
+    assert (result.bundle / "processes.json").is_file()
+    assert not (result.bundle / "pyspy").exists()
+
+
+@pytest.mark.slow
+async def test_deadline_bounds_a_hanging_capture(tree: StandinTree, tmp_path: Path) -> None:
+    """A py-spy hanging past the capture deadline is cancelled and recorded; the bundle is saved."""
+    marker = tmp_path / "pids"
+    hang = tmp_path / "py-spy"
+    hang.write_text(f"#!/bin/sh\necho $$ >> {marker}\nexec sleep 60\n")
+    hang.chmod(0o755)
+    deps = EvidenceDeps(
+        settings_for(
+            tmp_path, pyspy_path=str(hang), pyspy_timeout_seconds=60, capture_deadline_seconds=1.0
+        )
+    )
+    result = await capture_bundle(request_for(url_of(tree)), deps)
+    assert result.deadline_exceeded
+    assert f"py-spy engine_core {tree.engine_pid}: cancelled at the capture deadline" in (
+        result.failures
+    )
+    assert result.duration_seconds < 30  # far below the 60 s py-spy would have hung
+    summary = summary_of(result)
+    assert summary["phases"]["suspect"]["deadline_exceeded"] is True
+    for pid in marker.read_text().split():
+        assert gone_or_zombie(int(pid))
+
+
+@pytest.fixture
+def secret_process() -> Iterator[int]:
+    """A Python process whose command line carries an API key."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; print('ready', flush=True); time.sleep(60)",
+            "--api-key",
+            "sk-very-secret",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+
+
+@pytest.mark.slow
+async def test_secrets_in_command_lines_stay_out_of_the_bundle(
+    secret_process: int, tmp_path: Path
+) -> None:
+    """An `--api-key` value appears nowhere in the bundle, py-spy's text header included."""
+    deps = EvidenceDeps(settings_for(tmp_path))
+    result = await capture_bundle(request_for(ProcessSelector(pid=secret_process)), deps)
+    assert result.bundle is not None
+    texts = [p.read_text() for p in result.bundle.rglob("*") if p.is_file()]
+    assert any("--api-key ***" in t for t in texts)
+    assert not any("sk-very-secret" in t for t in texts)
+
+
+@pytest.mark.slow
+async def test_collective_hang_tree_is_triaged(tmp_path: Path) -> None:
+    """A tree hung in a collective is named as such in the summary."""
+    deps = EvidenceDeps(settings_for(tmp_path))
+    with standin_tree("collective_hang") as hung:
+        result = await capture_bundle(
+            request_for(url_of(hung), phase=Phase.WEDGED, family="progress_stall"), deps
+        )
+    assert summary_of(result)["triage"]["kind"] == "collective_hang"

@@ -1,0 +1,630 @@
+"""wedgewatch's one configuration model, loaded from defaults < TOML < environment < flags.
+
+Every setting is a field of the frozen `Config` model, spelled the same everywhere: the
+field `stall_after_seconds` is the TOML key `stall_after_seconds`, the environment
+variable `WEDGEWATCH_STALL_AFTER_SECONDS` and the flag `--stall-after-seconds`. The
+only exceptions are the list settings, whose flags are singular and repeatable
+(`--target`, `--webhook-url`). `load_config` merges the four sources, records where
+every value came from, and turns validation failures into one clear message per field.
+Components never see the whole model: they receive a narrowed slice (`Config.policy()`,
+`Config.scrape_limits()`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from wedgewatch.core.detect import Policy
+from wedgewatch.io.scrape import ScrapeLimits
+from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles
+
+ENV_PREFIX = "WEDGEWATCH_"
+#: The one `WEDGEWATCH_*` variable that is not a setting: the config file, like `--config`.
+CONFIG_FILE_ENV = "WEDGEWATCH_CONFIG"
+
+SECTIONS: Mapping[str, str] = {
+    "detection": "How an engine is judged: the scrape cadence and how long each kind of "
+    "stall must last before it counts as a wedge.",
+    "scraping": "How one scrape of a target's `/metrics` is bounded.",
+    "targets": "The vLLM servers to watch.",
+    "daemon": "The long-running `wedgewatch run` process and its own HTTP endpoints.",
+    "evidence": "What is captured when an engine turns suspect or wedged, and how much is kept.",
+    "remedy": "What is done about a wedged engine, and how often it may be done.",
+    "notify": "Webhook notifications about state changes.",
+    "launcher": "Launch profiles for `wedgewatch launch` (see docs/launcher.md).",
+}
+
+MIB = 1024 * 1024
+_SIZE_UNITS: Mapping[str, int] = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_TARGET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\[\]-]{0,63}$")
+
+
+class ConfigError(Exception):
+    """Configuration that cannot be used; `messages` holds one clear sentence per problem."""
+
+    def __init__(self, messages: Sequence[str]) -> None:
+        self.messages = tuple(messages)
+        super().__init__("\n".join(self.messages))
+
+
+class FieldRuleError(ValueError):
+    """A cross-field rule broken by one field, so the message can name that field."""
+
+    def __init__(self, field: str, value: object, rule: str) -> None:
+        self.field = field
+        self.value = value
+        self.rule = rule
+        super().__init__(f"{field} = {value!r}: {rule}")
+
+
+def parse_byte_size(value: object) -> object:
+    """Turn `"16MiB"`, `"512 MB"` or `"4096"` into a byte count; other values pass through."""
+    if not isinstance(value, str):
+        return value
+    match = _SIZE_RE.match(value)
+    if match is None or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(
+            f"{value!r} is not a size: use a whole number of bytes or a number with a unit "
+            "(B, KB, KiB, MB, MiB, GB, GiB)"
+        )
+    size = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if size != math.floor(size):
+        raise ValueError(f"{value!r} is not a whole number of bytes")
+    return int(size)
+
+
+def _check_http_url(url: str) -> str:
+    """Return `url` stripped if it is an absolute http(s) URL with a host, else raise."""
+    url = url.strip()
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"is not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("must start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError("must name a host, e.g. http://127.0.0.1:8000")
+    if port == 0:
+        raise ValueError("must not use port 0")
+    if parts.fragment:
+        raise ValueError("must not contain a #fragment")
+    return url
+
+
+def metrics_url_of(url: str) -> str:
+    """The `/metrics` URL of a server given its base URL or its `/metrics` URL.
+
+    `http://h:8000`, `http://h:8000/` and `http://h:8000/metrics/` all become
+    `http://h:8000/metrics` (vLLM's exact route, which always serves the whole text); a
+    path prefix (a reverse proxy's `http://h/vllm`) is kept: `http://h/vllm/metrics`.
+    """
+    parts = urlsplit(_check_http_url(url))
+    path = parts.path.rstrip("/")
+    if not path.endswith("/metrics"):
+        path = f"{path}/metrics"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def default_target_name(url: str) -> str:
+    """The name a target gets when none is given: `host:port` of its URL."""
+    parts = urlsplit(_check_http_url(url))
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Target(BaseModel):
+    """One vLLM server to watch."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(
+        description="A short unique name used in logs, metrics and evidence paths "
+        "(default: `host:port` of the URL).",
+    )
+    url: str = Field(
+        description="The server's base URL (`http://127.0.0.1:8000`) or its `/metrics` URL."
+    )
+    pid: int | None = Field(
+        default=None, gt=0, description="The API server's process id, when known."
+    )
+    pid_file: Path | None = Field(
+        default=None, description="A file holding the API server's process id."
+    )
+    systemd_unit: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The systemd unit running this server (overrides `systemd_unit`).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_spec(cls, data: Any) -> Any:
+        """Accept `"name=url"` / `"url"` strings and fill in a missing name from the URL."""
+        if isinstance(data, str):
+            data = parse_target_spec(data)
+        if isinstance(data, Mapping) and "name" not in data and isinstance(data.get("url"), str):
+            try:
+                return {**data, "name": default_target_name(data["url"])}
+            except ValueError:
+                # The url validator reports the bad URL; a placeholder keeps the name quiet.
+                return {**data, "name": "unnamed"}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if not _TARGET_NAME_RE.match(name):
+            raise ValueError(
+                "must be 1-64 characters of letters, digits and . _ : - [ ], "
+                "starting with a letter or digit"
+            )
+        return name
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        return _check_http_url(url)
+
+    @property
+    def metrics_url(self) -> str:
+        """The URL that is scraped."""
+        return metrics_url_of(self.url)
+
+
+def parse_target_spec(spec: str) -> dict[str, str]:
+    """Split a `name=url` or bare `url` target spec (the environment and flag form)."""
+    spec = spec.strip()
+    name, sep, rest = spec.partition("=")
+    if sep and "/" not in name and ":" not in name:
+        return {"name": name.strip(), "url": rest.strip()}
+    return {"url": spec}
+
+
+def _setting(default: Any, section: str, description: str, **rules: Any) -> Any:
+    """A field with its docs section; `flag` in `rules` overrides the flag spelling."""
+    extra: dict[str, Any] = {"section": section}
+    if "flag" in rules:
+        extra["flag"] = rules.pop("flag")
+    return Field(default=default, description=description, json_schema_extra=extra, **rules)
+
+
+class Config(BaseModel):
+    """Every wedgewatch setting (see docs/configuration.md, generated from this model)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # -- detection -------------------------------------------------------------------
+    interval_seconds: float = _setting(
+        1.0,
+        "detection",
+        "Time between two scrapes of a target. One second resolves a stall well below any "
+        "threshold and costs one small parse per second.",
+        gt=0,
+    )
+    stall_after_seconds: float = _setting(
+        60.0,
+        "detection",
+        "How long nothing may run while requests wait (`deferred_stall`, `admission_stall`) "
+        "with every progress counter flat before the engine is wedged. Transient deferrals "
+        "(KV transfers, grammar compiles) clear within seconds; the reported wedges never "
+        "clear.",
+        gt=0,
+    )
+    hang_after_seconds: float = _setting(
+        120.0,
+        "detection",
+        "How long requests may run with every progress counter flat (`progress_stall`) before "
+        "the engine is wedged. Longer than `stall_after_seconds` because a long chunked "
+        "prefill moves no counter until it completes.",
+        gt=0,
+    )
+    output_stall_after_seconds: float = _setting(
+        300.0,
+        "detection",
+        "How long prefill or preemption counters may move while neither generated tokens nor "
+        "finished requests do (`output_stall`, a livelock) before the engine is wedged.",
+        gt=0,
+    )
+    unreachable_after_seconds: float = _setting(
+        30.0,
+        "detection",
+        "How long scrapes may fail, after the target was once seen up, before it is "
+        "`unreachable`. Short outages (a restart, a busy API server) stay below it.",
+        gt=0,
+    )
+    startup_timeout_seconds: float = _setting(
+        900.0,
+        "detection",
+        "How long a target that has never answered stays `starting` before it is "
+        "`unreachable`. Loading a large model takes minutes.",
+        gt=0,
+    )
+
+    # -- scraping --------------------------------------------------------------------
+    scrape_timeout_seconds: float = _setting(
+        5.0,
+        "scraping",
+        "Deadline for one scrape: connecting, the response and the whole body. A body that "
+        "trickles in slower than this is a `timeout`.",
+        gt=0,
+    )
+    max_body_bytes: int = _setting(
+        16 * MIB,
+        "scraping",
+        "Largest `/metrics` body read (after gzip decoding). A single engine's body is about "
+        "50 KB; anything past the cap is `too_large` and is not read further. Accepts units: "
+        "`16MiB`.",
+        ge=1024,
+    )
+
+    # -- targets ---------------------------------------------------------------------
+    targets: tuple[Target, ...] = _setting(
+        (),
+        "targets",
+        "The servers to watch. In TOML an array of tables (`[[targets]]` with `name`, `url` "
+        "and optionally `pid`, `pid_file`, `systemd_unit`) or of `name=url` strings; in the "
+        "environment a comma-separated list of `name=url` or bare URLs; as a flag repeat "
+        "`--target [name=]URL`.",
+        flag="--target",
+    )
+
+    # -- daemon ----------------------------------------------------------------------
+    listen_host: str = _setting(
+        "127.0.0.1",
+        "daemon",
+        "Address wedgewatch's own HTTP endpoints (`/health`, `/probe`, `/metrics`, `/status`) "
+        "listen on. Use `0.0.0.0` to be reachable from outside the host or pod.",
+        min_length=1,
+    )
+    listen_port: int = _setting(
+        9321,
+        "daemon",
+        "Port of wedgewatch's own HTTP endpoints (0 picks a free port).",
+        ge=0,
+        le=65535,
+    )
+    state_dir: Path = _setting(
+        Path("/var/lib/wedgewatch"),
+        "daemon",
+        "Directory for state that must survive a wedgewatch restart (restart budget, "
+        "detector state).",
+    )
+    history_seconds: float = _setting(
+        600.0,
+        "daemon",
+        "Length of the in-memory flight recorder of readings and verdicts per target, "
+        "written into every evidence bundle.",
+        gt=0,
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = _setting(
+        "info",
+        "daemon",
+        "Lowest level logged to stderr: debug, info, warning or error.",
+    )
+
+    # -- evidence --------------------------------------------------------------------
+    evidence_dir: Path = _setting(
+        Path("/var/lib/wedgewatch/evidence"),
+        "evidence",
+        "Directory that receives one evidence bundle per suspect or wedged episode.",
+    )
+    capture_locals: bool = _setting(
+        False,
+        "evidence",
+        "Ask py-spy for local variables too (`--locals`). Slower and may expose request "
+        "contents in the bundle.",
+    )
+    pyspy_path: str = _setting(
+        "py-spy",
+        "evidence",
+        "The py-spy executable (a name looked up in PATH, or a path).",
+        min_length=1,
+    )
+    pyspy_timeout_seconds: float = _setting(
+        10.0,
+        "evidence",
+        "Deadline for one py-spy dump; a dump past it is killed so the target is never left "
+        "suspended.",
+        gt=0,
+    )
+    evidence_keep: int = _setting(
+        20,
+        "evidence",
+        "How many evidence bundles are kept. Routine bundles (suspect episodes that "
+        "recovered, manual captures) are evicted before wedge bundles, oldest first.",
+        ge=1,
+    )
+    evidence_max_bytes: int = _setting(
+        512 * MIB,
+        "evidence",
+        "Upper bound on the total size of kept evidence bundles, evicted like "
+        "`evidence_keep`; the newest wedge bundle is never evicted. Accepts units: `512MiB`.",
+        ge=1024,
+    )
+    process_sample_seconds: float = _setting(
+        0.5,
+        "evidence",
+        "How long CPU usage of the server's processes is sampled for an evidence bundle.",
+        gt=0,
+    )
+
+    # -- remedy ----------------------------------------------------------------------
+    remedy: Literal["none", "signal", "systemd", "exec", "supervise"] = _setting(
+        "none",
+        "remedy",
+        "What is done to a wedged server: `none` (observe and report only), `signal` "
+        "(SIGTERM the API server, SIGKILL after `grace_seconds`), `systemd` (restart "
+        "`systemd_unit`), `exec` (run `exec_command`) or `supervise` (wedgewatch runs the "
+        "server itself and restarts it).",
+    )
+    grace_seconds: float = _setting(
+        30.0,
+        "remedy",
+        "How long a stopping server may take to exit before it is killed.",
+        ge=0,
+    )
+    restart_budget: int = _setting(
+        3,
+        "remedy",
+        "How many restarts are allowed within `restart_budget_window_seconds`; past it "
+        "wedgewatch gives up and only reports, so a wedge that returns at once cannot "
+        "cause a restart storm.",
+        ge=1,
+    )
+    restart_budget_window_seconds: float = _setting(
+        3600.0, "remedy", "The sliding window `restart_budget` counts restarts in.", gt=0
+    )
+    restart_backoff_seconds: float = _setting(
+        60.0,
+        "remedy",
+        "Least time between two restarts; doubled after each restart that did not help.",
+        ge=0,
+    )
+    restart_backoff_max_seconds: float = _setting(
+        900.0,
+        "remedy",
+        "Upper bound of the doubled restart back-off (at least `restart_backoff_seconds`).",
+        ge=0,
+    )
+    systemd_unit: str = _setting(
+        "vllm.service",
+        "remedy",
+        'The unit restarted by `remedy = "systemd"` (a target\'s own `systemd_unit` wins).',
+        min_length=1,
+    )
+    exec_command: tuple[str, ...] = _setting(
+        (),
+        "remedy",
+        'The command run by `remedy = "exec"` (required then), as an argument list; in the '
+        "environment and as a flag one shell-quoted string. Run without a shell; the "
+        "verdict is passed in `WEDGEWATCH_TARGET`, `WEDGEWATCH_URL`, `WEDGEWATCH_ENGINE`, "
+        "`WEDGEWATCH_MODEL_NAME`, `WEDGEWATCH_FAMILY`, `WEDGEWATCH_STATE`, "
+        "`WEDGEWATCH_REASON` and `WEDGEWATCH_BUNDLE`.",
+    )
+
+    # -- notify ----------------------------------------------------------------------
+    webhook_urls: tuple[str, ...] = _setting(
+        (),
+        "notify",
+        "URLs that receive a JSON POST on each notable event (wedge detected, target "
+        "unreachable, engine recovered, restart requested/succeeded/failed, gave up, gave-up "
+        "cleared), not on every state change. In the environment a comma-separated list; as "
+        "a flag repeat `--webhook-url URL`.",
+        flag="--webhook-url",
+    )
+    webhook_timeout_seconds: float = _setting(5.0, "notify", "Deadline for one webhook POST.", gt=0)
+    webhook_retries: int = _setting(
+        3,
+        "notify",
+        "How many times a failed webhook POST is retried (with back-off) before it is dropped.",
+        ge=0,
+    )
+
+    # -- launcher --------------------------------------------------------------------
+    profiles: Mapping[str, Any] = _setting(
+        {},
+        "launcher",
+        "Launch profiles for `wedgewatch launch --profile NAME`, added to the shipped ones "
+        "(`wedgewatch/vllm/profiles.toml`, listed by `wedgewatch launch --list-profiles`) or "
+        "overriding a shipped profile "
+        "key by key. In TOML one `[profiles.NAME]` table per profile with the keys "
+        "`description`, `args`, `env`, `kv_cache_dtype`, `block_size`, `speculative_config` "
+        "and `prefix_cache_retention_interval`; in the environment and as a flag the same "
+        "as one JSON object.",
+    )
+
+    @field_validator("max_body_bytes", "evidence_max_bytes", mode="before")
+    @classmethod
+    def _sizes(cls, value: object) -> object:
+        return parse_byte_size(value)
+
+    @field_validator("webhook_urls")
+    @classmethod
+    def _webhooks(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_check_http_url(url) for url in urls)
+
+    @field_validator("profiles", mode="before")
+    @classmethod
+    def _profiles_json(cls, value: object) -> object:
+        """The environment and flag spelling: one JSON object."""
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"is not a JSON object of profiles ({exc.msg} at character {exc.pos})"
+            ) from None
+
+    @field_validator("profiles")
+    @classmethod
+    def _profiles(cls, profiles: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Each profile must merge onto the shipped ones: unknown keys and bad values fail here."""
+        merge_profiles(builtin_profiles(), profiles)
+        return profiles
+
+    @field_validator("exec_command")
+    @classmethod
+    def _argv(cls, argv: tuple[str, ...]) -> tuple[str, ...]:
+        if argv and not argv[0].strip():
+            raise ValueError("must start with the program to run, not an empty string")
+        return argv
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Config:
+        names = [target.name for target in self.targets]
+        for name in names:
+            if names.count(name) > 1:
+                raise FieldRuleError(
+                    "targets",
+                    name,
+                    "two targets have this name; give each one a unique name (name=URL)",
+                )
+        if self.remedy == "exec" and not self.exec_command:
+            raise FieldRuleError(
+                "exec_command", self.exec_command, 'must not be empty when remedy = "exec"'
+            )
+        if self.restart_backoff_max_seconds < self.restart_backoff_seconds:
+            raise FieldRuleError(
+                "restart_backoff_max_seconds",
+                self.restart_backoff_max_seconds,
+                f"must be at least restart_backoff_seconds ({self.restart_backoff_seconds})",
+            )
+        for field in (
+            "stall_after_seconds",
+            "hang_after_seconds",
+            "output_stall_after_seconds",
+            "unreachable_after_seconds",
+        ):
+            value = getattr(self, field)
+            if value < self.interval_seconds:
+                raise FieldRuleError(
+                    field,
+                    value,
+                    f"must be at least interval_seconds ({self.interval_seconds}): a stall "
+                    "shorter than one scrape interval cannot be observed",
+                )
+        return self
+
+    # -- narrowing -------------------------------------------------------------------
+    def policy(self) -> Policy:
+        """The detector's slice of the configuration."""
+        return Policy(
+            stall_after_seconds=self.stall_after_seconds,
+            hang_after_seconds=self.hang_after_seconds,
+            output_stall_after_seconds=self.output_stall_after_seconds,
+            unreachable_after_seconds=self.unreachable_after_seconds,
+            startup_timeout_seconds=self.startup_timeout_seconds,
+        )
+
+    def scrape_limits(self) -> ScrapeLimits:
+        """The scraper's slice of the configuration."""
+        return ScrapeLimits(
+            timeout_seconds=self.scrape_timeout_seconds, max_body_bytes=self.max_body_bytes
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Field metadata shared by the loader, the CLI flags and the generated reference.
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """How one field is spelled and documented."""
+
+    name: str
+    section: str
+    description: str
+    default: Any
+    flag: str
+    env: str
+    kind: Literal["scalar", "bool", "list", "argv", "targets", "table"]
+    rules: tuple[str, ...]
+
+
+def _kind(name: str) -> Literal["scalar", "bool", "list", "argv", "targets", "table"]:
+    if name == "targets":
+        return "targets"
+    if name == "profiles":
+        return "table"
+    if name == "exec_command":
+        return "argv"
+    annotation = Config.model_fields[name].annotation
+    if annotation is bool:
+        return "bool"
+    if annotation == tuple[str, ...]:
+        return "list"
+    return "scalar"
+
+
+def _rules(name: str) -> tuple[str, ...]:
+    field = Config.model_fields[name]
+    words = {"gt": "greater than", "ge": "at least", "lt": "less than", "le": "at most"}
+    rules: list[str] = []
+    for meta in field.metadata:
+        for attr, word in words.items():
+            bound = getattr(meta, attr, None)
+            if bound is not None:
+                rules.append(f"{word} {bound}")
+        min_length = getattr(meta, "min_length", None)
+        if min_length:
+            rules.append("not empty")
+    annotation = str(field.annotation)
+    if annotation.startswith("typing.Literal"):
+        choices = ", ".join(f"`{choice}`" for choice in field.annotation.__args__)  # type: ignore[union-attr]
+        rules.append(f"one of {choices}")
+    return tuple(rules)
+
+
+def settings() -> tuple[Setting, ...]:
+    """Every field of `Config`, in declaration order, with its spellings."""
+    result = []
+    for name, field in Config.model_fields.items():
+        extra = field.json_schema_extra
+        assert isinstance(extra, dict)  # noqa: S101 - every field is declared with _setting
+        result.append(
+            Setting(
+                name=name,
+                section=str(extra["section"]),
+                description=field.description or "",
+                default=field.default,
+                flag=str(extra.get("flag", "--" + name.replace("_", "-"))),
+                env=ENV_PREFIX + name.upper(),
+                kind=_kind(name),
+                rules=_rules(name),
+            )
+        )
+    return tuple(result)
+
+
+SETTINGS: Mapping[str, Setting] = {setting.name: setting for setting in settings()}

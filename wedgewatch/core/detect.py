@@ -1,0 +1,906 @@
+"""The wedge detector: a pure, per-engine state machine over scrape observations.
+
+No IO and no clock: every observation carries `at` (monotonic seconds) and `step` returns the
+new state with a verdict. The shell logs the verdict's transitions and carries out its actions.
+"""
+
+# RULES (the contract of this module; tests/core/test_detect.py checks them row by row)
+# =================================================================================
+#
+# Terms
+#   progress counters  the five counters of `EngineReading.progress`: prompt tokens, generation
+#                      tokens, finished requests, preemptions, iterations.
+#   progress moved     any progress counter differs from the previous good reading of the engine.
+#   output moved       generation tokens or finished requests differ from the previous reading.
+#   work present       running > 0 or waiting > 0.
+#   stalled states     SUSPECT, WEDGED, UNREACHABLE. An *episode* runs from the step an engine
+#                      enters a stalled state until the step it leaves them.
+#   clocks             per engine: last_progress_at, last_output_at. "Reset" sets both to `at`.
+#
+# Target level
+#   T1  A target with no known engine (never seen up, or a restart that reported no engine)
+#       has `engines == ()` and is STARTING, or UNREACHABLE once `startup_timeout_seconds`
+#       (when set) have passed since the first observation of that period. A failed scrape
+#       then sets `failure`; the detector emits no transition and no action (no engine).
+#   T2  Otherwise the target state is the worst engine state, in the order of `SEVERITY`:
+#       wedged > unreachable > suspect > starting > ok > sleeping > idle.
+#   T3  Restart of the watched server: some progress counter of an engine present in this
+#       and in the previous good scrape went backwards, or process_start_time_seconds changed.
+#       Every engine in the exposition is re-baselined (R1) and engines absent from it are
+#       dropped (a restart may change the data-parallel size). Never a stall on that step.
+#   T4  `at` older than the previous observation means the clock was reset (host reboot under
+#       a persisted state): the detector forgets everything and starts over.
+#
+# One engine, on a good scrape that contains it
+#   R1  Baseline (first reading, reappearance after going missing, server restart): state from
+#       the gauges (R2, R3, else OK), never SUSPECT; clocks reset; the episode ends.
+#   R2  Asleep (awake is False): SLEEPING, clocks reset. A sleeping engine is never stalled,
+#       whatever its queues say.
+#   R3  Idle (running == 0 and waiting == 0): IDLE, clocks reset. Idle never becomes a stall.
+#   R4  Work present: if progress moved, last_progress_at = at; if output moved,
+#       last_output_at = at. Two kinds of stall are then candidates:
+#         flat    nothing moved this sample. Family by the gauges: running > 0 ->
+#                 progress_stall (threshold hang_after_seconds); running == 0 and
+#                 deferred > 0 -> deferred_stall, else admission_stall (both
+#                 stall_after_seconds). stalled_seconds = at - last_progress_at.
+#         output  since output last moved, some sample moved other counters while output
+#                 stayed flat (the engine works but emits nothing: preemption livelock).
+#                 Family output_stall, threshold output_stall_after_seconds,
+#                 stalled_seconds = at - last_output_at.
+#       No candidate: OK. A candidate with stalled_seconds >= its threshold: WEDGED with that
+#       family (flat first). Otherwise SUSPECT: output_stall if the engine already is in
+#       output_stall and that candidate holds, else flat, else output.
+#       Consequences: the first flat sample with work present is SUSPECT; progress together
+#       with output returns to OK in one step; output_stall clears when output moves; a
+#       healthy engine whose counters all move is never SUSPECT; a family change (e.g. running
+#       drops to 0) keeps the clock and takes the threshold of the new family.
+#
+# One engine, unobserved
+#   U1  A failed scrape never counts as idle and never resets clocks. Every known engine is
+#       SUSPECT (family unreachable) from the first failure of a run of failures, and
+#       UNREACHABLE once the run has lasted unreachable_after_seconds.
+#       An engine already WEDGED stays WEDGED (same family, stall clock running) until then:
+#       a scrape that fails proves nothing about recovery, and a liveness probe must not see
+#       a wedge flicker back to healthy because one scrape timed out.
+#   U2  An engine absent from a good exposition is kept and reported with missing=True:
+#       SUSPECT (unreachable), then UNREACHABLE after unreachable_after_seconds. Its clock
+#       starts at the failure run it vanished in, if any, else at the scrape that lacked it.
+#   U3  The next good scrape judges engines by their readings again with clocks intact, so a
+#       stall that outlasts an outage includes the outage in stalled_seconds.
+#
+# Actions (at most one of each kind per episode; never repeated while a state persists)
+#   A1  Entering SUSPECT from a non-stalled state: CaptureEvidence(phase="suspect").
+#   A2  Entering WEDGED or UNREACHABLE, the first time in the episode:
+#       CaptureEvidence(phase="wedged") then Restart. Leaving the stalled states ends the
+#       episode, so a later stall emits again.
+#   A3  Within one verdict every CaptureEvidence precedes every Restart, so evidence of one
+#       engine is taken before any restart tears the server down. The shell decides whether to
+#       act at all (observe mode ignores Restart).
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Literal, TypeVar, get_args
+
+from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
+
+__all__ = [
+    "SEVERITY",
+    "Action",
+    "CaptureEvidence",
+    "EngineMemory",
+    "EngineState",
+    "EngineVerdict",
+    "FailureReason",
+    "Family",
+    "Observation",
+    "Policy",
+    "Restart",
+    "ScrapeFailed",
+    "Scraped",
+    "TargetState",
+    "TargetVerdict",
+    "Transition",
+    "dump_state",
+    "load_state",
+    "new_state",
+    "step",
+]
+
+
+class EngineState(StrEnum):
+    """What the detector believes about one engine (or, for the worst of them, a target)."""
+
+    STARTING = "starting"
+    OK = "ok"
+    IDLE = "idle"
+    SLEEPING = "sleeping"
+    SUSPECT = "suspect"
+    WEDGED = "wedged"
+    UNREACHABLE = "unreachable"
+
+
+class Family(StrEnum):
+    """The kind of stall behind a SUSPECT, WEDGED or UNREACHABLE engine."""
+
+    DEFERRED_STALL = "deferred_stall"
+    ADMISSION_STALL = "admission_stall"
+    PROGRESS_STALL = "progress_stall"
+    OUTPUT_STALL = "output_stall"
+    UNREACHABLE = "unreachable"
+
+
+# Worst first: the target state is the first of these that any engine is in (rule T2).
+SEVERITY: tuple[EngineState, ...] = (
+    EngineState.WEDGED,
+    EngineState.UNREACHABLE,
+    EngineState.SUSPECT,
+    EngineState.STARTING,
+    EngineState.OK,
+    EngineState.SLEEPING,
+    EngineState.IDLE,
+)
+
+_STALLED = frozenset({EngineState.SUSPECT, EngineState.WEDGED, EngineState.UNREACHABLE})
+_ACTED_ON = frozenset({EngineState.WEDGED, EngineState.UNREACHABLE})
+
+# Which policy threshold governs each family.
+_THRESHOLD: Mapping[Family, Callable[[Policy], float]] = {
+    Family.DEFERRED_STALL: lambda p: p.stall_after_seconds,
+    Family.ADMISSION_STALL: lambda p: p.stall_after_seconds,
+    Family.PROGRESS_STALL: lambda p: p.hang_after_seconds,
+    Family.OUTPUT_STALL: lambda p: p.output_stall_after_seconds,
+    Family.UNREACHABLE: lambda p: p.unreachable_after_seconds,
+}
+
+# Names of the counters of `EngineReading.progress`, in its order, for messages.
+_COUNTER_NAMES = (
+    "prompt tokens",
+    "generation tokens",
+    "finished requests",
+    "preemptions",
+    "iterations",
+)
+
+FailureReason = Literal[
+    "timeout", "refused", "connect_error", "http_status", "parse_error", "too_large"
+]
+_FAILURE_REASONS: frozenset[str] = frozenset(get_args(FailureReason))
+
+
+@dataclass(frozen=True, slots=True)
+class Scraped:
+    """A good scrape: the parsed exposition, observed at monotonic time `at`."""
+
+    at: float
+    exposition: Exposition
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeFailed:
+    """A scrape that produced no exposition, with a reason from a closed set."""
+
+    at: float
+    reason: FailureReason
+    detail: str
+
+    def __post_init__(self) -> None:
+        """Reject a reason outside the closed set (a bug in the caller, not in the server)."""
+        if self.reason not in _FAILURE_REASONS:
+            allowed = ", ".join(sorted(_FAILURE_REASONS))
+            raise ValueError(f"ScrapeFailed.reason must be one of {allowed}, got {self.reason!r}")
+
+
+Observation = Scraped | ScrapeFailed
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Thresholds of the detector, in seconds; `startup_timeout_seconds=None` waits forever."""
+
+    stall_after_seconds: float = 60.0
+    hang_after_seconds: float = 120.0
+    output_stall_after_seconds: float = 300.0
+    unreachable_after_seconds: float = 30.0
+    startup_timeout_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        """Reject thresholds that are negative, NaN or infinite."""
+        for name in (
+            "stall_after_seconds",
+            "hang_after_seconds",
+            "output_stall_after_seconds",
+            "unreachable_after_seconds",
+            "startup_timeout_seconds",
+        ):
+            value = getattr(self, name)
+            if value is None and name == "startup_timeout_seconds":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"Policy.{name} must be a number of seconds, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"Policy.{name} must be finite and >= 0, got {value!r}")
+
+    def threshold(self, family: Family) -> float:
+        """The number of seconds after which a stall of `family` is WEDGED (or UNREACHABLE)."""
+        return _THRESHOLD[family](self)
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureEvidence:
+    """Ask the shell to capture evidence about one engine (stacks, metrics, process state)."""
+
+    key: EngineKey
+    family: Family
+    phase: Literal["suspect", "wedged"]
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """Ask the shell to restart the server that runs this engine (subject to its budget)."""
+
+    key: EngineKey
+    family: Family
+
+
+Action = CaptureEvidence | Restart
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One engine changed state at `at`; `family` is the new state's stall family, if any."""
+
+    key: EngineKey
+    old: EngineState
+    new: EngineState
+    family: Family | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineVerdict:
+    """The judgement of one engine at one step.
+
+    `since_at` is when the engine entered `state`; `reading` is what this step's scrape said
+    about the engine (None when the scrape failed or the engine was missing); `missing` is
+    True while the engine is absent from good scrapes; `reason` is one human sentence.
+    """
+
+    key: EngineKey
+    state: EngineState
+    family: Family | None
+    since_at: float
+    stalled_seconds: float
+    last_progress_at: float | None
+    reading: EngineReading | None
+    missing: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TargetVerdict:
+    """The judgement of one target at one step: its worst state and each engine's verdict.
+
+    `engines` is sorted by key and empty while no engine is known (rule T1); `failure` is the
+    observation when the scrape failed. Actions are ordered: every capture before any restart.
+    """
+
+    at: float
+    state: EngineState
+    engines: tuple[EngineVerdict, ...]
+    transitions: tuple[Transition, ...]
+    actions: tuple[Action, ...]
+    failure: ScrapeFailed | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMemory:
+    """What the detector remembers about one engine between steps (O(1) per engine).
+
+    `reading` is the last good reading (the base of every delta); `output_pending` records
+    that other counters moved while output stayed flat since `last_output_at`; `acted` records
+    that this episode already asked for the wedged capture and the restart.
+    """
+
+    key: EngineKey
+    state: EngineState
+    family: Family | None
+    since_at: float
+    last_progress_at: float
+    last_output_at: float
+    output_pending: bool
+    reading: EngineReading
+    missing_since: float | None
+    acted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TargetState:
+    """Everything the detector remembers about one target; start from `TargetState.initial()`.
+
+    `engines` is sorted by key. `starting_since` is the first observation while no engine is
+    known; `failing_since` the first failure of the current run of failures; `last_at` the
+    latest observation; `process_start_time_seconds` the latest one the server reported.
+    """
+
+    engines: tuple[EngineMemory, ...] = ()
+    starting_since: float | None = None
+    failing_since: float | None = None
+    last_at: float | None = None
+    process_start_time_seconds: float | None = None
+
+    @classmethod
+    def initial(cls) -> TargetState:
+        """The state of a target nothing has been observed about yet."""
+        return cls()
+
+
+def new_state() -> TargetState:
+    """The state of a target nothing has been observed about yet."""
+    return TargetState.initial()
+
+
+# --------------------------------------------------------------------------------------------
+# step
+
+
+@dataclass(frozen=True, slots=True)
+class _Judgement:
+    """An engine's state at this step before actions and transitions are derived."""
+
+    state: EngineState
+    family: Family | None
+    stalled_seconds: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Stall:
+    family: Family
+    stalled_seconds: float
+    threshold: float
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """Accumulates one step's engines, verdicts, transitions and actions (local to `step`)."""
+
+    at: float
+    memories: list[EngineMemory] = field(default_factory=list)
+    verdicts: list[EngineVerdict] = field(default_factory=list)
+    transitions: list[Transition] = field(default_factory=list)
+    captures: list[Action] = field(default_factory=list)
+    restarts: list[Action] = field(default_factory=list)
+
+    def record(
+        self,
+        old: EngineMemory | None,
+        memory: EngineMemory,
+        judgement: _Judgement,
+        reading: EngineReading | None,
+    ) -> None:
+        """Settle one engine: episode bookkeeping, actions (A1-A2), transition and verdict."""
+        at = self.at
+        key = memory.key
+        old_state = old.state if old is not None else EngineState.STARTING
+        was_stalled = old_state in _STALLED
+        acted = old.acted if old is not None and was_stalled else False
+        family = judgement.family
+        if judgement.state in _STALLED and family is not None:
+            if judgement.state is EngineState.SUSPECT and not was_stalled:
+                self.captures.append(CaptureEvidence(key, family, "suspect"))
+            if judgement.state in _ACTED_ON and not acted:
+                self.captures.append(CaptureEvidence(key, family, "wedged"))
+                self.restarts.append(Restart(key, family))
+                acted = True
+        else:
+            acted = False
+        if old is not None and old_state is judgement.state:
+            since_at = old.since_at
+        else:
+            since_at = at
+            self.transitions.append(Transition(key, old_state, judgement.state, family, at))
+        memory = replace(
+            memory, state=judgement.state, family=family, since_at=since_at, acted=acted
+        )
+        self.memories.append(memory)
+        self.verdicts.append(
+            EngineVerdict(
+                key=key,
+                state=judgement.state,
+                family=family,
+                since_at=since_at,
+                stalled_seconds=judgement.stalled_seconds,
+                last_progress_at=memory.last_progress_at,
+                reading=reading,
+                missing=memory.missing_since is not None,
+                reason=judgement.reason,
+            )
+        )
+
+    def verdict(self, state: EngineState, failure: ScrapeFailed | None) -> TargetVerdict:
+        """The target verdict of this step."""
+        return TargetVerdict(
+            at=self.at,
+            state=state,
+            engines=tuple(self.verdicts),
+            transitions=tuple(self.transitions),
+            actions=(*self.captures, *self.restarts),
+            failure=failure,
+        )
+
+
+def step(
+    state: TargetState, observation: Observation, policy: Policy
+) -> tuple[TargetState, TargetVerdict]:
+    """Fold one observation into the state; return the new state and this step's verdict."""
+    if not math.isfinite(observation.at):
+        raise ValueError(f"observation.at must be finite monotonic seconds, got {observation.at!r}")
+    if state.last_at is not None and observation.at < state.last_at:
+        state = TargetState.initial()  # rule T4
+    if isinstance(observation, ScrapeFailed):
+        return _step_failed(state, observation, policy)
+    return _step_scraped(state, observation, policy)
+
+
+def _step_failed(
+    state: TargetState, failure: ScrapeFailed, policy: Policy
+) -> tuple[TargetState, TargetVerdict]:
+    at = failure.at
+    failing_since = state.failing_since if state.failing_since is not None else at
+    out = _Outcome(at)
+    what = f"no good scrape of /metrics (last failure: {failure.reason}: {failure.detail})"
+    for old in state.engines:
+        since = (
+            failing_since if old.missing_since is None else min(old.missing_since, failing_since)
+        )
+        judgement = _hold_wedged(old, _judge_unobserved(what, at, since, policy), at)
+        out.record(old, old, judgement, None)
+    new = replace(state, failing_since=failing_since, last_at=at)
+    return _finish(new, out, policy, failure)
+
+
+def _step_scraped(
+    state: TargetState, scraped: Scraped, policy: Policy
+) -> tuple[TargetState, TargetVerdict]:
+    at = scraped.at
+    exposition = scraped.exposition
+    known = {m.key: m for m in state.engines}
+    restart = _restart_cause(state, known, exposition)
+    out = _Outcome(at)
+    keys = set(exposition.engines) if restart is not None else set(known) | set(exposition.engines)
+    for key in sorted(keys):
+        old = known.get(key)
+        reading = exposition.engines.get(key)
+        if reading is None:
+            if old is None:  # unreachable: keys come from `known` or the exposition
+                continue
+            memory, judgement = _missing(old, at, state.failing_since, policy)
+        elif old is None:
+            memory, judgement = _baseline(key, reading, at, "first reading (baseline)")
+        elif restart is not None:
+            memory, judgement = _baseline(
+                key, reading, at, f"server restarted ({restart}); new baseline"
+            )
+        elif old.missing_since is not None:
+            memory, judgement = _baseline(
+                key, reading, at, "engine reappeared in /metrics; new baseline"
+            )
+        else:
+            memory, judgement = _judge_reading(old, reading, at, policy)
+        out.record(old, memory, judgement, reading)
+    process_start = exposition.process_start_time_seconds
+    new = replace(
+        state,
+        failing_since=None,
+        last_at=at,
+        process_start_time_seconds=(
+            process_start if process_start is not None else state.process_start_time_seconds
+        ),
+    )
+    return _finish(new, out, policy, None)
+
+
+def _finish(
+    state: TargetState, out: _Outcome, policy: Policy, failure: ScrapeFailed | None
+) -> tuple[TargetState, TargetVerdict]:
+    """Apply rules T1 and T2: the target state, and the starting clock while no engine is known."""
+    if out.memories:
+        worst = min(out.memories, key=lambda m: SEVERITY.index(m.state)).state
+        new = replace(state, engines=tuple(out.memories), starting_since=None)
+        return new, out.verdict(worst, failure)
+    at = out.at
+    starting_since = state.starting_since if state.starting_since is not None else at
+    timeout = policy.startup_timeout_seconds
+    target = EngineState.STARTING
+    if timeout is not None and at - starting_since >= timeout:
+        target = EngineState.UNREACHABLE
+    new = replace(state, engines=(), starting_since=starting_since)
+    return new, out.verdict(target, failure)
+
+
+def _restart_cause(
+    state: TargetState, known: Mapping[EngineKey, EngineMemory], exposition: Exposition
+) -> str | None:
+    """Rule T3: why this exposition comes from a restarted server, or None."""
+    for key in sorted(exposition.engines):
+        old = known.get(key)
+        if old is None or old.missing_since is not None:
+            continue
+        new_counters = exposition.engines[key].progress
+        for name, before, now in zip(
+            _COUNTER_NAMES, old.reading.progress, new_counters, strict=True
+        ):
+            if now < before:
+                return (
+                    f"{name} of engine {key.engine} of model {key.model_name} went backwards "
+                    f"from {_num(before)} to {_num(now)}"
+                )
+    before_start = state.process_start_time_seconds
+    now_start = exposition.process_start_time_seconds
+    if before_start is not None and now_start is not None and now_start != before_start:
+        return f"process start time changed from {_num(before_start)} to {_num(now_start)}"
+    return None
+
+
+def _gauge_state(reading: EngineReading) -> EngineState | None:
+    """Rules R2 and R3: SLEEPING or IDLE from the gauges alone, else None (work present)."""
+    if reading.awake is False:
+        return EngineState.SLEEPING
+    if reading.running == 0 and reading.waiting == 0:
+        return EngineState.IDLE
+    return None
+
+
+def _baseline(
+    key: EngineKey, reading: EngineReading, at: float, why: str
+) -> tuple[EngineMemory, _Judgement]:
+    """Rule R1: a reading with nothing to compare against sets the baseline; never a stall."""
+    memory = EngineMemory(
+        key=key,
+        state=EngineState.OK,
+        family=None,
+        since_at=at,
+        last_progress_at=at,
+        last_output_at=at,
+        output_pending=False,
+        reading=reading,
+        missing_since=None,
+        acted=False,
+    )
+    state = _gauge_state(reading) or EngineState.OK
+    return memory, _Judgement(state, None, 0.0, f"{why}: {_describe_calm(state, reading)}")
+
+
+def _judge_reading(
+    old: EngineMemory, reading: EngineReading, at: float, policy: Policy
+) -> tuple[EngineMemory, _Judgement]:
+    """Rules R2-R4: judge a good reading against the engine's previous one."""
+    calm = _gauge_state(reading)
+    if calm is not None:
+        memory = replace(
+            old, reading=reading, last_progress_at=at, last_output_at=at, output_pending=False
+        )
+        return memory, _Judgement(calm, None, 0.0, _describe_calm(calm, reading))
+
+    before = old.reading
+    moved = not all(_same(a, b) for a, b in zip(before.progress, reading.progress, strict=True))
+    output_moved = not (
+        _same(before.generation_tokens, reading.generation_tokens)
+        and _same(before.request_success, reading.request_success)
+    )
+    last_progress_at = at if moved else old.last_progress_at
+    last_output_at = at if output_moved else old.last_output_at
+    output_pending = not output_moved and (old.output_pending or moved)
+    memory = replace(
+        old,
+        reading=reading,
+        last_progress_at=last_progress_at,
+        last_output_at=last_output_at,
+        output_pending=output_pending,
+    )
+
+    flat: _Stall | None = None
+    if not moved:
+        if reading.running > 0:
+            family = Family.PROGRESS_STALL
+        elif reading.deferred > 0:
+            family = Family.DEFERRED_STALL
+        else:
+            family = Family.ADMISSION_STALL
+        flat = _Stall(family, at - last_progress_at, policy.threshold(family))
+    output: _Stall | None = None
+    if output_pending:
+        output = _Stall(Family.OUTPUT_STALL, at - last_output_at, policy.output_stall_after_seconds)
+
+    work = _describe_work(reading)
+    candidates = [s for s in (flat, output) if s is not None]  # flat first
+    if not candidates:
+        return memory, _Judgement(EngineState.OK, None, 0.0, f"{work}, progressing")
+    over = [s for s in candidates if s.stalled_seconds >= s.threshold]
+    if over:
+        chosen, state = over[0], EngineState.WEDGED
+    elif output is not None and (flat is None or old.family is Family.OUTPUT_STALL):
+        chosen, state = output, EngineState.SUSPECT
+    else:
+        chosen, state = candidates[0], EngineState.SUSPECT
+    if chosen.family is Family.OUTPUT_STALL:
+        what = "counters move but no output (generation tokens, finished requests)"
+    else:
+        what = "no progress"
+    reason = (
+        f"{work}, {what} for {_num(chosen.stalled_seconds)}s (threshold {_num(chosen.threshold)}s)"
+    )
+    return memory, _Judgement(state, chosen.family, chosen.stalled_seconds, reason)
+
+
+def _missing(
+    old: EngineMemory, at: float, failing_since: float | None, policy: Policy
+) -> tuple[EngineMemory, _Judgement]:
+    """Rule U2: an engine absent from a good exposition."""
+    since = old.missing_since
+    if since is None:
+        since = failing_since if failing_since is not None else at
+    key = old.key
+    what = f"engine {key.engine} of model {key.model_name} disappeared from /metrics, unseen"
+    judgement = _hold_wedged(old, _judge_unobserved(what, at, since, policy), at)
+    return replace(old, missing_since=since), judgement
+
+
+def _hold_wedged(old: EngineMemory, judgement: _Judgement, at: float) -> _Judgement:
+    """Rule U1: a WEDGED engine that goes unobserved stays WEDGED until it is UNREACHABLE."""
+    if old.state is not EngineState.WEDGED or judgement.state is not EngineState.SUSPECT:
+        return judgement
+    quiet_since = old.last_output_at if old.family is Family.OUTPUT_STALL else old.last_progress_at
+    stalled = at - quiet_since
+    reason = f"still wedged ({old.family}); {judgement.reason}"
+    return _Judgement(EngineState.WEDGED, old.family, stalled, reason)
+
+
+def _judge_unobserved(what: str, at: float, since: float, policy: Policy) -> _Judgement:
+    """Rules U1 and U2: SUSPECT, then UNREACHABLE once unobserved for the threshold."""
+    elapsed = at - since
+    threshold = policy.unreachable_after_seconds
+    state = EngineState.UNREACHABLE if elapsed >= threshold else EngineState.SUSPECT
+    reason = f"{what} for {_num(elapsed)}s (threshold {_num(threshold)}s)"
+    return _Judgement(state, Family.UNREACHABLE, elapsed, reason)
+
+
+def _same(a: float, b: float) -> bool:
+    """Counter equality that treats NaN as equal to NaN (a NaN that stays NaN did not move)."""
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _num(value: float) -> str:
+    """A number for a human: integers without a decimal point, others to one decimal."""
+    if math.isfinite(value) and value == int(value):
+        return str(int(value))
+    return f"{value:.1f}"
+
+
+def _describe_work(reading: EngineReading) -> str:
+    text = f"running {_num(reading.running)}, waiting {_num(reading.waiting)}"
+    if reading.waiting_by_reason:
+        text += f" (deferred {_num(reading.deferred)}, capacity {_num(reading.capacity)})"
+    return text
+
+
+def _describe_calm(state: EngineState, reading: EngineReading) -> str:
+    if state is EngineState.SLEEPING:
+        return f"asleep, stall detection paused ({_describe_work(reading)})"
+    if state is EngineState.IDLE:
+        return "idle, nothing running or waiting"
+    return _describe_work(reading)
+
+
+# --------------------------------------------------------------------------------------------
+# dump_state / load_state
+
+_FORMAT_VERSION = 1
+_READING_FLOATS = (
+    "running",
+    "waiting",
+    "prompt_tokens",
+    "generation_tokens",
+    "request_success",
+    "preemptions",
+    "iterations",
+)
+
+
+def dump_state(state: TargetState) -> dict[str, Any]:
+    """The state as a JSON-safe dict (dicts, lists, str, float, bool, None); see `load_state`."""
+    return {
+        "version": _FORMAT_VERSION,
+        "starting_since": state.starting_since,
+        "failing_since": state.failing_since,
+        "last_at": state.last_at,
+        "process_start_time_seconds": state.process_start_time_seconds,
+        "engines": [_dump_memory(m) for m in state.engines],
+    }
+
+
+def _dump_memory(memory: EngineMemory) -> dict[str, Any]:
+    reading = memory.reading
+    dumped_reading: dict[str, Any] = {
+        name: float(getattr(reading, name)) for name in _READING_FLOATS
+    }
+    dumped_reading["waiting_by_reason"] = {
+        str(k): float(v) for k, v in sorted(reading.waiting_by_reason.items())
+    }
+    dumped_reading["kv_cache_usage"] = (
+        None if reading.kv_cache_usage is None else float(reading.kv_cache_usage)
+    )
+    dumped_reading["awake"] = reading.awake
+    return {
+        "model_name": memory.key.model_name,
+        "engine": memory.key.engine,
+        "state": memory.state.value,
+        "family": None if memory.family is None else memory.family.value,
+        "since_at": memory.since_at,
+        "last_progress_at": memory.last_progress_at,
+        "last_output_at": memory.last_output_at,
+        "output_pending": memory.output_pending,
+        "missing_since": memory.missing_since,
+        "acted": memory.acted,
+        "reading": dumped_reading,
+    }
+
+
+def load_state(data: Mapping[str, Any]) -> TargetState:
+    """Rebuild a `TargetState` from `dump_state` output; ValueError names what is malformed."""
+    fields = _Fields(data, "state")
+    version = fields.get("version")
+    if version != _FORMAT_VERSION or isinstance(version, bool):
+        raise ValueError(f"state.version: expected {_FORMAT_VERSION}, got {version!r}")
+    starting_since = fields.optional_number("starting_since")
+    failing_since = fields.optional_number("failing_since")
+    last_at = fields.optional_number("last_at")
+    process_start = fields.optional_number("process_start_time_seconds")
+    raw_engines = fields.get("engines")
+    fields.done()
+    if not isinstance(raw_engines, list):
+        raise ValueError(f"state.engines: expected a list, got {type(raw_engines).__name__}")
+    engines = tuple(_load_memory(raw, f"state.engines[{i}]") for i, raw in enumerate(raw_engines))
+    keys = [m.key for m in engines]
+    for i in range(1, len(keys)):
+        if keys[i] <= keys[i - 1]:
+            raise ValueError(
+                f"state.engines[{i}]: engines must be sorted by (model_name, engine) without "
+                f"duplicates; {keys[i]} follows {keys[i - 1]}"
+            )
+    return TargetState(
+        engines=engines,
+        starting_since=starting_since,
+        failing_since=failing_since,
+        last_at=last_at,
+        process_start_time_seconds=process_start,
+    )
+
+
+def _load_memory(raw: object, path: str) -> EngineMemory:
+    fields = _Fields(raw, path)
+    key = EngineKey(model_name=fields.text("model_name"), engine=fields.text("engine"))
+    state = fields.enum("state", EngineState)
+    family_raw = fields.get("family")
+    family = None if family_raw is None else _enum(Family, family_raw, f"{path}.family")
+    if state is EngineState.STARTING:
+        raise ValueError(f"{path}.state: an engine is never 'starting' (only a target is)")
+    if (state in _STALLED) != (family is not None):
+        raise ValueError(
+            f"{path}.family: {family_raw!r} does not fit state {state.value!r} "
+            "(suspect, wedged and unreachable need a family; other states have none)"
+        )
+    memory = EngineMemory(
+        key=key,
+        state=state,
+        family=family,
+        since_at=fields.number("since_at"),
+        last_progress_at=fields.number("last_progress_at"),
+        last_output_at=fields.number("last_output_at"),
+        output_pending=fields.flag("output_pending"),
+        missing_since=fields.optional_number("missing_since"),
+        acted=fields.flag("acted"),
+        reading=_load_reading(fields.get("reading"), key, f"{path}.reading"),
+    )
+    fields.done()
+    return memory
+
+
+def _load_reading(raw: object, key: EngineKey, path: str) -> EngineReading:
+    fields = _Fields(raw, path)
+    values = {name: fields.number(name) for name in _READING_FLOATS}
+    by_reason_raw = fields.get("waiting_by_reason")
+    if not isinstance(by_reason_raw, dict):
+        raise ValueError(
+            f"{path}.waiting_by_reason: expected an object, got {type(by_reason_raw).__name__}"
+        )
+    by_reason: dict[str, float] = {}
+    for reason, value in by_reason_raw.items():
+        if not isinstance(reason, str):
+            raise ValueError(f"{path}.waiting_by_reason: keys must be strings, got {reason!r}")
+        by_reason[reason] = _float(value, f"{path}.waiting_by_reason.{reason}")
+    kv_cache_usage = fields.optional_number("kv_cache_usage")
+    awake = fields.get("awake")
+    if awake is not None and not isinstance(awake, bool):
+        raise ValueError(f"{path}.awake: expected true, false or null, got {awake!r}")
+    fields.done()
+    return EngineReading(
+        key=key,
+        running=values["running"],
+        waiting=values["waiting"],
+        waiting_by_reason=by_reason,
+        kv_cache_usage=kv_cache_usage,
+        awake=awake,
+        prompt_tokens=values["prompt_tokens"],
+        generation_tokens=values["generation_tokens"],
+        request_success=values["request_success"],
+        preemptions=values["preemptions"],
+        iterations=values["iterations"],
+    )
+
+
+_E = TypeVar("_E", EngineState, Family)
+
+
+class _Fields:
+    """Reads the keys of one JSON object, naming the path of whatever is wrong."""
+
+    def __init__(self, raw: object, path: str) -> None:
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{path}: expected an object, got {type(raw).__name__}")
+        self._raw: Mapping[object, object] = raw
+        self._path = path
+        self._seen: set[str] = set()
+
+    def get(self, name: str) -> Any:
+        if name not in self._raw:
+            raise ValueError(f"{self._path}: missing key {name!r}")
+        self._seen.add(name)
+        return self._raw[name]
+
+    def number(self, name: str) -> float:
+        return _float(self.get(name), f"{self._path}.{name}")
+
+    def optional_number(self, name: str) -> float | None:
+        value = self.get(name)
+        return None if value is None else _float(value, f"{self._path}.{name}")
+
+    def flag(self, name: str) -> bool:
+        value = self.get(name)
+        if not isinstance(value, bool):
+            raise ValueError(f"{self._path}.{name}: expected true or false, got {value!r}")
+        return value
+
+    def text(self, name: str) -> str:
+        value = self.get(name)
+        if not isinstance(value, str):
+            raise ValueError(f"{self._path}.{name}: expected a string, got {value!r}")
+        return value
+
+    def enum(self, name: str, enum: type[_E]) -> _E:
+        return _enum(enum, self.get(name), f"{self._path}.{name}")
+
+    def done(self) -> None:
+        unknown = sorted(str(k) for k in self._raw if k not in self._seen)
+        if unknown:
+            raise ValueError(f"{self._path}: unknown key(s) {', '.join(map(repr, unknown))}")
+
+
+def _float(value: object, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{path}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _enum(enum: type[_E], value: object, path: str) -> _E:
+    allowed = ", ".join(member.value for member in enum)
+    if not isinstance(value, str):
+        raise ValueError(f"{path}: expected one of {allowed}, got {value!r}")
+    try:
+        return enum(value)
+    except ValueError:
+        raise ValueError(f"{path}: expected one of {allowed}, got {value!r}") from None

@@ -1,0 +1,549 @@
+"""Read py-spy stacks of a server's processes and name the likely class of wedge. Pure.
+
+Rules (checked in this order; "every round" means every capture round that has stacks
+for that process: one round for a one-shot capture, two when a suspect bundle is
+completed at the wedge):
+
+1. `engine_dead`: processes were found but no live EngineCore among them.
+2. `collective_hang`: the EngineCore's loop thread waits on the executor in every round
+   (`execute_model` / `collective_rpc` / `future.result()` from `concurrent.futures`), and
+   either the engine itself is inside a collective or device sync (TP=1 runs the model in
+   the engine), or in every round some worker is inside a collective (`all_reduce`,
+   `barrier`, `broadcast` in torch.distributed, `nccl*` native frames) or stuck in model
+   execution, or there are no worker processes at all.
+3. `api_hang`: the API server's event-loop thread is held outside the loop's idle wait
+   (selector / uvloop `run`) in every round, and the engine is not blocked on the executor.
+4. `no_stacks`: there are no EngineCore stacks (ptrace denied, py-spy missing, timeouts).
+5. `scheduler_wedge`: the engine loop is seen stepping (`run_busy_loop`,
+   `_process_engine_step`, `step`, `schedule`, ...) in at least one round, never idle
+   on its input queue, and no worker is inside a collective in a round where it steps.
+6. `unknown`: anything else, with the reason (for example the engine caught waiting on
+   the executor while the workers idle in `acquire_read`, which a scheduler wedge
+   produces for a moment every step: one more round of stacks usually settles it).
+
+Frame names are matched on their last dotted component (py-spy prints `EngineCore.step`)
+so the rules hold for real vLLM stacks and for the test stand-in alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from wedgewatch.io.procs import Role
+
+_DEAD_STATUSES = frozenset({"zombie", "dead"})
+
+
+class TriageKind(StrEnum):
+    """The likely class of a wedge, read from the stacks."""
+
+    SCHEDULER_WEDGE = "scheduler_wedge"
+    COLLECTIVE_HANG = "collective_hang"
+    ENGINE_DEAD = "engine_dead"
+    API_HANG = "api_hang"
+    NO_STACKS = "no_stacks"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One stack frame as py-spy reports it."""
+
+    name: str
+    filename: str
+    line: int
+    native: bool = False
+
+    @property
+    def bare(self) -> str:
+        """The function name without its class qualifier (`EngineCore.step` -> `step`)."""
+        return self.name.rsplit(".", 1)[-1]
+
+    def has_path(self, *parts: str) -> bool:
+        """Whether the filename contains any of the given fragments."""
+        return any(part in self.filename for part in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Thread:
+    """One thread of a py-spy dump; frames innermost first."""
+
+    thread_id: int
+    os_thread_id: int | None
+    name: str | None
+    active: bool
+    frames: tuple[Frame, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStacks:
+    """One process in one capture round: its identity and its threads, or why there are none."""
+
+    pid: int
+    ppid: int
+    role: Role
+    title: str
+    threads: tuple[Thread, ...] | None
+    failure: str | None = None
+    status: str = "running"
+
+
+@dataclass(frozen=True, slots=True)
+class StackRound:
+    """All processes of the server at one capture (`suspect`, `wedged`, `manual`)."""
+
+    label: str
+    processes: tuple[ProcessStacks, ...]
+    discovery_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Triage:
+    """The verdict of triage: a kind, one line for humans, and the evidence behind it."""
+
+    kind: TriageKind
+    summary: str
+    details: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-safe form."""
+        return {"kind": str(self.kind), "summary": self.summary, "details": list(self.details)}
+
+
+# --------------------------------------------------------------------------- py-spy JSON
+
+
+def parse_pyspy_json(data: object) -> tuple[Thread, ...] | str:
+    """Threads from `py-spy dump --json` output (already JSON-decoded), or what is wrong with it."""
+    if not isinstance(data, list):
+        return f"expected a list of threads, got {type(data).__name__}"
+    threads: list[Thread] = []
+    for index, item in enumerate(data):
+        if not isinstance(item, Mapping):
+            return f"thread {index} is not an object"
+        raw_frames = item.get("frames")
+        if not isinstance(raw_frames, list):
+            return f"thread {index} has no frames list"
+        frames: list[Frame] = []
+        for raw in raw_frames:
+            if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+                return f"thread {index} has a frame without a name"
+            filename = raw.get("filename")
+            line = raw.get("line")
+            module = raw.get("module")
+            frames.append(
+                Frame(
+                    name=raw["name"],
+                    filename=filename if isinstance(filename, str) else "",
+                    line=line if isinstance(line, int) else 0,
+                    native=isinstance(module, str) and bool(module),
+                )
+            )
+        thread_id = item.get("thread_id")
+        os_thread_id = item.get("os_thread_id")
+        name = item.get("thread_name")
+        threads.append(
+            Thread(
+                thread_id=thread_id if isinstance(thread_id, int) else index,
+                os_thread_id=os_thread_id if isinstance(os_thread_id, int) else None,
+                name=name if isinstance(name, str) else None,
+                active=item.get("active") is True,
+                frames=tuple(frames),
+            )
+        )
+    return tuple(threads)
+
+
+# --------------------------------------------------------------------------- frame vocab
+
+_ENGINE_ANCHORS = frozenset({"run_engine_core", "run_busy_loop", "_process_engine_step"})
+_ENGINE_LOOP = _ENGINE_ANCHORS | frozenset(
+    {
+        "_process_input_queue",
+        "step",
+        "step_with_batch_queue",
+        "schedule",
+        "update_from_output",
+        "post_step",
+        "_process_aborts_queue",
+    }
+)
+_EXECUTOR_CALLS = frozenset({"execute_model", "collective_rpc", "sample_tokens"})
+_WORKER_ANCHORS = frozenset({"worker_busy_loop", "worker_main"})
+_WORKER_IDLE = frozenset({"acquire_read", "dequeue"})
+_MODEL_EXECUTION = frozenset({"execute_model", "forward", "_model_forward", "sample_tokens"})
+# Names that mean a collective wherever they appear.
+_COLLECTIVE_SPECIFIC = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "all_reduce_coalesced",
+        "tensor_model_parallel_all_reduce",
+        "tensor_model_parallel_all_gather",
+        "custom_all_reduce",
+        "monitored_barrier",
+    }
+)
+# Names that mean a collective only inside distributed code (sockets also `send`/`recv`).
+_COLLECTIVE_GENERIC = frozenset(
+    {"barrier", "broadcast", "gather", "scatter", "reduce", "send", "recv", "isend", "irecv"}
+)
+_DISTRIBUTED_PATHS = ("distributed", "nccl", "communicator", "c10d", "parallel_state")
+_NATIVE_COLLECTIVE_PREFIXES = ("nccl", "c10d::", "ProcessGroupNCCL", "rccl")
+_NATIVE_DEVICE_SYNC = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cuStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cuCtxSynchronize",
+        "cudaEventSynchronize",
+        "cuEventSynchronize",
+    }
+)
+_LOOP_IDLE = frozenset({"select", "poll", "_poll", "run_forever", "run", "run_until_complete"})
+_LOOP_PATHS = ("selectors", "asyncio", "uvloop")
+
+
+def _is_collective(frame: Frame) -> bool:
+    bare = frame.bare
+    if frame.native:
+        return bare.startswith(_NATIVE_COLLECTIVE_PREFIXES) or bare in _NATIVE_DEVICE_SYNC
+    if bare in _COLLECTIVE_SPECIFIC:
+        return True
+    if bare in _COLLECTIVE_GENERIC and frame.has_path(*_DISTRIBUTED_PATHS):
+        return not frame.has_path("shm_broadcast")
+    return bare == "synchronize" and frame.has_path("cuda", "torch")
+
+
+def _names(thread: Thread) -> frozenset[str]:
+    return frozenset(f.bare for f in thread.frames)
+
+
+def _python_frames(thread: Thread) -> tuple[Frame, ...]:
+    return tuple(f for f in thread.frames if not f.native)
+
+
+def digest(thread: Thread, depth: int = 4) -> str:
+    """The innermost Python frames, innermost first: `Future.result < EngineCore.step < ...`."""
+    frames = _python_frames(thread) or thread.frames
+    return " < ".join(f.name for f in frames[:depth]) or "(empty stack)"
+
+
+def _main_thread(stacks: ProcessStacks, anchors: frozenset[str]) -> Thread | None:
+    threads = stacks.threads or ()
+    for thread in threads:
+        if anchors & _names(thread):
+            return thread
+    for thread in threads:
+        if thread.os_thread_id == stacks.pid:
+            return thread
+    for thread in threads:
+        if thread.name == "MainThread":
+            return thread
+    return threads[0] if threads else None
+
+
+# --------------------------------------------------------------------------- postures
+
+
+class EnginePosture(StrEnum):
+    """What the EngineCore's loop thread is doing in one dump."""
+
+    SPINNING = "spinning"
+    EXECUTOR_WAIT = "executor_wait"
+    DEVICE_WAIT = "device_wait"
+    INPUT_WAIT = "input_wait"
+    UNKNOWN = "unknown"
+
+
+class WorkerPosture(StrEnum):
+    """What a worker's main thread is doing in one dump."""
+
+    IDLE = "idle"
+    COLLECTIVE = "collective"
+    IN_MODEL = "in_model"
+    UNKNOWN = "unknown"
+
+
+class ApiPosture(StrEnum):
+    """What the API server's event-loop thread is doing in one dump."""
+
+    LOOP_IDLE = "loop_idle"
+    BLOCKED = "blocked"
+    UNKNOWN = "unknown"
+
+
+def engine_posture(thread: Thread) -> EnginePosture:
+    """Classify the EngineCore loop thread."""
+    names = _names(thread)
+    if any(_is_collective(f) for f in thread.frames):
+        return EnginePosture.DEVICE_WAIT
+    waits_on_future = any(
+        f.bare in ("result", "wait") and f.has_path("concurrent/futures", "concurrent\\futures")
+        for f in thread.frames
+    )
+    if names & _EXECUTOR_CALLS or waits_on_future:
+        return EnginePosture.EXECUTOR_WAIT
+    if "_process_input_queue" in names and any(
+        f.bare == "get" and f.has_path("queue") for f in thread.frames
+    ):
+        return EnginePosture.INPUT_WAIT
+    if names & _ENGINE_LOOP:
+        return EnginePosture.SPINNING
+    return EnginePosture.UNKNOWN
+
+
+def worker_posture(threads: Sequence[Thread], main: Thread) -> WorkerPosture:
+    """Classify a worker: a collective in any thread, else what its main thread waits in."""
+    if any(_is_collective(f) for t in threads for f in t.frames):
+        return WorkerPosture.COLLECTIVE
+    names = _names(main)
+    if names & _WORKER_IDLE:
+        return WorkerPosture.IDLE
+    if names & _MODEL_EXECUTION:
+        return WorkerPosture.IN_MODEL
+    return WorkerPosture.UNKNOWN
+
+
+def api_posture(thread: Thread) -> ApiPosture:
+    """Classify the API server's main (event-loop) thread."""
+    python = _python_frames(thread)
+    if not any(f.has_path(*_LOOP_PATHS) for f in python):
+        return ApiPosture.UNKNOWN  # not an event-loop thread: no claim
+    leaf = python[0]
+    if leaf.bare in _LOOP_IDLE and leaf.has_path(*_LOOP_PATHS):
+        return ApiPosture.LOOP_IDLE
+    return ApiPosture.BLOCKED
+
+
+# --------------------------------------------------------------------------- triage
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    label: str
+    process: ProcessStacks
+    posture: str | None
+    where: str
+
+
+def _live(process: ProcessStacks) -> bool:
+    return process.status not in _DEAD_STATUSES
+
+
+def _pick_engines(processes: Sequence[ProcessStacks], engine: str | None) -> list[ProcessStacks]:
+    engines = [p for p in processes if p.role is Role.ENGINE_CORE and _live(p)]
+    if engine is not None and len(engines) > 1:
+        suffix = f"_DP{engine}"
+        matching = [p for p in engines if p.title.split()[0].endswith(suffix)]
+        if matching:
+            return matching[:1]
+    return engines[:1]
+
+
+def _workers_of(processes: Sequence[ProcessStacks], engine_pid: int) -> list[ProcessStacks]:
+    by_parent: dict[int, list[ProcessStacks]] = {}
+    for p in processes:
+        by_parent.setdefault(p.ppid, []).append(p)
+    found: list[ProcessStacks] = []
+    frontier = [engine_pid]
+    seen = {engine_pid}
+    while frontier:
+        pid = frontier.pop()
+        for child in by_parent.get(pid, ()):
+            if child.pid in seen:
+                continue
+            seen.add(child.pid)
+            frontier.append(child.pid)
+            if child.role is Role.WORKER and _live(child):
+                found.append(child)
+    return sorted(found, key=lambda p: p.pid)
+
+
+def _observe(label: str, process: ProcessStacks) -> _Seen:
+    if process.threads is None:
+        return _Seen(label, process, None, f"no stacks ({process.failure or 'not captured'})")
+    if process.role is Role.ENGINE_CORE:
+        thread = _main_thread(process, _ENGINE_ANCHORS)
+        if thread is None:
+            return _Seen(label, process, None, "no threads in the dump")
+        return _Seen(label, process, engine_posture(thread), digest(thread))
+    if process.role is Role.WORKER:
+        thread = _main_thread(process, _WORKER_ANCHORS)
+        if thread is None:
+            return _Seen(label, process, None, "no threads in the dump")
+        return _Seen(label, process, worker_posture(process.threads, thread), digest(thread))
+    thread = _main_thread(process, frozenset())
+    if thread is None:
+        return _Seen(label, process, None, "no threads in the dump")
+    return _Seen(label, process, api_posture(thread), digest(thread))
+
+
+def _line(seen: _Seen) -> str:
+    p = seen.process
+    posture = seen.posture or "no_stacks"
+    return f"{seen.label}: {p.role} pid {p.pid} ({p.title[:60]}): {posture}: {seen.where}"
+
+
+def _all(postures: Iterable[str | None], allowed: Iterable[str]) -> bool:
+    values = [p for p in postures if p is not None]
+    allowed_set = set(allowed)
+    return bool(values) and all(p in allowed_set for p in values)
+
+
+def triage(rounds: Sequence[StackRound], engine: str | None = None) -> Triage:
+    """Name the likely class of wedge from one or more rounds of stacks (oldest first).
+
+    `engine` is the engine label (`"0"`) used to pick `VLLM::EngineCore_DP<n>` when a
+    data-parallel server has several engines.
+    """
+    if not rounds:
+        return Triage(TriageKind.NO_STACKS, "unknown, stacks unavailable: nothing was captured")
+    latest = rounds[-1]
+    if not latest.processes:
+        reason = latest.discovery_error or "no server process found"
+        return Triage(TriageKind.NO_STACKS, f"unknown, stacks unavailable: {reason}", (reason,))
+
+    engine_seen: list[_Seen] = []
+    worker_rounds: list[list[_Seen]] = []
+    api_seen: list[_Seen] = []
+    for rnd in rounds:
+        engines = _pick_engines(rnd.processes, engine)
+        if engines:
+            engine_seen.append(_observe(rnd.label, engines[0]))
+            worker_rounds.append(
+                [_observe(rnd.label, w) for w in _workers_of(rnd.processes, engines[0].pid)]
+            )
+        api_seen.extend(
+            _observe(rnd.label, p)
+            for p in rnd.processes
+            if p.role is Role.API_SERVER and p.pid == rnd.processes[0].pid
+        )
+    details = tuple(
+        _line(s)
+        for s in sorted(
+            [*engine_seen, *(w for ws in worker_rounds for w in ws), *api_seen],
+            key=lambda s: (s.label != rounds[0].label, str(s.process.role), s.process.pid),
+        )
+    )
+
+    if not _pick_engines(latest.processes, engine):
+        roles = ", ".join(f"{p.role} {p.pid} ({p.status})" for p in latest.processes)
+        return Triage(
+            TriageKind.ENGINE_DEAD,
+            "no live EngineCore process under the API server: the engine died "
+            "(the API server is still up)",
+            (f"{latest.label}: processes: {roles}", *details),
+        )
+
+    engine_postures = [s.posture for s in engine_seen]
+    worker_postures = [[w.posture for w in ws] for ws in worker_rounds]
+    api_postures = [s.posture for s in api_seen]
+    any_worker_collective = any(p == WorkerPosture.COLLECTIVE for ws in worker_postures for p in ws)
+    have_workers = any(ws for ws in worker_rounds)
+
+    blocked = (EnginePosture.EXECUTOR_WAIT, EnginePosture.DEVICE_WAIT)
+    if _all(engine_postures, blocked):
+        if EnginePosture.DEVICE_WAIT in engine_postures:
+            return Triage(
+                TriageKind.COLLECTIVE_HANG,
+                "engine blocked inside the model (a collective or device sync in the "
+                "EngineCore itself): device or collective hang",
+                details,
+            )
+        stuck_rounds = [ws for ws in worker_postures if any(p is not None for p in ws)]
+        if stuck_rounds and all(
+            any(p in (WorkerPosture.COLLECTIVE, WorkerPosture.IN_MODEL) for p in ws)
+            for ws in stuck_rounds
+        ):
+            where = (
+                "workers inside a collective (all_reduce / nccl / barrier)"
+                if any_worker_collective
+                else "workers stuck inside model execution"
+            )
+            return Triage(
+                TriageKind.COLLECTIVE_HANG,
+                "engine blocked on the executor (execute_model / future.result / wait), "
+                f"{where}: device or collective hang",
+                details,
+            )
+        if not have_workers:
+            return Triage(
+                TriageKind.COLLECTIVE_HANG,
+                "engine blocked on the executor in every sample and there are no worker "
+                "processes: device or collective hang",
+                details,
+            )
+
+    engine_blocked = _all(engine_postures, blocked)
+    if _all(api_postures, (ApiPosture.BLOCKED,)) and not engine_blocked:
+        return Triage(
+            TriageKind.API_HANG,
+            "API server's event loop is blocked outside its idle wait while the engine is "
+            "not blocked: API server hang",
+            details,
+        )
+
+    if all(p is None for p in engine_postures):
+        reasons = sorted({s.where for s in engine_seen})
+        return Triage(
+            TriageKind.NO_STACKS,
+            "unknown, stacks unavailable",
+            (*(f"engine_core: {r}" for r in reasons), *details),
+        )
+
+    if engine_blocked:
+        workers = (
+            "the workers are idle in acquire_read"
+            if _all((p for ws in worker_postures for p in ws), (WorkerPosture.IDLE,))
+            else "no worker shows a collective"
+        )
+        return Triage(
+            TriageKind.UNKNOWN,
+            f"engine waiting on the executor while {workers}: ambiguous (a scheduler "
+            "wedge caught mid-step, or a lost worker message); compare with the next round "
+            "of stacks",
+            details,
+        )
+
+    seen_spinning = EnginePosture.SPINNING in engine_postures
+    seen_input_wait = EnginePosture.INPUT_WAIT in engine_postures
+    if seen_spinning and not seen_input_wait:
+        # A collective that shows while the engine is blocked but is gone once the loop
+        # spins again completed; only one seen alongside a spinning loop is contradictory.
+        spinning_with_collective = any(
+            e == EnginePosture.SPINNING and WorkerPosture.COLLECTIVE in ws
+            for e, ws in zip(engine_postures, worker_postures, strict=True)
+        )
+        if spinning_with_collective:
+            return Triage(
+                TriageKind.UNKNOWN,
+                "engine loop stepping while a worker is inside a collective: mixed picture",
+                details,
+            )
+        workers_idle = _all((p for ws in worker_postures for p in ws), (WorkerPosture.IDLE,))
+        if workers_idle:
+            where = "workers idle in acquire_read"
+        elif have_workers:
+            where = "worker stacks inconclusive"
+        else:
+            where = "no worker processes"
+        return Triage(
+            TriageKind.SCHEDULER_WEDGE,
+            f"engine loop spinning with nothing scheduled, {where}: scheduler-side wedge",
+            details,
+        )
+    if seen_input_wait:
+        return Triage(
+            TriageKind.UNKNOWN,
+            "engine idle on its input queue (it holds no requests) and the API server is "
+            "not blocked: no stuck stack found",
+            details,
+        )
+    return Triage(TriageKind.UNKNOWN, "no known pattern in the EngineCore's stacks", details)

@@ -1,0 +1,427 @@
+"""Run `py-spy dump` on a server's processes: hard timeouts, native fallback, no stopped target.
+
+For each pid the runner takes a JSON dump (`--json`, for triage) and a text dump (for
+people), first with `--native` and, if that fails for any reason other than permissions or
+a missing process, again without it (native unwinding fails on some builds). Every py-spy
+run has a hard timeout; on timeout its whole process group is killed. After every run
+the target's `/proc/<pid>/stat` (and its threads') state is checked: a target left in
+state `T` (stopped) gets SIGCONT, and the dump records that it did. A target that was
+already stopped before wedgewatch touched it is left as found, and that is recorded.
+
+Failures are data (`DumpStatus`), never exceptions. Pids are dumped in parallel.
+
+`argv_prefix` runs py-spy through a wrapper (`setpriv --reuid=...`, `nsenter ...`); tests
+use it to get a real "Permission Denied" from an unprivileged py-spy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+from wedgewatch.core.triage import Thread, parse_pyspy_json
+
+PTRACE_FIX = (
+    "run as root or grant CAP_SYS_PTRACE; in Kubernetes add SYS_PTRACE to the sidecar's "
+    "capabilities and set shareProcessNamespace: true"
+)
+PYSPY_MISSING_FIX = (
+    "install py-spy (`pip install py-spy`; it is a wedgewatch dependency) or set pyspy_path "
+    "to the py-spy executable"
+)
+_STDERR_TAIL_BYTES = 2000
+
+
+class DumpStatus(StrEnum):
+    """Outcome of dumping one process."""
+
+    OK = "ok"
+    PERMISSION_DENIED = "permission_denied"
+    NO_PROCESS = "no_process"
+    TIMEOUT = "timeout"
+    PYSPY_MISSING = "pyspy_missing"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+# A failure with one of these will not go away without --native: do not retry.
+_FINAL = frozenset({DumpStatus.PERMISSION_DENIED, DumpStatus.NO_PROCESS, DumpStatus.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One py-spy run."""
+
+    output: str  # "json" or "text"
+    native: bool
+    status: DumpStatus
+    exit_code: int | None
+    duration_seconds: float
+    error: str | None = None
+    resumed_target: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-safe form."""
+        return {
+            "output": self.output,
+            "native": self.native,
+            "status": str(self.status),
+            "exit_code": self.exit_code,
+            "duration_seconds": round(self.duration_seconds, 4),
+            "error": self.error,
+            "resumed_target": self.resumed_target,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StackDump:
+    """Everything py-spy produced for one process, and how it went."""
+
+    pid: int
+    status: DumpStatus
+    text: str | None = None
+    json_text: str | None = None
+    threads: tuple[Thread, ...] | None = None
+    native: bool = False
+    attempts: tuple[Attempt, ...] = ()
+    resumed_target: bool = False
+    notes: tuple[str, ...] = ()
+    error: str | None = None
+    fix: str | None = None
+    duration_seconds: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-safe form (without the dumps themselves)."""
+        return {
+            "pid": self.pid,
+            "status": str(self.status),
+            "native": self.native,
+            "have_json": self.json_text is not None,
+            "have_text": self.text is not None,
+            "resumed_target": self.resumed_target,
+            "error": self.error,
+            "fix": self.fix,
+            "notes": list(self.notes),
+            "duration_seconds": round(self.duration_seconds, 4),
+            "attempts": [a.to_json() for a in self.attempts],
+        }
+
+
+class StackDumper(Protocol):
+    """Dumps the Python stacks of a process (py-spy in production)."""
+
+    async def dump(self, pid: int) -> StackDump:
+        """The process's stacks; never raises for the process's misbehaviour."""
+        ...
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def classify_output(exit_code: int, stdout: str, stderr: str) -> tuple[DumpStatus, str | None]:
+    """Status and error message of a finished py-spy run."""
+    if exit_code == 0 and stdout.strip():
+        return DumpStatus.OK, None
+    combined = f"{stderr}\n{stdout}"
+    lowered = combined.lower()
+    message = first_error_line(stderr) or first_error_line(stdout) or f"exit code {exit_code}"
+    if "permission denied" in lowered or "operation not permitted" in lowered:
+        return DumpStatus.PERMISSION_DENIED, message
+    if (
+        "failed to get process executable name" in lowered
+        or "no such process" in lowered
+        or "check that the process is running" in lowered
+    ):
+        return DumpStatus.NO_PROCESS, message
+    if exit_code == 0:
+        return DumpStatus.FAILED, "py-spy printed nothing"
+    return DumpStatus.FAILED, message
+
+
+def first_error_line(text: str) -> str | None:
+    """The meaningful part of py-spy's error output: the lines before its Rust backtrace."""
+    head = text.split("Stack backtrace:", 1)[0]
+    lines = [line.strip() for line in head.splitlines() if line.strip()]
+    if not lines:
+        return None
+    return " | ".join(lines)[:500]
+
+
+def parse_stat_state(stat: str) -> str | None:
+    """The state letter in `/proc/<pid>/stat`, after the comm (which may hold spaces)."""
+    _, sep, rest = stat.rpartition(")")
+    if not sep:
+        return None
+    fields = rest.split()
+    return fields[0] if fields else None
+
+
+def build_argv(
+    pyspy: str,
+    pid: int,
+    *,
+    output: str,
+    native: bool,
+    capture_locals: bool,
+    prefix: Sequence[str] = (),
+) -> list[str]:
+    """The argv of one py-spy run."""
+    argv = [*prefix, pyspy, "dump", "--pid", str(pid)]
+    if output == "json":
+        argv.append("--json")
+    if native:
+        argv.append("--native")
+    if capture_locals:
+        argv.append("--locals")
+    return argv
+
+
+def resolve_pyspy(pyspy_path: str) -> str | None:
+    """The py-spy executable: a path as given, a name in PATH, or next to this Python.
+
+    The last case covers a venv whose `bin/` is not in the daemon's PATH: installing
+    wedgewatch installs py-spy there.
+    """
+    if os.sep in pyspy_path:
+        candidate = Path(pyspy_path)
+        return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+    found = shutil.which(pyspy_path)
+    if found:
+        return found
+    sibling = Path(sys.executable).parent / pyspy_path
+    return str(sibling) if sibling.is_file() and os.access(sibling, os.X_OK) else None
+
+
+# --------------------------------------------------------------------------- stop safety
+
+
+def stopped_tasks(pid: int) -> tuple[bool, bool]:
+    """(process exists, any of its threads is in state `T`) from /proc."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False, False
+    except OSError:
+        tids = [str(pid)]
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="utf-8", errors="replace") as f:
+                state = parse_stat_state(f.read())
+        except OSError:
+            continue
+        if state == "T":
+            return True, True
+    return True, False
+
+
+def resume_if_stopped(pid: int) -> bool:
+    """SIGCONT the process if any thread is stopped; True when a signal was sent."""
+    exists, stopped = stopped_tasks(pid)
+    if not (exists and stopped):
+        return False
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+@dataclass
+class _Run:
+    status: DumpStatus
+    stdout: str
+    attempt: Attempt
+
+
+@dataclass
+class PySpyRunner:
+    """Runs py-spy with a hard timeout per run; see the module docstring."""
+
+    pyspy_path: str = "py-spy"
+    timeout_seconds: float = 10.0
+    capture_locals: bool = False
+    native: bool = True
+    argv_prefix: tuple[str, ...] = ()
+    clock: Callable[[], float] = time.monotonic
+
+    async def dump_all(self, pids: Sequence[int]) -> dict[int, StackDump]:
+        """Dump every pid in parallel."""
+        results = await asyncio.gather(*(self.dump(pid) for pid in pids))
+        return {dump.pid: dump for dump in results}
+
+    async def dump(self, pid: int) -> StackDump:
+        """JSON and text dumps of one process; see the module docstring for the sequence."""
+        started = self.clock()
+        pyspy = resolve_pyspy(self.pyspy_path)
+        if pyspy is None:
+            return StackDump(
+                pid=pid,
+                status=DumpStatus.PYSPY_MISSING,
+                error=f"py-spy not found (pyspy_path = {self.pyspy_path!r})",
+                fix=PYSPY_MISSING_FIX,
+            )
+        exists, stopped_before = stopped_tasks(pid)
+        if not exists:
+            return StackDump(
+                pid=pid, status=DumpStatus.NO_PROCESS, error=f"process {pid} does not exist"
+            )
+        notes: list[str] = []
+        if stopped_before:
+            notes.append(
+                f"process {pid} was already stopped (state T) before capture; left as found"
+            )
+        attempts: list[Attempt] = []
+        json_run, native = await self._with_fallback(pyspy, pid, "json", stopped_before, attempts)
+        threads: tuple[Thread, ...] | None = None
+        json_text: str | None = None
+        if json_run.status is DumpStatus.OK:
+            parsed = _decode(json_run.stdout)
+            if isinstance(parsed, str):
+                notes.append(f"py-spy JSON unusable: {parsed}")
+            else:
+                threads, json_text = parsed, json_run.stdout
+        text: str | None = None
+        if json_run.status not in (*_FINAL, DumpStatus.TIMEOUT, DumpStatus.PYSPY_MISSING):
+            if json_run.status is DumpStatus.OK:
+                text_run = await self._run(pyspy, pid, "text", native, stopped_before)
+                attempts.append(text_run.attempt)
+                if text_run.status is not DumpStatus.OK and native:
+                    text_run = await self._run(pyspy, pid, "text", False, stopped_before)
+                    attempts.append(text_run.attempt)
+            else:
+                text_run, _ = await self._with_fallback(
+                    pyspy, pid, "text", stopped_before, attempts
+                )
+            if text_run.status is DumpStatus.OK:
+                text = text_run.stdout
+        resumed = any(a.resumed_target for a in attempts)
+        if resumed:
+            notes.append(f"process {pid} was left stopped (state T) by py-spy; sent SIGCONT")
+        status = _overall_status(attempts, json_text is not None or text is not None)
+        failing = next((a for a in reversed(attempts) if a.status is status), None)
+        error = None if status is DumpStatus.OK else (failing.error if failing else None)
+        used_native = any(a.native and a.status is DumpStatus.OK for a in attempts)
+        return StackDump(
+            pid=pid,
+            status=status,
+            text=text,
+            json_text=json_text,
+            threads=threads,
+            native=used_native,
+            attempts=tuple(attempts),
+            resumed_target=resumed,
+            notes=tuple(notes),
+            error=error,
+            fix=PTRACE_FIX if status is DumpStatus.PERMISSION_DENIED else None,
+            duration_seconds=self.clock() - started,
+        )
+
+    async def _with_fallback(
+        self, pyspy: str, pid: int, output: str, stopped_before: bool, attempts: list[Attempt]
+    ) -> tuple[_Run, bool]:
+        run: _Run | None = None
+        if self.native:
+            run = await self._run(pyspy, pid, output, True, stopped_before)
+            attempts.append(run.attempt)
+            if (
+                run.status is DumpStatus.OK
+                and output == "json"
+                and isinstance(_decode(run.stdout), str)
+            ):
+                run = _Run(DumpStatus.FAILED, run.stdout, run.attempt)
+            if run.status is DumpStatus.OK or run.status in _FINAL:
+                return run, True
+        run = await self._run(pyspy, pid, output, False, stopped_before)
+        attempts.append(run.attempt)
+        return run, False
+
+    async def _run(
+        self, pyspy: str, pid: int, output: str, native: bool, stopped_before: bool
+    ) -> _Run:
+        argv = build_argv(
+            pyspy,
+            pid,
+            output=output,
+            native=native,
+            capture_locals=self.capture_locals,
+            prefix=self.argv_prefix,
+        )
+        started = self.clock()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            attempt = Attempt(output, native, DumpStatus.FAILED, None, 0.0, f"cannot start: {exc}")
+            return _Run(DumpStatus.FAILED, "", attempt)
+        status: DumpStatus
+        error: str | None
+        stdout = ""
+        exit_code: int | None = None
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.timeout_seconds)
+        except TimeoutError:
+            await _kill(proc)
+            status = DumpStatus.TIMEOUT
+            error = f"py-spy did not finish within {self.timeout_seconds:g} s; killed"
+        except asyncio.CancelledError:
+            await _kill(proc)
+            if not stopped_before:
+                resume_if_stopped(pid)
+            raise
+        else:
+            exit_code = proc.returncode
+            stdout = out.decode("utf-8", errors="replace")
+            stderr = err[-_STDERR_TAIL_BYTES:].decode("utf-8", errors="replace")
+            status, error = classify_output(
+                exit_code if exit_code is not None else -1, stdout, stderr
+            )
+        resumed = False if stopped_before else resume_if_stopped(pid)
+        attempt = Attempt(output, native, status, exit_code, self.clock() - started, error, resumed)
+        return _Run(status, stdout, attempt)
+
+
+def _decode(stdout: str) -> tuple[Thread, ...] | str:
+    try:
+        data = json.loads(stdout)
+    except json.JSONDecodeError as exc:
+        return f"not JSON: {exc}"
+    return parse_pyspy_json(data)
+
+
+def _overall_status(attempts: Iterable[Attempt], have_output: bool) -> DumpStatus:
+    if have_output:
+        return DumpStatus.OK
+    statuses = [a.status for a in attempts]
+    for preferred in (DumpStatus.PERMISSION_DENIED, DumpStatus.NO_PROCESS, DumpStatus.TIMEOUT):
+        if preferred in statuses:
+            return preferred
+    return statuses[-1] if statuses else DumpStatus.FAILED
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL py-spy's process group (a wrapper may have forked) and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(proc.wait()), 5.0)

@@ -1,0 +1,585 @@
+"""Restarters: the IO edge that restarts (or stops, for its supervisor) a wedged server.
+
+Each remedy (`signal`, `systemd`, `exec`, `supervise`) returns a `RestartOutcome` and never
+raises for a restart that did not work. Whether a restart may happen at all is decided by
+the pure policy in `wedgewatch.core.restart_policy`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Protocol
+
+import psutil
+
+from wedgewatch.core.restart_policy import FailureReason, RestartOutcome, seconds_text
+
+#: How long a restarter waits for processes to vanish after SIGKILL before reporting them.
+KILL_WAIT_SECONDS = 10.0
+#: Default deadline for `systemctl restart` and for an `exec` remedy command.
+COMMAND_TIMEOUT_SECONDS = 300.0
+#: How much of a command's stderr (and stdout) ends up in a RestartOutcome's detail.
+OUTPUT_TAIL_BYTES = 2000
+_POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class RestartRequest:
+    """What the daemon knows about the server to restart and why."""
+
+    target: str
+    url: str
+    model_name: str
+    engine: str
+    family: str
+    state: str
+    reason: str
+    bundle: Path | None = None
+    server_pid: int | None = None  # the serving (API server) process, for `signal`
+
+
+class Restarter(Protocol):
+    """Something that restarts (or stops, for a supervisor to restart) a server."""
+
+    @property
+    def name(self) -> str:
+        """The remedy name: signal, systemd, exec or supervise."""
+        ...
+
+    async def restart(self, request: RestartRequest) -> RestartOutcome:
+        """Restart the server of `request`; report failures in the outcome."""
+        ...
+
+
+def restart_environment(request: RestartRequest) -> dict[str, str]:
+    """The `WEDGEWATCH_*` variables an `exec` remedy command receives."""
+    return {
+        "WEDGEWATCH_TARGET": request.target,
+        "WEDGEWATCH_URL": request.url,
+        "WEDGEWATCH_ENGINE": request.engine,
+        "WEDGEWATCH_MODEL_NAME": request.model_name,
+        "WEDGEWATCH_FAMILY": request.family,
+        "WEDGEWATCH_STATE": request.state,
+        "WEDGEWATCH_REASON": request.reason,
+        "WEDGEWATCH_BUNDLE": "" if request.bundle is None else str(request.bundle),
+    }
+
+
+# -- process trees -------------------------------------------------------------------------
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie (a zombie holds no memory; its parent may never reap it)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    """Live (non-zombie) processes of process group `pgid`."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass  # someone else's processes; the scan below still finds them
+    members = []
+    for proc in psutil.process_iter():
+        if _pgid(proc.pid) == pgid and _alive(proc):
+            members.append(proc)
+    return members
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        title = " ".join(proc.cmdline()) or proc.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        title = "?"
+    return f"{proc.pid} ({title[:60]})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Termination:
+    signalled: int  # processes tracked
+    term_exited: bool  # everything was gone before the grace ran out
+    killed: int  # processes that needed SIGKILL
+    survivors: tuple[str, ...]  # descriptions of processes alive after SIGKILL
+    errors: tuple[str, ...]  # signals that could not be sent
+
+
+def _send(
+    victims: Sequence[psutil.Process], group: int | None, sig: signal.Signals, errors: list[str]
+) -> None:
+    if group is not None:
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            errors.append(f"permission denied sending {sig.name} to process group {group}")
+    for proc in victims:
+        if group is not None and _pgid(proc.pid) == group:
+            continue  # already reached through the group
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.AccessDenied:
+            errors.append(f"permission denied sending {sig.name} to {_describe(proc)}")
+
+
+async def _gone(
+    victims: Sequence[psutil.Process], group: int | None, deadline_seconds: float
+) -> bool:
+    """Wait until every victim and every member of `group` is gone; False at the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_seconds
+    while True:
+        if not any(_alive(p) for p in victims) and (group is None or not _group_members(group)):
+            return True
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(_POLL_SECONDS)
+
+
+async def _terminate(
+    victims: Sequence[psutil.Process], group: int | None, grace_seconds: float
+) -> _Termination:
+    """SIGTERM the victims (through `group` where they are in it), SIGKILL what outlives grace."""
+    errors: list[str] = []
+    _send(victims, group, signal.SIGTERM, errors)
+    if await _gone(victims, group, grace_seconds):
+        return _Termination(len(victims), True, 0, (), tuple(errors))
+    stubborn = [p for p in victims if _alive(p)]
+    if group is not None:
+        stubborn += [p for p in _group_members(group) if p not in stubborn]
+    _send(stubborn, group, signal.SIGKILL, errors)
+    await _gone(stubborn, group, KILL_WAIT_SECONDS)
+    survivors = [p for p in stubborn if _alive(p)]
+    if group is not None:
+        survivors += [p for p in _group_members(group) if p not in survivors]
+    return _Termination(
+        len(victims), False, len(stubborn), tuple(_describe(p) for p in survivors), tuple(errors)
+    )
+
+
+def _own_lineage() -> tuple[set[int], set[int]]:
+    """Our pid and our ancestors' pids, and the process groups they are in."""
+    me = psutil.Process()
+    pids = {me.pid}
+    with contextlib.suppress(psutil.Error):
+        pids |= {p.pid for p in me.parents()}
+    groups = {g for g in (_pgid(pid) for pid in pids) if g is not None}
+    return pids, groups
+
+
+def _summarise(what: str, result: _Termination, grace_seconds: float, elapsed: float) -> str:
+    if result.term_exited:
+        return f"{what}: all {result.signalled} exited on SIGTERM within {seconds_text(elapsed)}"
+    text = (
+        f"{what}: {result.killed} still running after grace_seconds = "
+        f"{seconds_text(grace_seconds)}, sent SIGKILL"
+    )
+    if result.survivors:
+        text += f"; still alive after SIGKILL: {', '.join(result.survivors)}"
+    if result.errors:
+        text += "; " + "; ".join(result.errors)
+    return text
+
+
+class SignalRestarter:
+    """`remedy = "signal"`: stop the server's whole process tree; its supervisor restarts it.
+
+    The tree (the server and every descendant, EngineCore and workers included) is collected
+    before any signal, because children are reparented once their parent dies. When the
+    server leads its own process group (systemd, a container entry point, the launcher), the
+    group receives SIGTERM, which also reaches processes that left the tree; otherwise (the
+    server shares a group with its supervising shell or with wedgewatch) each process of the
+    tree is signalled alone. Never wedgewatch itself, an ancestor of it, or its process group.
+    """
+
+    name = "signal"
+
+    def __init__(
+        self, *, grace_seconds: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not math.isfinite(grace_seconds) or grace_seconds < 0:
+            raise ValueError(f"grace_seconds must be a finite number >= 0, got {grace_seconds}")
+        self._grace = grace_seconds
+        self._clock = clock
+
+    async def restart(self, request: RestartRequest) -> RestartOutcome:
+        """SIGTERM the tree, SIGKILL what is left after the grace; ok once it is all gone."""
+        started = self._clock()
+
+        def outcome(ok: bool, detail: str) -> RestartOutcome:
+            failure = None if ok else FailureReason.REMEDY_ERROR
+            return RestartOutcome(ok, detail, self._clock() - started, failure)
+
+        pid = request.server_pid
+        if pid is None:
+            return outcome(False, f"no server process is known for target {request.target}")
+        try:
+            root = psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return outcome(True, f"server process {pid} had already exited")
+        except psutil.AccessDenied as exc:
+            return outcome(False, f"cannot inspect server process {pid}: {exc}")
+        own_pids, own_groups = _own_lineage()
+        if any(p.pid in own_pids for p in tree):
+            return outcome(
+                False, f"refusing to signal process {pid}: wedgewatch itself belongs to its tree"
+            )
+        pgid = _pgid(pid)
+        group = pgid if pgid == pid and pgid not in own_groups else None
+        victims = list(tree)
+        if group is not None:
+            victims += [p for p in _group_members(group) if p not in victims]
+            what = f"SIGTERM to process group {group} ({len(victims)} processes)"
+        else:
+            led = "no" if pgid is None else str(pgid)
+            what = (
+                f"server {pid} does not lead its process group ({led}); SIGTERM to its "
+                f"{len(victims)} processes one by one"
+            )
+        result = await _terminate(victims, group, self._grace)
+        elapsed = self._clock() - started
+        detail = _summarise(what, result, self._grace, elapsed)
+        return outcome(not result.survivors, detail)
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _CommandResult:
+    returncode: int | None  # None: it could not be started, or timed out
+    timed_out: bool
+    error: str | None  # why it could not be started
+    stdout_tail: str
+    stderr_tail: str
+
+
+def _tail(file: IO[bytes]) -> str:
+    size = file.seek(0, os.SEEK_END)
+    file.seek(max(size - OUTPUT_TAIL_BYTES, 0))
+    text = file.read().decode("utf-8", "replace").strip()
+    return ("..." + text) if size > OUTPUT_TAIL_BYTES else text
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+async def _run_command(
+    argv: Sequence[str], env: Mapping[str, str], timeout_seconds: float
+) -> _CommandResult:
+    """Run `argv` in its own session; on timeout SIGKILL its whole process group."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=dict(env),
+                start_new_session=True,
+            )
+        except FileNotFoundError:
+            return _CommandResult(None, False, f"{argv[0]!r} was not found", "", "")
+        except PermissionError:
+            return _CommandResult(None, False, f"{argv[0]!r} is not executable", "", "")
+        except OSError as exc:
+            return _CommandResult(None, False, f"{argv[0]!r} could not be started: {exc}", "", "")
+        timed_out = False
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                returncode: int | None = await proc.wait()
+        except TimeoutError:
+            timed_out = True
+            _kill_group(proc.pid)
+            await proc.wait()
+            returncode = None
+        finally:
+            if proc.returncode is None:  # cancelled: do not leave the command running
+                _kill_group(proc.pid)
+        return _CommandResult(returncode, timed_out, None, _tail(out), _tail(err))
+
+
+def _status_text(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def _command_outcome(
+    what: str, result: _CommandResult, timeout_seconds: float, duration: float
+) -> RestartOutcome:
+    output = result.stderr_tail or result.stdout_tail
+    said = f": {output}" if output else ""
+    if result.error is not None:
+        return RestartOutcome(
+            False, f"{what}: {result.error}", duration, FailureReason.REMEDY_ERROR
+        )
+    if result.returncode is None:
+        detail = f"{what} did not finish within {seconds_text(timeout_seconds)}, killed{said}"
+        return RestartOutcome(False, detail, duration, FailureReason.TIMEOUT)
+    if result.returncode == 0:
+        return RestartOutcome(True, f"{what} succeeded in {seconds_text(duration)}", duration)
+    detail = f"{what} failed with {_status_text(result.returncode)}{said}"
+    return RestartOutcome(False, detail, duration, FailureReason.REMEDY_ERROR)
+
+
+class SystemdRestarter:
+    """`remedy = "systemd"`: `systemctl restart UNIT` (systemd stops the whole cgroup)."""
+
+    name = "systemd"
+
+    def __init__(
+        self,
+        unit: str,
+        *,
+        user: bool = False,
+        timeout_seconds: float = COMMAND_TIMEOUT_SECONDS,
+        systemctl: str = "systemctl",
+        env: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not unit or unit.startswith("-") or any(c.isspace() for c in unit):
+            raise ValueError(
+                f"systemd_unit {unit!r} is not a unit name (e.g. vllm.service; no spaces, "
+                "not starting with '-')"
+            )
+        if not math.isfinite(timeout_seconds) or timeout_seconds <= 0:
+            raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds}")
+        self.unit = unit
+        self._user = user
+        self._timeout = timeout_seconds
+        self._systemctl = systemctl
+        self._env = env
+        self._clock = clock
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """The exact command line run for a restart."""
+        scope = ("--user",) if self._user else ()
+        return (self._systemctl, *scope, "--no-ask-password", "restart", self.unit)
+
+    async def restart(self, request: RestartRequest) -> RestartOutcome:
+        """Run `systemctl restart UNIT` under a deadline; its stderr explains a failure."""
+        started = self._clock()
+        env = dict(os.environ if self._env is None else self._env)
+        result = await _run_command(self.argv, env, self._timeout)
+        what = f"systemctl restart {self.unit}"
+        if result.error is not None and self._systemctl == "systemctl":
+            result = replace(
+                result,
+                error=f'{result.error} on PATH; remedy = "systemd" needs systemd\'s systemctl '
+                f"(PATH={env.get('PATH', '')})",
+            )
+        return _command_outcome(what, result, self._timeout, self._clock() - started)
+
+
+class ExecRestarter:
+    """`remedy = "exec"`: run a configured command with the verdict in `WEDGEWATCH_*` variables.
+
+    The command runs without a shell, in its own session (a timeout kills its whole group),
+    with the environment of wedgewatch plus `restart_environment(request)`. Exit status 0 is
+    success; anything else is a failure whose detail carries the tail of its stderr.
+    """
+
+    name = "exec"
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_seconds: float = COMMAND_TIMEOUT_SECONDS,
+        env: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not argv or not argv[0]:
+            raise ValueError("exec_command must start with the program to run")
+        if not math.isfinite(timeout_seconds) or timeout_seconds <= 0:
+            raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds}")
+        self.argv = tuple(argv)
+        self._timeout = timeout_seconds
+        self._env = env
+        self._clock = clock
+
+    async def restart(self, request: RestartRequest) -> RestartOutcome:
+        """Run the command for `request` under the deadline."""
+        started = self._clock()
+        env = dict(os.environ if self._env is None else self._env)
+        env.update(restart_environment(request))
+        result = await _run_command(self.argv, env, self._timeout)
+        what = f"exec_command {self.argv[0]}"
+        return _command_outcome(what, result, self._timeout, self._clock() - started)
+
+
+# -- supervise -------------------------------------------------------------------------------
+
+
+class SupervisorError(Exception):
+    """The supervised command could not be started (a configuration problem)."""
+
+
+class Supervisor:
+    """Runs one command as a child in its own session and process group, and restarts it.
+
+    `wait()` returns the exit status of the command when it ends by itself or by `stop()`
+    (as Python reports it: negative for a signal); a restart in between does not end it.
+    After `wait()` returns, call `stop()` so that nothing of the group is left behind.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not argv or not argv[0]:
+            raise ValueError("the supervised command must start with the program to run")
+        self.argv = tuple(argv)
+        self.env = None if env is None else dict(env)
+        self.cwd = cwd
+        self._clock = clock
+        self._proc: asyncio.subprocess.Process | None = None
+        self._settled = asyncio.Event()  # cleared while a restart replaces the child
+        self._settled.set()
+        self._starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the current child (None before start)."""
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def pgid(self) -> int | None:
+        """Process group of the current child: its own pid (it leads a new session)."""
+        return self.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status of the current child, None while it runs (or before start)."""
+        return None if self._proc is None else self._proc.returncode
+
+    @property
+    def starts(self) -> int:
+        """How many times a child was started."""
+        return self._starts
+
+    async def start(self) -> None:
+        """Start the command; raises SupervisorError with a clear message when it cannot."""
+        if self._proc is not None and self._proc.returncode is None:
+            raise SupervisorError(f"already running as pid {self._proc.pid}")
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        except FileNotFoundError as exc:
+            raise SupervisorError(f"cannot start {self.argv[0]!r}: not found") from exc
+        except PermissionError as exc:
+            raise SupervisorError(f"cannot start {self.argv[0]!r}: not executable") from exc
+        except OSError as exc:
+            raise SupervisorError(f"cannot start {self.argv[0]!r}: {exc}") from exc
+        self._starts += 1
+
+    async def stop(self, grace_seconds: float) -> int | None:
+        """SIGTERM the child's process group, SIGKILL it after the grace; the exit status."""
+        stopped = await self._stop(grace_seconds)
+        return None if stopped is None else stopped[0]
+
+    async def _stop(self, grace_seconds: float) -> tuple[int, _Termination] | None:
+        proc = self._proc
+        if proc is None:
+            return None
+        tree: list[psutil.Process] = []
+        if proc.returncode is None:  # not reaped yet, so its pid cannot have been reused
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leader = psutil.Process(proc.pid)
+                tree = [leader, *leader.children(recursive=True)]
+        tree += [p for p in _group_members(proc.pid) if p not in tree]
+        termination = await _terminate(tree, proc.pid, grace_seconds)
+        return await proc.wait(), termination
+
+    async def restart(self, grace_seconds: float) -> RestartOutcome:
+        """Stop the group and start the command again; the outcome, never an exception."""
+        started = self._clock()
+        self._settled.clear()
+        try:
+            what = f"stopped process group {self.pid}"
+            stopped = await self._stop(grace_seconds)
+            if stopped is not None:
+                status, termination = stopped
+                what = _summarise(what, termination, grace_seconds, self._clock() - started)
+                if termination.survivors:
+                    detail = f"{what}; not starting a new server while they live"
+                    return RestartOutcome(
+                        False, detail, self._clock() - started, FailureReason.REMEDY_ERROR
+                    )
+                what += f" (the server ended with {_status_text(status)})"
+            try:
+                await self.start()
+            except SupervisorError as exc:
+                return RestartOutcome(
+                    False, f"{what}; {exc}", self._clock() - started, FailureReason.REMEDY_ERROR
+                )
+            return RestartOutcome(True, f"{what}; started pid {self.pid}", self._clock() - started)
+        finally:
+            self._settled.set()
+
+    async def wait(self) -> int:
+        """Wait until the command ends by itself or by `stop()`; restarts are waited through."""
+        while True:
+            proc = self._proc
+            if proc is None:
+                raise SupervisorError("wait() called before start()")
+            status = await proc.wait()
+            await self._settled.wait()
+            if self._proc is proc:
+                return status
+
+
+class SuperviseRestarter:
+    """`remedy = "supervise"`: restart the child that `wedgewatch launch --watch` runs."""
+
+    name = "supervise"
+
+    def __init__(self, supervisor: Supervisor, *, grace_seconds: float) -> None:
+        if not math.isfinite(grace_seconds) or grace_seconds < 0:
+            raise ValueError(f"grace_seconds must be a finite number >= 0, got {grace_seconds}")
+        self.supervisor = supervisor
+        self._grace = grace_seconds
+
+    async def restart(self, request: RestartRequest) -> RestartOutcome:
+        """Stop the supervised process group and start the same command again."""
+        return await self.supervisor.restart(self._grace)

@@ -1,0 +1,281 @@
+"""Fetch a vLLM `/metrics` body over HTTP, bounded in time and size; failures are data.
+
+`fetch` never raises for anything the watched server does: a refused connection, a
+timeout (including a body that trickles in forever), an HTTP error status or a body past
+the size cap come back as `FetchFailed` with a reason from a closed set and a one-line
+detail. `observe` turns a fetch into a detector observation by parsing the body.
+
+The body is read as a stream and never held past `max_body_bytes`. gzip is accepted and
+decoded here, in bounded steps, so the cap applies to the decoded size and a gzip bomb
+is cut off after `max_body_bytes` of output, not after it has been inflated in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlsplit
+
+import httpx
+
+from wedgewatch import __version__
+from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
+from wedgewatch.vllm import signals
+
+FetchFailureReason = Literal[
+    "timeout", "refused", "connect_error", "http_status", "parse_error", "too_large"
+]
+
+#: Request headers: plain text only (vLLM's `/metrics/` mount escapes `:` in OpenMetrics).
+REQUEST_HEADERS = {
+    "Accept": "text/plain;version=0.0.4;q=1.0, text/plain;q=0.9",
+    "Accept-Encoding": "gzip",
+    "User-Agent": f"wedgewatch/{__version__}",
+}
+_SNIPPET_CHARS = 200
+_INFLATE_STEP_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeLimits:
+    """The bounds of one scrape."""
+
+    timeout_seconds: float
+    max_body_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A complete 200 response."""
+
+    body: bytes
+    status: int
+    content_type: str | None
+    elapsed_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class FetchFailed:
+    """A scrape that produced no usable body, with a closed-set reason and a one-line detail."""
+
+    reason: FetchFailureReason
+    detail: str
+    elapsed_seconds: float
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _BadEncoding(Exception):
+    pass
+
+
+class _Inflater:
+    """Decodes a `Content-Encoding` stream in bounded steps, counting decoded bytes."""
+
+    def __init__(self, encoding: str, max_bytes: int) -> None:
+        self._encoding = encoding
+        self._max_bytes = max_bytes
+        self._size = 0
+        self._parts: list[bytes] = []
+        self._decoder = self._new_decoder()
+        self._in_member = False  # a gzip member has begun and not yet ended
+
+    def _new_decoder(self) -> zlib._Decompress | None:
+        if self._encoding == "gzip":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        return None
+
+    def _keep(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > self._max_bytes:
+            raise _TooLarge
+        self._parts.append(data)
+
+    def feed(self, chunk: bytes) -> None:
+        decoder = self._decoder
+        if decoder is None:
+            self._keep(chunk)
+            return
+        data = chunk
+        while data:
+            self._in_member = True
+            try:
+                out = decoder.decompress(data, _INFLATE_STEP_BYTES)
+            except zlib.error as exc:
+                raise _BadEncoding(f"corrupt {self._encoding} body ({exc})") from None
+            self._keep(out)
+            data = decoder.unconsumed_tail
+            if decoder.eof:
+                # gzip allows several members back to back: start a new one on what is left.
+                self._in_member = False
+                data = data or decoder.unused_data
+                decoder = self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    def finish(self) -> bytes:
+        if self._in_member:
+            raise _BadEncoding(f"truncated {self._encoding} body (the stream ended early)")
+        return b"".join(self._parts)
+
+
+def _host_port(url: str) -> str:
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return parts.netloc
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _is_refused(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError) or (
+            isinstance(current, OSError) and current.errno == errno.ECONNREFUSED
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return "connection refused" in str(exc).lower()
+
+
+def _one_line(text: str, limit: int = _SNIPPET_CHARS) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
+def new_client() -> httpx.AsyncClient:
+    """The client wedgewatch scrapes with: no proxies from the environment, no pooled retries.
+
+    A sidecar scrapes a server next to it; an `HTTP_PROXY` meant for egress must never
+    carry that traffic, so the environment's proxy settings are ignored.
+    """
+    return httpx.AsyncClient(trust_env=False, follow_redirects=True)
+
+
+async def fetch(
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    timeout_seconds: float,
+    max_body_bytes: int,
+    clock: Callable[[], float] = time.monotonic,
+) -> Fetched | FetchFailed:
+    """GET `url` within `timeout_seconds` in total, reading at most `max_body_bytes`."""
+    started_at = clock()
+    received = 0
+    timeout = httpx.Timeout(timeout_seconds)
+
+    def failed(reason: FetchFailureReason, detail: str) -> FetchFailed:
+        return FetchFailed(reason=reason, detail=detail, elapsed_seconds=clock() - started_at)
+
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            async with client.stream(
+                "GET", url, headers=REQUEST_HEADERS, timeout=timeout
+            ) as response:
+                if response.status_code != httpx.codes.OK:
+                    snippet = await _read_snippet(response)
+                    return failed(
+                        "http_status",
+                        f"HTTP {response.status_code} from {url}"
+                        + (f": {snippet}" if snippet else ""),
+                    )
+                encoding = response.headers.get("content-encoding", "identity").strip().lower()
+                if encoding not in ("identity", "gzip", ""):
+                    return failed(
+                        "parse_error",
+                        f"{url} answered with Content-Encoding {encoding!r}, "
+                        "which was not asked for (only gzip)",
+                    )
+                if response.is_stream_consumed:
+                    # An in-memory transport (httpx.MockTransport) already read and decoded it.
+                    body = response.content
+                    if len(body) > max_body_bytes:
+                        raise _TooLarge
+                else:
+                    inflater = _Inflater(encoding, max_body_bytes)
+                    async for chunk in response.aiter_raw():
+                        received += len(chunk)
+                        if received > max_body_bytes:
+                            raise _TooLarge
+                        inflater.feed(chunk)
+                    body = inflater.finish()
+                return Fetched(
+                    body=body,
+                    status=response.status_code,
+                    content_type=response.headers.get("content-type"),
+                    elapsed_seconds=clock() - started_at,
+                )
+    except _TooLarge:
+        return failed("too_large", f"body from {url} exceeded {max_body_bytes} bytes")
+    except _BadEncoding as exc:
+        return failed("parse_error", f"{url}: {exc}")
+    except (TimeoutError, httpx.TimeoutException):
+        progress = f" ({received} bytes of body received)" if received else ""
+        return failed(
+            "timeout", f"no complete response from {url} within {timeout_seconds:g} s{progress}"
+        )
+    except httpx.ConnectError as exc:
+        if _is_refused(exc):
+            return failed("refused", f"connection refused by {_host_port(url)}")
+        return failed(
+            "connect_error", f"cannot connect to {_host_port(url)}: {_one_line(str(exc))}"
+        )
+    except httpx.TooManyRedirects:
+        return failed("http_status", f"too many redirects from {url}")
+    except httpx.HTTPError as exc:
+        # The connection broke mid-response, or the server spoke broken HTTP.
+        what = type(exc).__name__
+        return failed(
+            "connect_error", f"{what} from {_host_port(url)}: {_one_line(str(exc)) or 'no detail'}"
+        )
+
+
+async def _read_snippet(response: httpx.Response) -> str:
+    """The start of an error response's body, decoded, for the failure detail."""
+    raw = b""
+    try:
+        async for chunk in response.aiter_bytes():
+            raw += chunk
+            if len(raw) >= _SNIPPET_CHARS * 4:
+                break
+    except httpx.HTTPError:
+        pass
+    return _one_line(raw.decode("utf-8", errors="replace"))
+
+
+async def observe(
+    client: httpx.AsyncClient,
+    url: str,
+    limits: ScrapeLimits,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> Observation:
+    """Scrape and parse once; the observation is stamped with `clock()` when the scrape began.
+
+    Stamping the start keeps observations exactly as far apart as the scrapes were
+    scheduled, whatever each one took, so a stall seen over a window measures the window.
+    """
+    at = clock()
+    result = await fetch(
+        client,
+        url,
+        timeout_seconds=limits.timeout_seconds,
+        max_body_bytes=limits.max_body_bytes,
+        clock=clock,
+    )
+    if isinstance(result, FetchFailed):
+        return ScrapeFailed(at=at, reason=result.reason, detail=result.detail)
+    parsed = signals.parse(result.body)
+    if isinstance(parsed, signals.ParseFailure):
+        return ScrapeFailed(at=at, reason="parse_error", detail=f"{url}: {parsed.message}")
+    return Scraped(at=at, exposition=parsed)

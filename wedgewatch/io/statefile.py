@@ -1,0 +1,491 @@
+"""Atomic JSON persistence of what must survive a wedgewatch restart.
+
+One file, `<state_dir>/state.json`, holds per target the restart policy (in wall-clock
+form, see `restart_policy.to_record`), the open wedge episodes with their bundle paths, and the
+detector's state as an opaque JSON object. Rules:
+
+* **Atomic.** `write_atomic` writes a temporary file in the same directory, fsyncs it,
+  renames it over the old file and fsyncs the directory: a reader (or a wedgewatch started
+  after a `kill -9` or a power cut) sees the old file or the new one, never a torn mix.
+  Temporary files left by a killed writer are removed by the next `load`.
+* **Private.** The directory is created 0700 and the file is written 0600.
+* **Versioned.** The file carries `schema_version`; a file from a newer wedgewatch is not
+  guessed at.
+* **Never a crash.** A missing file is a first start (empty state, no problem). A file that
+  cannot be read, is not JSON, or does not match the schema is set aside as
+  `state.json.corrupt` and reported as `Loaded.problem`; the caller starts empty and its
+  next `save` replaces it. A failed save is returned as `SaveFailed`, not raised.
+* **One writer.** `lock_state_dir` takes an exclusive `flock` on `<state_dir>/lock`, so a
+  second wedgewatch on the same directory (which would restart the same server twice) is
+  refused with the holder's pid. The kernel drops the lock when the holder dies.
+* **Operator resets.** `request_reset` drops a request file that a running daemon picks up
+  with `take_reset_requests` on its next tick and applies with `restart_policy.reset`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import quote, unquote
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from wedgewatch import __version__
+from wedgewatch.core.restart_policy import Phase, PolicyRecord
+
+SCHEMA_VERSION = 1
+STATE_FILE_NAME = "state.json"
+LOCK_FILE_NAME = "lock"
+_RESET_PREFIX = "reset-request."
+_RESET_ALL = "reset-request-all"
+
+
+@dataclass(frozen=True, slots=True)
+class OpenEpisode:
+    """A wedge episode that was open (its evidence bundle possibly incomplete)."""
+
+    episode_id: str
+    model_name: str
+    engine: str
+    family: str
+    opened_timestamp: float
+    bundle_path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetRecord:
+    """Everything persisted about one target."""
+
+    restart_policy: PolicyRecord | None = None
+    open_episodes: tuple[OpenEpisode, ...] = ()
+    detector: Mapping[str, Any] | None = None  # `detect.dump_state` output, opaque here
+
+
+@dataclass(frozen=True, slots=True)
+class SavedState:
+    """The whole state file: one record per target name."""
+
+    targets: Mapping[str, TargetRecord] = field(default_factory=dict)
+    written_timestamp: float | None = None  # when it was saved (set by `load`)
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """The result of `load`: the state, and what was wrong with the file if anything."""
+
+    state: SavedState
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """`save` wrote `size_bytes` to `path`."""
+
+    path: Path
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveFailed:
+    """`save` could not write the file; the previous file (if any) is intact."""
+
+    message: str
+
+
+# -- the on-disk schema ------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class _PolicyModel(_Strict):
+    phase: Phase
+    restart_timestamps: list[float]
+    consecutive: int = Field(ge=0)
+    not_before_timestamp: float | None
+    phase_since_timestamp: float | None
+
+
+class _EpisodeModel(_Strict):
+    episode_id: str = Field(min_length=1)
+    model_name: str
+    engine: str
+    family: str
+    opened_timestamp: float
+    bundle_path: str | None = None
+
+
+class _TargetModel(_Strict):
+    restart_policy: _PolicyModel | None = None
+    open_episodes: list[_EpisodeModel] = []
+    detector: dict[str, Any] | None = None
+
+
+class _FileModel(_Strict):
+    schema_version: Literal[1]
+    written_timestamp: float
+    wedgewatch_version: str
+    targets: dict[str, _TargetModel]
+
+
+def _to_state(model: _FileModel) -> SavedState:
+    targets: dict[str, TargetRecord] = {}
+    for name, target in model.targets.items():
+        policy = target.restart_policy
+        targets[name] = TargetRecord(
+            restart_policy=None
+            if policy is None
+            else PolicyRecord(
+                phase=policy.phase,
+                restart_timestamps=tuple(policy.restart_timestamps),
+                consecutive=policy.consecutive,
+                not_before_timestamp=policy.not_before_timestamp,
+                phase_since_timestamp=policy.phase_since_timestamp,
+            ),
+            open_episodes=tuple(
+                OpenEpisode(
+                    episode_id=e.episode_id,
+                    model_name=e.model_name,
+                    engine=e.engine,
+                    family=e.family,
+                    opened_timestamp=e.opened_timestamp,
+                    bundle_path=e.bundle_path,
+                )
+                for e in target.open_episodes
+            ),
+            detector=target.detector,
+        )
+    return SavedState(targets=targets, written_timestamp=model.written_timestamp)
+
+
+def encode(state: SavedState, timestamp: float) -> bytes:
+    """The file's bytes for `state`, stamped as written at Unix time `timestamp`."""
+    targets: dict[str, Any] = {}
+    for name in sorted(state.targets):
+        record = state.targets[name]
+        policy = record.restart_policy
+        targets[name] = {
+            "restart_policy": None
+            if policy is None
+            else {
+                "phase": policy.phase.value,
+                "restart_timestamps": list(policy.restart_timestamps),
+                "consecutive": policy.consecutive,
+                "not_before_timestamp": policy.not_before_timestamp,
+                "phase_since_timestamp": policy.phase_since_timestamp,
+            },
+            "open_episodes": [
+                {
+                    "episode_id": e.episode_id,
+                    "model_name": e.model_name,
+                    "engine": e.engine,
+                    "family": e.family,
+                    "opened_timestamp": e.opened_timestamp,
+                    "bundle_path": e.bundle_path,
+                }
+                for e in record.open_episodes
+            ],
+            "detector": None if record.detector is None else dict(record.detector),
+        }
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "written_timestamp": timestamp,
+        "wedgewatch_version": __version__,
+        "targets": targets,
+    }
+    # allow_nan=False: NaN/Infinity are not JSON and would make the file unreadable to us.
+    return (json.dumps(document, indent=1, allow_nan=False) + "\n").encode()
+
+
+def _first_error(error: ValidationError) -> str:
+    problems = []
+    for item in error.errors()[:3]:
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        problems.append(f"{where}: {item['msg']}")
+    more = error.error_count() - len(problems)
+    return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
+
+
+def decode(data: bytes) -> SavedState | str:
+    """Parse the file's bytes; a string says what is wrong with them."""
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return f"is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    except json.JSONDecodeError as exc:
+        return f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if not isinstance(document, dict):
+        return f"holds a JSON {type(document).__name__}, not an object"
+    version = document.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        return "has no integer schema_version (not a wedgewatch state file?)"
+    if version > SCHEMA_VERSION:
+        return (
+            f"was written by a newer wedgewatch (schema_version {version}; this one reads "
+            f"{SCHEMA_VERSION})"
+        )
+    try:
+        return _to_state(_FileModel.model_validate(document))
+    except ValidationError as exc:
+        return f"does not match schema_version {version}: {_first_error(exc)}"
+
+
+# -- files -----------------------------------------------------------------------------------
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically and durably, mode 0600; raises OSError."""
+    directory = path.parent
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=directory)
+    try:
+        try:
+            os.fchmod(fd, 0o600)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp_name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_name)
+        raise
+    _fsync_dir(directory)
+
+
+def _remove_leftovers(path: Path) -> None:
+    """Delete temporary files of writers that died before their rename."""
+    prefix = _temp_prefix(path)
+    with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
+        for entry in entries:
+            if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def state_path(state_dir: Path) -> Path:
+    """Where the state file of `state_dir` lives."""
+    return state_dir / STATE_FILE_NAME
+
+
+def load(path: Path) -> Loaded:
+    """Read the state file; never raises for a missing, unreadable or corrupt file."""
+    _remove_leftovers(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return Loaded(SavedState())
+    except OSError as exc:
+        what: str = f"cannot be read ({exc.strerror or exc})"
+    else:
+        decoded = decode(data)
+        if isinstance(decoded, SavedState):
+            return Loaded(decoded)
+        what = decoded
+    aside = path.with_name(path.name + ".corrupt")
+    try:
+        if aside.is_dir() and not aside.is_symlink():
+            raise IsADirectoryError(f"{aside} is a directory")
+        os.replace(path, aside)
+    except OSError as exc:
+        kept = f"could not be set aside ({exc}); it will be overwritten"
+    else:
+        kept = f"was set aside as {aside}"
+    return Loaded(
+        SavedState(), f"state file {path} {what}; it {kept}; starting with an empty state"
+    )
+
+
+def save(path: Path, state: SavedState, timestamp: float) -> Saved | SaveFailed:
+    """Write `state` atomically; a failure is returned, the old file stays intact."""
+    try:
+        data = encode(state, timestamp)
+    except ValueError as exc:  # a NaN or infinity slipped into the state: a bug upstream
+        return SaveFailed(f"state for {path} cannot be encoded as JSON: {exc}")
+    try:
+        write_atomic(path, data)
+    except OSError as exc:
+        return SaveFailed(f"cannot write state file {path}: {exc.strerror or exc}")
+    return Saved(path, len(data))
+
+
+# -- one writer --------------------------------------------------------------------------------
+
+
+class StateLock:
+    """An exclusive lock on a state directory, held until `release` or process exit."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+
+@dataclass(frozen=True, slots=True)
+class LockFailed:
+    """The state directory is in use (`holder` is that process's pid), or unusable."""
+
+    message: str
+    holder: str | None = None
+
+
+def lock_state_dir(state_dir: Path) -> StateLock | LockFailed:
+    """Take the exclusive lock of `state_dir` (created 0700 if missing) for this process."""
+    path = state_dir / LOCK_FILE_NAME
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        return LockFailed(f"cannot open lock file {path}: {exc.strerror or exc}")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        return LockFailed(
+            f"state_dir {state_dir} is in use by another wedgewatch (pid {holder}); two "
+            "watchdogs on one server would restart it twice. Stop the other one or give "
+            "this one its own state_dir",
+            holder=holder,
+        )
+    except OSError as exc:
+        os.close(fd)
+        return LockFailed(f"cannot lock {path}: {exc.strerror or exc}")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return StateLock(path, fd)
+
+
+# -- operator resets -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResetRequests:
+    """Restart-budget resets an operator asked for since the last look."""
+
+    everything: bool = False
+    targets: frozenset[str] = frozenset()
+
+    def covers(self, target: str) -> bool:
+        """Whether `target`'s budget is to be reset."""
+        return self.everything or target in self.targets
+
+
+def request_reset(state_dir: Path, target: str | None = None) -> Path:
+    """Ask a running daemon to reset the restart budget of `target` (None: every target)."""
+    name = _RESET_ALL if target is None else _RESET_PREFIX + quote(target, safe="")
+    path = state_dir / name
+    write_atomic(path, b"reset\n")
+    return path
+
+
+def take_reset_requests(state_dir: Path) -> ResetRequests:
+    """Collect and delete pending reset requests (an unreadable directory yields none)."""
+    everything = False
+    targets: set[str] = set()
+    try:
+        with os.scandir(state_dir) as entries:
+            names = [entry.name for entry in entries]
+    except OSError:
+        return ResetRequests()
+    for name in names:
+        if name == _RESET_ALL:
+            hit = True
+        elif name.startswith(_RESET_PREFIX):
+            hit = False
+            targets.add(unquote(name[len(_RESET_PREFIX) :]))
+        else:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(state_dir / name)
+        everything = everything or hit
+    return ResetRequests(everything=everything, targets=frozenset(targets))
+
+
+@dataclass(frozen=True, slots=True)
+class ResetDone:
+    """What `reset_restarts` did: `applied` to the file now, or requested from the daemon."""
+
+    applied: bool
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResetFailed:
+    """`reset_restarts` could neither apply nor request the reset."""
+
+    message: str
+
+
+def reset_restarts(
+    state_dir: Path, target: str | None, timestamp: float
+) -> ResetDone | ResetFailed:
+    """Reset the restart budget (and leave gave_up) of `target`, or of every target if None.
+
+    With a wedgewatch running on `state_dir` (it holds the lock) a reset request is left
+    for it to apply on its next tick; otherwise the state file is edited directly.
+    """
+    scope = "every target" if target is None else f"target {target!r}"
+    lock = lock_state_dir(state_dir)
+    if isinstance(lock, LockFailed):
+        if lock.holder is None:
+            return ResetFailed(lock.message)
+        try:
+            request_reset(state_dir, target)
+        except OSError as exc:
+            return ResetFailed(f"cannot leave a reset request in {state_dir}: {exc}")
+        return ResetDone(
+            False,
+            f"asked the running wedgewatch (pid {lock.holder}) to reset the restart budget "
+            f"of {scope}; it applies the request on its next tick",
+        )
+    try:
+        path = state_path(state_dir)
+        loaded = load(path)
+        targets = dict(loaded.state.targets)
+        chosen = list(targets) if target is None else [target]
+        if target is not None and target not in targets:
+            known = ", ".join(sorted(targets)) or "none"
+            return ResetDone(
+                True, f"no restart history for {scope} in {path} (targets with state: {known})"
+            )
+        for name in chosen:
+            targets[name] = replace(targets[name], restart_policy=None)
+        saved = save(path, replace(loaded.state, targets=targets), timestamp)
+        if isinstance(saved, SaveFailed):
+            return ResetFailed(saved.message)
+        note = f" ({loaded.problem})" if loaded.problem else ""
+        return ResetDone(
+            True, f"reset the restart budget of {scope} in {path}; no wedgewatch was running{note}"
+        )
+    finally:
+        lock.release()

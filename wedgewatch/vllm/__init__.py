@@ -1,0 +1,1 @@
+"""What wedgewatch knows about vLLM: metrics, progress, process titles, launch profiles."""
