@@ -26,6 +26,7 @@ from wedgewatch.core.detect import (
     new_state,
     step,
 )
+from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
 K0 = EngineKey("m", "0")
@@ -190,7 +191,7 @@ def test_progress_returns_to_ok_in_one_step(history: History) -> None:
             before = previous.get(judged.key)
             if now is None or before is None or calm(now):
                 continue
-            moved = now.progress != before.progress
+            moved = progress_counters(now) != progress_counters(before)
             output_moved = (now.generation_tokens, now.request_success) != (
                 before.generation_tokens,
                 before.request_success,
@@ -246,7 +247,7 @@ def clock_events(
                 before.request_success,
             ):
                 events.append(scrape.at)
-        elif now.progress != before.progress:
+        elif progress_counters(now) != progress_counters(before):
             events.append(scrape.at)
         before = now
     return events
@@ -276,7 +277,7 @@ def went_backwards(before: Scraped, now: Scraped) -> bool:
     for key, reading in now.exposition.engines.items():
         old = before.exposition.engines.get(key)
         if old is not None and any(
-            b < a for a, b in zip(old.progress, reading.progress, strict=True)
+            b < a for a, b in zip(progress_counters(old), progress_counters(reading), strict=True)
         ):
             return True
     return False

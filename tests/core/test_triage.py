@@ -22,7 +22,7 @@ from wedgewatch.core.triage import (
     triage,
     worker_posture,
 )
-from wedgewatch.io.procs import Role
+from wedgewatch.vllm.semantics import Role
 
 STACKS = Path(__file__).parents[1] / "fixtures" / "stacks"
 

@@ -30,6 +30,7 @@ import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, zeros
 
 from wedgewatch.vllm.profiles import builtin_profiles
+from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import Exposition, parse
 
 pytestmark = pytest.mark.slow
@@ -428,8 +429,8 @@ class ProgressWatch:
             if not isinstance(parsed, Exposition) or not parsed.engines:
                 continue
             reading = parsed.engines[min(parsed.engines)]
-            if reading.progress != self._last:
-                self._last = reading.progress
+            if progress_counters(reading) != self._last:
+                self._last = progress_counters(reading)
                 self.last_progress_timestamp = time.time()
 
     def close(self) -> None:

@@ -18,11 +18,9 @@ from wedgewatch.io.procs import (
     ProcessRecord,
     ProcessSelector,
     PsutilProcessFinder,
-    Role,
     ServerProcess,
     build_tree,
     choose_root,
-    classify_role,
     combine_samples,
     descendants,
     endpoint_of_url,
@@ -31,6 +29,7 @@ from wedgewatch.io.procs import (
     read_readings,
     title_from_cmdline,
 )
+from wedgewatch.vllm.semantics import Role
 
 # ---------------------------------------------------------------- pure
 
@@ -57,32 +56,6 @@ from wedgewatch.io.procs import (
 def test_title_from_cmdline(cmdline: list[str], name: str, title: str) -> None:
     """Titles come from the full command line; comm (15 bytes) only when there is none."""
     assert title_from_cmdline(cmdline, name) == title
-
-
-@pytest.mark.parametrize(
-    ("title", "listener", "role"),
-    [
-        pytest.param("VLLM::EngineCore", False, Role.ENGINE_CORE, id="engine"),
-        pytest.param("VLLM::EngineCore_DP1", False, Role.ENGINE_CORE, id="engine-dp"),
-        pytest.param("VLLM::Worker_TP0", False, Role.WORKER, id="worker-tp"),
-        pytest.param("VLLM::Worker", False, Role.WORKER, id="worker-before-init"),
-        pytest.param("VLLM::APIServer_1", False, Role.API_SERVER, id="api-child"),
-        pytest.param(
-            "python -m vllm.entrypoints.openai.api_server", True, Role.API_SERVER, id="listener"
-        ),
-        pytest.param("VLLM::EngineCore", True, Role.ENGINE_CORE, id="title-beats-listener"),
-        pytest.param(
-            "/usr/bin/python -c from multiprocessing.resource_tracker import main",
-            False,
-            Role.OTHER,
-            id="resource-tracker",
-        ),
-        pytest.param("VLLM::DPCoordinator", False, Role.OTHER, id="dp-coordinator"),
-    ],
-)
-def test_classify_role(title: str, listener: bool, role: Role) -> None:
-    """Roles come from the title prefix; the listener is the API server."""
-    assert classify_role(title, is_listener=listener) is role
 
 
 RECORDS = [

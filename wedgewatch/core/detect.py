@@ -8,10 +8,12 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 # =================================================================================
 #
 # Terms
-#   progress counters  the five counters of `EngineReading.progress`: prompt tokens, generation
-#                      tokens, finished requests, preemptions, iterations.
-#   progress moved     any progress counter differs from the previous good reading of the engine.
-#   output moved       generation tokens or finished requests differ from the previous reading.
+#   progress counters  `vllm.semantics.progress_counters`: prompt tokens, generation tokens,
+#                      finished requests, preemptions, iterations.
+#   progress moved     any progress counter differs from the previous good reading of the engine
+#                      (`vllm.semantics.progress_moved`).
+#   output moved       generation tokens or finished requests differ from the previous reading
+#                      (`vllm.semantics.output_moved`).
 #   work present       running > 0 or waiting > 0.
 #   stalled states     SUSPECT, WEDGED, UNREACHABLE. An *episode* runs from the step an engine
 #                      enters a stalled state until the step it leaves them.
@@ -85,6 +87,12 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Literal, TypeVar, get_args
 
+from wedgewatch.vllm.semantics import (
+    PROGRESS_COUNTERS,
+    output_moved,
+    progress_counters,
+    progress_moved,
+)
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
 __all__ = [
@@ -155,15 +163,6 @@ _THRESHOLD: Mapping[Family, Callable[[Policy], float]] = {
     Family.OUTPUT_STALL: lambda p: p.output_stall_after_seconds,
     Family.UNREACHABLE: lambda p: p.unreachable_after_seconds,
 }
-
-# Names of the counters of `EngineReading.progress`, in its order, for messages.
-_COUNTER_NAMES = (
-    "prompt tokens",
-    "generation tokens",
-    "finished requests",
-    "preemptions",
-    "iterations",
-)
 
 FailureReason = Literal[
     "timeout", "refused", "connect_error", "http_status", "parse_error", "too_large"
@@ -530,9 +529,9 @@ def _restart_cause(
         old = known.get(key)
         if old is None or old.missing_since is not None:
             continue
-        new_counters = exposition.engines[key].progress
+        new_counters = progress_counters(exposition.engines[key])
         for name, before, now in zip(
-            _COUNTER_NAMES, old.reading.progress, new_counters, strict=True
+            PROGRESS_COUNTERS, progress_counters(old.reading), new_counters, strict=True
         ):
             if now < before:
                 return (
@@ -587,14 +586,11 @@ def _judge_reading(
         return memory, _Judgement(calm, None, 0.0, _describe_calm(calm, reading))
 
     before = old.reading
-    moved = not all(_same(a, b) for a, b in zip(before.progress, reading.progress, strict=True))
-    output_moved = not (
-        _same(before.generation_tokens, reading.generation_tokens)
-        and _same(before.request_success, reading.request_success)
-    )
+    moved = progress_moved(before, reading)
+    emitted = output_moved(before, reading)
     last_progress_at = at if moved else old.last_progress_at
-    last_output_at = at if output_moved else old.last_output_at
-    output_pending = not output_moved and (old.output_pending or moved)
+    last_output_at = at if emitted else old.last_output_at
+    output_pending = not emitted and (old.output_pending or moved)
     memory = replace(
         old,
         reading=reading,
@@ -667,11 +663,6 @@ def _judge_unobserved(what: str, at: float, since: float, policy: Policy) -> _Ju
     state = EngineState.UNREACHABLE if elapsed >= threshold else EngineState.SUSPECT
     reason = f"{what} for {_num(elapsed)}s (threshold {_num(threshold)}s)"
     return _Judgement(state, Family.UNREACHABLE, elapsed, reason)
-
-
-def _same(a: float, b: float) -> bool:
-    """Counter equality that treats NaN as equal to NaN (a NaN that stays NaN did not move)."""
-    return a == b or (math.isnan(a) and math.isnan(b))
 
 
 def _num(value: float) -> str:

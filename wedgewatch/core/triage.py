@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from wedgewatch.io.procs import Role
+from wedgewatch.vllm.semantics import Role, is_engine_core_of
 
 _DEAD_STATUSES = frozenset({"zombie", "dead"})
 
@@ -340,8 +340,7 @@ def _live(process: ProcessStacks) -> bool:
 def _pick_engines(processes: Sequence[ProcessStacks], engine: str | None) -> list[ProcessStacks]:
     engines = [p for p in processes if p.role is Role.ENGINE_CORE and _live(p)]
     if engine is not None and len(engines) > 1:
-        suffix = f"_DP{engine}"
-        matching = [p for p in engines if p.title.split()[0].endswith(suffix)]
+        matching = [p for p in engines if is_engine_core_of(p.title, engine)]
         if matching:
             return matching[:1]
     return engines[:1]

@@ -56,12 +56,12 @@ from wedgewatch.io.procs import (
     ProcessSelector,
     ProcessStats,
     PsutilProcessFinder,
-    Role,
     ServerProcess,
     combine_samples,
     read_readings,
 )
 from wedgewatch.io.pyspy import DumpStatus, PySpyRunner, StackDump, StackDumper
+from wedgewatch.vllm.semantics import Role
 
 SCHEMA = "wedgewatch.evidence/1"
 NVIDIA_SMI_NOT_FOUND = "nvidia-smi not found"

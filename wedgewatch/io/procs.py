@@ -16,26 +16,15 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
 import psutil
 
-ENGINE_TITLE_PREFIX = "VLLM::EngineCore"
-WORKER_TITLE_PREFIX = "VLLM::Worker"
-API_TITLE_PREFIX = "VLLM::APIServer"
+from wedgewatch.vllm.semantics import Role, classify_role
+
 _WILDCARD_IPS = frozenset({"0.0.0.0", "::", "::0"})
-
-
-class Role(StrEnum):
-    """What a process of the server does."""
-
-    API_SERVER = "api_server"
-    ENGINE_CORE = "engine_core"
-    WORKER = "worker"
-    OTHER = "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,17 +120,6 @@ def title_from_cmdline(cmdline: Sequence[str], name: str = "") -> str:
     """
     title = " ".join(arg for arg in cmdline if arg).strip()
     return title or name
-
-
-def classify_role(title: str, *, is_listener: bool) -> Role:
-    """The role of a process from its title; the listener (or configured root) is the API server."""
-    if title.startswith(ENGINE_TITLE_PREFIX):
-        return Role.ENGINE_CORE
-    if title.startswith(WORKER_TITLE_PREFIX):
-        return Role.WORKER
-    if is_listener or title.startswith(API_TITLE_PREFIX):
-        return Role.API_SERVER
-    return Role.OTHER
 
 
 def descendants(records: Iterable[ProcessRecord], root_pid: int) -> tuple[ProcessRecord, ...]:

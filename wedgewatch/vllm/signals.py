@@ -111,17 +111,6 @@ class EngineReading:
             "capacity", self.waiting if not self.waiting_by_reason else 0.0
         )
 
-    @property
-    def progress(self) -> tuple[float, float, float, float, float]:
-        """Progress counters, in order: prompt, generation, success, preemptions, iterations."""
-        return (
-            self.prompt_tokens,
-            self.generation_tokens,
-            self.request_success,
-            self.preemptions,
-            self.iterations,
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class Exposition:
