@@ -43,8 +43,8 @@ from wedgewatch.core.detect import (
     load_state,
     step,
 )
+from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.scrape import ScrapeLimits, observe
-from wedgewatch.io.statefile import write_atomic
 
 Status = Literal[
     "ok", "idle", "sleeping", "starting", "suspect", "wedged", "unreachable", "unknown"
@@ -339,14 +339,18 @@ def _load_state_file(options: CheckOptions, now: float, notes: list[str]) -> Tar
 
 
 def _save_state_file(path: Path, metrics_url: str, state: TargetState) -> None:
-    """Write the state atomically (statefile.write_atomic: temporary file, fsync, rename)."""
+    """Write the state atomically (io.atomic.write_atomic: temporary file, fsync, rename)."""
     payload = {
         "version": STATE_FILE_VERSION,
         "metrics_url": metrics_url,
         "saved_timestamp": time.time(),
         "detector": dump_state(state),
     }
-    write_atomic(path, json.dumps(payload, allow_nan=False, separators=(",", ":")).encode())
+    write_atomic(
+        path,
+        json.dumps(payload, allow_nan=False, separators=(",", ":")).encode(),
+        make_parents=True,
+    )
 
 
 # ---------------------------------------------------------------------------------------

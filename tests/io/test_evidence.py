@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from standin_tree import StandinTree, standin_tree
 
 from wedgewatch.core.triage import TriageKind
+from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.evidence import (
     NVIDIA_SMI_NOT_FOUND,
     SCHEMA,
@@ -44,7 +45,6 @@ from wedgewatch.io.evidence import (
     sanitise,
     scan_bundles,
     timestamp_of_name,
-    write_atomic,
     write_private,
 )
 from wedgewatch.io.procs import ProcessSelector

@@ -50,6 +50,7 @@ from wedgewatch.core.triage import (
     parse_pyspy_json,
     triage,
 )
+from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.procs import (
     Discovery,
     ProcessFinder,
@@ -61,10 +62,14 @@ from wedgewatch.io.procs import (
     read_readings,
 )
 from wedgewatch.io.pyspy import DumpStatus, PySpyRunner, StackDump, StackDumper
+from wedgewatch.io.runner import run_command
 from wedgewatch.vllm.semantics import Role
 
 SCHEMA = "wedgewatch.evidence/1"
 NVIDIA_SMI_NOT_FOUND = "nvidia-smi not found"
+#: nvidia-smi's full output is a few KB per GPU; more than this is kept only in part.
+NVIDIA_SMI_OUTPUT_BYTES = 1024 * 1024
+NVIDIA_SMI_ERROR_BYTES = 2000
 NVIDIA_SMI_QUERY = (
     "--query-gpu=index,name,utilization.gpu,power.draw,memory.used",
     "--format=csv",
@@ -443,29 +448,6 @@ def write_private(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace a file atomically (temporary file 0600, fsync, rename, fsync the directory)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(tmp, flags, _FILE_MODE)
-    try:
-        os.fchmod(fd, _FILE_MODE)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def _json_bytes(value: Any) -> bytes:
     return (json.dumps(json_safe(value), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
@@ -500,31 +482,22 @@ def _suffix(phase: Phase, first_round: bool) -> str:
 
 
 async def _run_command(argv: Sequence[str], timeout_seconds: float) -> tuple[int | None, str, str]:
-    """(exit code or None on timeout, stdout, error text) of a command; killed on timeout."""
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as exc:
+    """(exit code, -1 if it could not start, None on timeout; stdout; error text)."""
+    result = await run_command(
+        argv,
+        timeout_seconds=timeout_seconds,
+        stdout_bytes=NVIDIA_SMI_OUTPUT_BYTES,
+        stderr_bytes=NVIDIA_SMI_ERROR_BYTES,
+    )
+    if result.start_error is not None:
+        exc = result.start_error
         return -1, "", f"cannot start {argv[0]}: {exc.strerror or exc}"
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_seconds)
-    except (TimeoutError, asyncio.CancelledError) as exc:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(proc.wait()), 5.0)
-        if isinstance(exc, asyncio.CancelledError):
-            raise
+    if result.timed_out:
         return None, "", f"{argv[0]} did not finish within {timeout_seconds:g} s; killed"
     return (
-        proc.returncode,
-        out.decode("utf-8", errors="replace"),
-        err.decode("utf-8", errors="replace")[-2000:],
+        result.returncode,
+        result.stdout.decode("utf-8", errors="replace"),
+        result.stderr.decode("utf-8", errors="replace"),
     )
 
 

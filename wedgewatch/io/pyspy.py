@@ -17,7 +17,6 @@ use it to get a real "Permission Denied" from an unprivileged py-spy.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from wedgewatch.core.triage import Thread, parse_pyspy_json
+from wedgewatch.io.runner import run_command
 
 PTRACE_FIX = (
     "run as root or grant CAP_SYS_PTRACE; in Kubernetes add SYS_PTRACE to the sidecar's "
@@ -41,6 +41,8 @@ PYSPY_MISSING_FIX = (
     "to the py-spy executable"
 )
 _STDERR_TAIL_BYTES = 2000
+#: A py-spy dump (JSON with locals of every thread) larger than this is cut, and unusable.
+_STDOUT_BYTES = 64 * 1024 * 1024
 
 
 class DumpStatus(StrEnum):
@@ -362,35 +364,32 @@ class PySpyRunner:
         )
         started = self.clock()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
+            result = await run_command(
+                argv,
+                timeout_seconds=self.timeout_seconds,
+                stdout_bytes=_STDOUT_BYTES,
+                stderr_bytes=_STDERR_TAIL_BYTES,
             )
-        except OSError as exc:
-            attempt = Attempt(output, native, DumpStatus.FAILED, None, 0.0, f"cannot start: {exc}")
-            return _Run(DumpStatus.FAILED, "", attempt)
+        except asyncio.CancelledError:
+            if not stopped_before:
+                resume_if_stopped(pid)
+            raise
         status: DumpStatus
         error: str | None
         stdout = ""
         exit_code: int | None = None
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.timeout_seconds)
-        except TimeoutError:
-            await _kill(proc)
+        if result.start_error is not None:
+            attempt = Attempt(
+                output, native, DumpStatus.FAILED, None, 0.0, f"cannot start: {result.start_error}"
+            )
+            return _Run(DumpStatus.FAILED, "", attempt)
+        if result.timed_out:
             status = DumpStatus.TIMEOUT
             error = f"py-spy did not finish within {self.timeout_seconds:g} s; killed"
-        except asyncio.CancelledError:
-            await _kill(proc)
-            if not stopped_before:
-                resume_if_stopped(pid)
-            raise
         else:
-            exit_code = proc.returncode
-            stdout = out.decode("utf-8", errors="replace")
-            stderr = err[-_STDERR_TAIL_BYTES:].decode("utf-8", errors="replace")
+            exit_code = result.returncode
+            stdout = result.stdout.decode("utf-8", errors="replace")
+            stderr = result.stderr.decode("utf-8", errors="replace")
             status, error = classify_output(
                 exit_code if exit_code is not None else -1, stdout, stderr
             )
@@ -415,13 +414,3 @@ def _overall_status(attempts: Iterable[Attempt], have_output: bool) -> DumpStatu
         if preferred in statuses:
             return preferred
     return statuses[-1] if statuses else DumpStatus.FAILED
-
-
-async def _kill(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL py-spy's process group (a wrapper may have forked) and reap it."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(proc.wait()), 5.0)

@@ -12,16 +12,16 @@ import contextlib
 import math
 import os
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import Protocol
 
 import psutil
 
 from wedgewatch.core.restart_policy import FailureReason, RestartOutcome, seconds_text
+from wedgewatch.io.runner import CommandResult, run_command
 
 #: How long a restarter waits for processes to vanish after SIGKILL before reporting them.
 KILL_WAIT_SECONDS = 10.0
@@ -269,60 +269,31 @@ class SignalRestarter:
 # -- commands ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _CommandResult:
-    returncode: int | None  # None: it could not be started, or timed out
-    timed_out: bool
-    error: str | None  # why it could not be started
-    stdout_tail: str
-    stderr_tail: str
+def _start_error(program: str, exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return f"{program!r} was not found"
+    if isinstance(exc, PermissionError):
+        return f"{program!r} is not executable"
+    return f"{program!r} could not be started: {exc}"
 
 
-def _tail(file: IO[bytes]) -> str:
-    size = file.seek(0, os.SEEK_END)
-    file.seek(max(size - OUTPUT_TAIL_BYTES, 0))
-    text = file.read().decode("utf-8", "replace").strip()
-    return ("..." + text) if size > OUTPUT_TAIL_BYTES else text
+def _tail(data: bytes, truncated: bool) -> str:
+    text = data.decode("utf-8", "replace").strip()
+    return ("..." + text) if truncated else text
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-async def _run_command(
+async def _run(
     argv: Sequence[str], env: Mapping[str, str], timeout_seconds: float
-) -> _CommandResult:
-    """Run `argv` in its own session; on timeout SIGKILL its whole process group."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=dict(env),
-                start_new_session=True,
-            )
-        except FileNotFoundError:
-            return _CommandResult(None, False, f"{argv[0]!r} was not found", "", "")
-        except PermissionError:
-            return _CommandResult(None, False, f"{argv[0]!r} is not executable", "", "")
-        except OSError as exc:
-            return _CommandResult(None, False, f"{argv[0]!r} could not be started: {exc}", "", "")
-        timed_out = False
-        try:
-            async with asyncio.timeout(timeout_seconds):
-                returncode: int | None = await proc.wait()
-        except TimeoutError:
-            timed_out = True
-            _kill_group(proc.pid)
-            await proc.wait()
-            returncode = None
-        finally:
-            if proc.returncode is None:  # cancelled: do not leave the command running
-                _kill_group(proc.pid)
-        return _CommandResult(returncode, timed_out, None, _tail(out), _tail(err))
+) -> CommandResult:
+    """Run a remedy command; only the tail of its output is kept for the outcome's detail."""
+    return await run_command(
+        argv,
+        timeout_seconds=timeout_seconds,
+        env=env,
+        stdout_bytes=OUTPUT_TAIL_BYTES,
+        stderr_bytes=OUTPUT_TAIL_BYTES,
+        stdout_keep="tail",
+    )
 
 
 def _status_text(returncode: int) -> str:
@@ -335,13 +306,22 @@ def _status_text(returncode: int) -> str:
 
 
 def _command_outcome(
-    what: str, result: _CommandResult, timeout_seconds: float, duration: float
+    what: str,
+    argv: Sequence[str],
+    result: CommandResult,
+    timeout_seconds: float,
+    duration: float,
+    *,
+    start_hint: str = "",
 ) -> RestartOutcome:
-    output = result.stderr_tail or result.stdout_tail
+    output = _tail(result.stderr, result.stderr_truncated) or _tail(
+        result.stdout, result.stdout_truncated
+    )
     said = f": {output}" if output else ""
-    if result.error is not None:
+    if result.start_error is not None:
+        error = _start_error(argv[0], result.start_error)
         return RestartOutcome(
-            False, f"{what}: {result.error}", duration, FailureReason.REMEDY_ERROR
+            False, f"{what}: {error}{start_hint}", duration, FailureReason.REMEDY_ERROR
         )
     if result.returncode is None:
         detail = f"{what} did not finish within {seconds_text(timeout_seconds)}, killed{said}"
@@ -391,15 +371,17 @@ class SystemdRestarter:
         """Run `systemctl restart UNIT` under a deadline; its stderr explains a failure."""
         started = self._clock()
         env = dict(os.environ if self._env is None else self._env)
-        result = await _run_command(self.argv, env, self._timeout)
+        result = await _run(self.argv, env, self._timeout)
         what = f"systemctl restart {self.unit}"
-        if result.error is not None and self._systemctl == "systemctl":
-            result = replace(
-                result,
-                error=f'{result.error} on PATH; remedy = "systemd" needs systemd\'s systemctl '
-                f"(PATH={env.get('PATH', '')})",
+        hint = ""
+        if self._systemctl == "systemctl":
+            hint = (
+                f' on PATH; remedy = "systemd" needs systemd\'s systemctl '
+                f"(PATH={env.get('PATH', '')})"
             )
-        return _command_outcome(what, result, self._timeout, self._clock() - started)
+        return _command_outcome(
+            what, self.argv, result, self._timeout, self._clock() - started, start_hint=hint
+        )
 
 
 class ExecRestarter:
@@ -434,9 +416,9 @@ class ExecRestarter:
         started = self._clock()
         env = dict(os.environ if self._env is None else self._env)
         env.update(restart_environment(request))
-        result = await _run_command(self.argv, env, self._timeout)
+        result = await _run(self.argv, env, self._timeout)
         what = f"exec_command {self.argv[0]}"
-        return _command_outcome(what, result, self._timeout, self._clock() - started)
+        return _command_outcome(what, self.argv, result, self._timeout, self._clock() - started)
 
 
 # -- supervise -------------------------------------------------------------------------------

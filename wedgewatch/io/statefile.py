@@ -28,7 +28,6 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from wedgewatch import __version__
 from wedgewatch.core.restart_policy import Phase, PolicyRecord
+from wedgewatch.io.atomic import remove_leftovers, write_atomic
 
 SCHEMA_VERSION = 1
 STATE_FILE_NAME = "state.json"
@@ -241,50 +241,6 @@ def decode(data: bytes) -> SavedState | str:
 # -- files -----------------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _temp_prefix(path: Path) -> str:
-    return f".{path.name}."
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` atomically and durably, mode 0600; raises OSError."""
-    directory = path.parent
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=directory)
-    try:
-        try:
-            os.fchmod(fd, 0o600)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
-        raise
-    _fsync_dir(directory)
-
-
-def _remove_leftovers(path: Path) -> None:
-    """Delete temporary files of writers that died before their rename."""
-    prefix = _temp_prefix(path)
-    with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
-        for entry in entries:
-            if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
-
-
 def state_path(state_dir: Path) -> Path:
     """Where the state file of `state_dir` lives."""
     return state_dir / STATE_FILE_NAME
@@ -292,7 +248,7 @@ def state_path(state_dir: Path) -> Path:
 
 def load(path: Path) -> Loaded:
     """Read the state file; never raises for a missing, unreadable or corrupt file."""
-    _remove_leftovers(path)
+    remove_leftovers(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -325,7 +281,7 @@ def save(path: Path, state: SavedState, timestamp: float) -> Saved | SaveFailed:
     except ValueError as exc:  # a NaN or infinity slipped into the state: a bug upstream
         return SaveFailed(f"state for {path} cannot be encoded as JSON: {exc}")
     try:
-        write_atomic(path, data)
+        write_atomic(path, data, make_parents=True)
     except OSError as exc:
         return SaveFailed(f"cannot write state file {path}: {exc.strerror or exc}")
     return Saved(path, len(data))
@@ -404,7 +360,7 @@ def request_reset(state_dir: Path, target: str | None = None) -> Path:
     """Ask a running daemon to reset the restart budget of `target` (None: every target)."""
     name = _RESET_ALL if target is None else _RESET_PREFIX + quote(target, safe="")
     path = state_dir / name
-    write_atomic(path, b"reset\n")
+    write_atomic(path, b"reset\n", make_parents=True)
     return path
 
 
