@@ -8,9 +8,21 @@ live here, one level up.
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
+
+
+@pytest.fixture
+def umask_zero() -> Iterator[None]:
+    """Run with umask 0, so only explicit modes can make files private."""
+    old = os.umask(0)
+    yield
+    os.umask(old)

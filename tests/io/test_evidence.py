@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import os
 import shutil
-import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,52 +11,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from bundle_files import assert_private, fake_bundle, modes
 from standin_tree import StandinTree, standin_tree
 
 from wedgewatch.core.triage import TriageKind
-from wedgewatch.io.atomic import write_atomic
+from wedgewatch.io.bundles import Phase, scan_bundles
 from wedgewatch.io.evidence import (
-    NVIDIA_SMI_NOT_FOUND,
-    SCHEMA,
     BundleResult,
     CaptureRequest,
     EvidenceDeps,
     EvidenceSettings,
-    Phase,
-    StoredBundle,
-    apply_retention,
-    bundle_name,
     capture_bundle,
     complete_bundle,
-    ensure_private_dir,
-    history_lines,
-    json_safe,
-    make_bundle_dir,
     open_bundle,
-    plan_retention,
-    redact_pyspy_text,
-    redact_title,
     resolve_bundle,
-    sanitise,
-    scan_bundles,
-    timestamp_of_name,
-    write_private,
 )
+from wedgewatch.io.nvidia_smi import NVIDIA_SMI_NOT_FOUND
 from wedgewatch.io.procs import ProcessSelector
 from wedgewatch.io.pyspy import PTRACE_FIX, PySpyRunner
 
 SUSPECT_BODY = b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
 WEDGED_BODY = b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n# later\n'
-
-
-@pytest.fixture
-def umask_zero() -> Iterator[None]:
-    """Run with umask 0, so only explicit modes can make files private."""
-    old = os.umask(0)
-    yield
-    os.umask(old)
 
 
 def settings_for(tmp_path: Path, **changes: Any) -> EvidenceSettings:
@@ -101,378 +73,7 @@ def summary_of(result: BundleResult) -> dict[str, Any]:
     return data
 
 
-def modes(root: Path) -> dict[str, int]:
-    """Permission bits of every path under root (root included), relative names."""
-    found = {".": stat.S_IMODE(root.stat().st_mode)}
-    for path in root.rglob("*"):
-        found[str(path.relative_to(root))] = stat.S_IMODE(path.lstat().st_mode)
-    return found
-
-
-def assert_private(root: Path) -> None:
-    """Directories 0700, files 0600, nothing else."""
-    for name, mode in modes(root).items():
-        path = root / name
-        expected = 0o700 if path.is_dir() else 0o600
-        assert mode == expected, f"{name}: {oct(mode)}"
-
-
-# ---------------------------------------------------------------- names and redaction
-
-
-@pytest.mark.parametrize(
-    ("raw", "clean"),
-    [
-        pytest.param("local", "local", id="plain"),
-        pytest.param("127.0.0.1:8000", "127.0.0.1-8000", id="host-port"),
-        pytest.param("[::1]:8000", "1-8000", id="ipv6"),
-        pytest.param("../../etc/passwd", "etc-passwd", id="traversal"),
-        pytest.param("..", "x", id="dotdot"),
-        pytest.param("", "x", id="empty"),
-        pytest.param("a" * 80, "a" * 48, id="long"),
-    ],
-)
-def test_sanitise(raw: str, clean: str) -> None:
-    """Path components keep only safe characters and can never climb out of the directory."""
-    assert sanitise(raw) == clean
-
-
-def test_bundle_name_has_utc_time_target_engine_family() -> None:
-    """Bundle names read `UTC_target_engineN_family`."""
-    when = dt.datetime(2026, 12, 2, 10, 15, 0, tzinfo=dt.UTC).timestamp()
-    assert bundle_name(when, "local", "0", "deferred_stall") == (
-        "20261202T101500Z_local_engine0_deferred_stall"
-    )
-    assert bundle_name(when, "vllm:8000", None, "manual") == "20261202T101500Z_vllm-8000_manual"
-    assert timestamp_of_name("20261202T101500Z_local_engine0_deferred_stall") == when
-    assert timestamp_of_name("notes") is None
-    assert timestamp_of_name("20261399T999999Z_x") is None
-
-
-@pytest.mark.parametrize(
-    ("title", "redacted"),
-    [
-        pytest.param(
-            "vllm serve m --api-key sk-1 --port 8000",
-            "vllm serve m --api-key *** --port 8000",
-            id="api-key",
-        ),
-        pytest.param("vllm serve m --api-key=sk-1", "vllm serve m --api-key=***", id="equals"),
-        pytest.param("x --hf-token hf_abc", "x --hf-token ***", id="token"),
-        pytest.param("x --DB_PASSWORD=p", "x --DB_PASSWORD=***", id="password"),
-        pytest.param(
-            "x --max-num-batched-tokens 8192", "x --max-num-batched-tokens 8192", id="tokens-flag"
-        ),
-        pytest.param("x --ssl-keyfile /k.pem", "x --ssl-keyfile /k.pem", id="keyfile-path"),
-        pytest.param("VLLM::EngineCore", "VLLM::EngineCore", id="title"),
-    ],
-)
-def test_redact_title(title: str, redacted: str) -> None:
-    """Values of secret flags are masked; ordinary flags are left alone."""
-    assert redact_title(title) == redacted
-
-
-def test_redact_pyspy_text_header() -> None:
-    """py-spy's `Process N: cmdline` header is redacted, the stacks are not touched."""
-    text = (
-        "Process 7: vllm serve m --api-key sk-1\nPython v3.11\n\nThread 7 (idle)\n    f (a.py:1)\n"
-    )
-    assert redact_pyspy_text(text) == (
-        "Process 7: vllm serve m --api-key ***\nPython v3.11\n\nThread 7 (idle)\n    f (a.py:1)\n"
-    )
-
-
-def test_history_lines_are_strict_json() -> None:
-    """The flight recorder is one strict JSON object per line (NaN becomes a string)."""
-    lines = history_lines([{"at": 1.0, "kv": float("nan")}, {"at": 2.0, "key": ("a", 1)}])
-    assert lines == b'{"at": 1.0, "kv": "nan"}\n{"at": 2.0, "key": ["a", 1]}\n'
-    assert json_safe({1: float("inf"), "p": Path("/x")}) == {"1": "inf", "p": "/x"}
-
-
-# ---------------------------------------------------------------- retention (pure)
-
-
-def b(name: str, t: float, size: int = 10, wedge: bool = False) -> StoredBundle:
-    """A stored bundle for planner tables."""
-    return StoredBundle(name, t, size, wedge)
-
-
-@pytest.mark.parametrize(
-    ("bundles", "budget", "protect", "evict", "over"),
-    [
-        pytest.param([b("r1", 1), b("r2", 2)], (5, 1000), (), (), False, id="under-budget"),
-        pytest.param(
-            [b("r1", 1), b("r2", 2), b("r3", 3)], (2, 1000), (), ("r1",), False, id="count-oldest"
-        ),
-        pytest.param(
-            [b("w1", 1, wedge=True), b("r2", 2), b("r3", 3), b("r4", 4)],
-            (2, 1000),
-            (),
-            ("r2", "r3"),
-            False,
-            id="routine-before-older-wedge",
-        ),
-        pytest.param(
-            [b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("r3", 3)],
-            (1, 1000),
-            ("r3",),
-            (),
-            True,
-            id="routine-current-never-costs-a-wedge",
-        ),
-        pytest.param(
-            [b("w0", 0, wedge=True), b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("s3", 3)],
-            (3, 1000),
-            ("s3",),
-            (),
-            True,
-            id="reviewer-case-suspect-after-three-wedges-keep-3",
-        ),
-        pytest.param(
-            [b("w0", 0, wedge=True), b("r1", 1), b("w2", 2, wedge=True), b("m3", 3)],
-            (2, 1000),
-            ("m3",),
-            ("r1",),
-            True,
-            id="routine-current-evicts-older-routine-only",
-        ),
-        pytest.param(
-            [b("w0", 0, 60, True), b("w1", 1, 60, True), b("m2", 2, 60)],
-            (10, 130),
-            ("m2",),
-            (),
-            True,
-            id="routine-current-over-size-keeps-wedges",
-        ),
-        pytest.param(
-            [b("w0", 0, wedge=True), b("w1", 1, wedge=True), b("w2", 2, wedge=True)],
-            (1, 1000),
-            (),
-            (),
-            True,
-            id="no-trigger-evicts-no-wedge",
-        ),
-        pytest.param(
-            [b("w0", 0, wedge=True), b("w1", 1, wedge=True), b("w2", 2, wedge=True)],
-            (2, 1000),
-            ("w2",),
-            ("w0",),
-            False,
-            id="wedge-current-evicts-oldest-wedge",
-        ),
-        pytest.param(
-            [b("w1", 1, wedge=True), b("r2", 2), b("w3", 3, wedge=True)],
-            (2, 1000),
-            ("w3",),
-            ("r2",),
-            False,
-            id="wedge-current-evicts-routine-before-wedge",
-        ),
-        pytest.param(
-            [b("w1", 1, 500, True), b("w2", 2, 500, True), b("w3", 3, 500, True)],
-            (10, 100),
-            ("w3",),
-            ("w1", "w2"),
-            True,
-            id="wedge-current-kept-over-size",
-        ),
-        pytest.param(
-            [b("w1", 1, wedge=True), b("w3", 3, wedge=True), b("w2", 2, wedge=True)],
-            (1, 1000),
-            ("w2",),
-            ("w1",),
-            True,
-            id="older-wedge-current-and-newest-wedge-both-kept",
-        ),
-        pytest.param(
-            [b("r1", 1, 60), b("r2", 2, 60), b("r3", 3, 60)],
-            (10, 130),
-            (),
-            ("r1",),
-            False,
-            id="size-cap",
-        ),
-        pytest.param(
-            [b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("w3", 3, wedge=True)],
-            (1, 1000),
-            ("w3",),
-            ("w1", "w2"),
-            False,
-            id="old-wedges-go-for-a-new-wedge-when-no-routine-left",
-        ),
-        pytest.param(
-            [b("r1", 1), b("r2", 2)], (1, 1000), ("r1",), ("r2",), False, id="protected-routine"
-        ),
-    ],
-)
-def test_plan_retention(
-    bundles: list[StoredBundle],
-    budget: tuple[int, int],
-    protect: tuple[str, ...],
-    evict: tuple[str, ...],
-    over: bool,
-) -> None:
-    """Routine bundles go first; only a wedge trigger evicts wedges, never the newest one."""
-    keep, max_bytes = budget
-    plan = plan_retention(bundles, keep, max_bytes, protect=protect)
-    assert plan.evict == evict
-    assert plan.over_budget is over
-    assert set(plan.keep) == {x.name for x in bundles} - set(evict)
-
-
-def test_plan_retention_protects_several_wedges_when_asked() -> None:
-    """`protected_wedges=2` keeps the two newest wedge bundles."""
-    bundles = [b("w1", 1, wedge=True), b("w2", 2, wedge=True), b("w3", 3, wedge=True)]
-    plan = plan_retention(bundles, 1, 1000, protect=("w3",), protected_wedges=2)
-    assert plan.evict == ("w1",)
-
-
-@given(
-    st.lists(
-        st.tuples(st.integers(0, 50), st.integers(1, 100), st.booleans()),
-        max_size=12,
-        unique_by=lambda t: t[0],
-    ),
-    st.integers(1, 6),
-    st.integers(1, 600),
-    st.integers(0, 3),
-    st.one_of(st.none(), st.integers(0, 11)),
-)
-def test_plan_retention_invariants(
-    raw: list[tuple[int, int, bool]],
-    keep: int,
-    max_bytes: int,
-    protected_wedges: int,
-    trigger: int | None,
-) -> None:
-    """Routine triggers never cost a wedge; wedges go only after routine ones, newest kept."""
-    bundles = [b(f"n{t:03d}", float(t), size, wedge) for t, size, wedge in raw]
-    current = bundles[trigger] if trigger is not None and trigger < len(bundles) else None
-    protect = () if current is None else (current.name,)
-    plan = plan_retention(
-        bundles, keep, max_bytes, protect=protect, protected_wedges=protected_wedges
-    )
-    by_name = {x.name: x for x in bundles}
-    evicted_wedges = [name for name in plan.evict if by_name[name].wedge]
-    if current is None or not current.wedge:
-        assert evicted_wedges == []  # a routine bundle (or none) never evicts a wedge bundle
-    assert current is None or current.name not in plan.evict
-    wedges = sorted((x for x in bundles if x.wedge), key=lambda x: x.created_timestamp)
-    newest = (
-        {x.name for x in wedges[len(wedges) - protected_wedges :]} if protected_wedges else set()
-    )
-    assert not newest & set(plan.evict)
-    kinds = [by_name[name].wedge for name in plan.evict]
-    assert kinds == sorted(kinds)  # all routine evictions come before any wedge eviction
-    for kind in (False, True):  # within a class, oldest first
-        times = [by_name[n].created_timestamp for n in plan.evict if by_name[n].wedge is kind]
-        assert times == sorted(times)
-    left = [x for x in bundles if x.name not in plan.evict]
-    within = len(left) <= keep and sum(x.size_bytes for x in left) <= max_bytes
-    assert within != plan.over_budget
-    if plan.over_budget:  # over only when nothing evictable is left
-        evictable = [
-            x
-            for x in left
-            if x.name not in protect
-            and x.name not in newest
-            and (not x.wedge or (current is not None and current.wedge))
-        ]
-        assert evictable == []
-    elif plan.evict:  # and never evicts more than needed
-        last = by_name[plan.evict[-1]]
-        back = [*left, last]
-        assert len(back) > keep or sum(x.size_bytes for x in back) > max_bytes
-
-
-# ---------------------------------------------------------------- private files
-
-
-def test_private_dirs_and_files_ignore_the_umask(tmp_path: Path, umask_zero: None) -> None:
-    """Bundle directories are 0700 and files 0600 even with umask 0."""
-    root = tmp_path / "a" / "evidence"
-    ensure_private_dir(root)
-    bundle = make_bundle_dir(root, "20261202T101500Z_local_manual")
-    write_private(bundle / "f.txt", b"data")
-    write_atomic(bundle / "summary.json", b"{}")
-    write_atomic(bundle / "summary.json", b'{"v": 2}')
-    assert stat.S_IMODE(root.stat().st_mode) == 0o700
-    assert_private(bundle)
-    assert (bundle / "summary.json").read_bytes() == b'{"v": 2}'
-    assert sorted(p.name for p in bundle.iterdir()) == ["f.txt", "summary.json"]
-
-
-def test_bundle_dir_name_collision_gets_a_suffix(tmp_path: Path) -> None:
-    """Two captures in the same second get distinct directories."""
-    first = make_bundle_dir(tmp_path, "20261202T101500Z_local_manual")
-    second = make_bundle_dir(tmp_path, "20261202T101500Z_local_manual")
-    assert second.name == "20261202T101500Z_local_manual-2"
-    assert first != second
-
-
-def test_write_private_never_overwrites_or_follows_links(tmp_path: Path) -> None:
-    """An existing file or a planted symlink makes the write fail instead of clobbering."""
-    victim = tmp_path / "victim"
-    victim.write_text("keep")
-    (tmp_path / "link").symlink_to(victim)
-    with pytest.raises(FileExistsError):
-        write_private(tmp_path / "link", b"x")
-    with pytest.raises(FileExistsError):
-        write_private(victim, b"x")
-    assert victim.read_text() == "keep"
-
-
-def fake_bundle(root: Path, name: str, verdict: str, size: int = 100) -> None:
-    """A bundle directory with a summary of the given verdict."""
-    path = root / name
-    path.mkdir(parents=True)
-    (path / "summary.json").write_text(json.dumps({"schema": SCHEMA, "verdict": verdict}))
-    (path / "pad.bin").write_bytes(b"\0" * size)
-
-
-def test_apply_retention_deletes_only_bundles(tmp_path: Path) -> None:
-    """Retention deletes evicted bundles and never touches other entries in evidence_dir."""
-    root = tmp_path / "evidence"
-    fake_bundle(root, "20261201T000000Z_a_wedged", "wedged")
-    fake_bundle(root, "20261201T010000Z_a_manual", "manual")
-    fake_bundle(root, "20261201T020000Z_a_suspect", "resolved")
-    fake_bundle(root, "20261201T030000Z_a_suspect", "suspect")
-    (root / "notes").mkdir()
-    (root / "README").write_text("mine")
-    settings = EvidenceSettings(evidence_dir=root, evidence_keep=2)
-    evicted, failures = apply_retention(settings, protect=["20261201T030000Z_a_suspect"])
-    assert evicted == ("20261201T010000Z_a_manual", "20261201T020000Z_a_suspect")
-    assert failures == ()
-    assert sorted(p.name for p in root.iterdir()) == [
-        "20261201T000000Z_a_wedged",
-        "20261201T030000Z_a_suspect",
-        "README",
-        "notes",
-    ]
-    wedge = next(x for x in scan_bundles(root) if x.name.endswith("wedged"))
-    assert wedge.wedge
-    assert wedge.size_bytes > 100
-
-
-def test_apply_retention_routine_bundle_keeps_wedges_until_it_becomes_one(tmp_path: Path) -> None:
-    """A suspect bundle over a full set of wedges evicts none; once wedged it evicts the oldest."""
-    root = tmp_path / "evidence"
-    wedges = [f"20261201T0{h}0000Z_a_wedged" for h in range(3)]
-    for name in wedges:
-        fake_bundle(root, name, "wedged")
-    suspect = "20261201T030000Z_a_suspect"
-    fake_bundle(root, suspect, "suspect")
-    settings = EvidenceSettings(evidence_dir=root, evidence_keep=3)
-    evicted, failures = apply_retention(settings, protect=[suspect])
-    assert evicted == ()
-    assert len(failures) == 1
-    assert failures[0].startswith("retention: over evidence_keep or evidence_max_bytes")
-    assert sorted(p.name for p in root.iterdir()) == [*wedges, suspect]
-    summary = root / suspect / "summary.json"
-    summary.write_text(json.dumps({"schema": SCHEMA, "verdict": "wedged"}))
-    evicted, failures = apply_retention(settings, protect=[suspect])
-    assert (evicted, failures) == ((wedges[0],), ())
-    assert sorted(p.name for p in root.iterdir()) == [*wedges[1:], suspect]
+# ---------------------------------------------------------------- requests and settings
 
 
 def test_request_accepts_the_detectors_plain_phase_strings(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ from wedgewatch.core.detect import (
 )
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.server import EngineSnapshot, HttpServer, Snapshot, TargetSnapshot, make_app
-from wedgewatch.io import evidence, statefile
+from wedgewatch.io import bundles, evidence, statefile
 from wedgewatch.io.notify import Notification, WebhookNotifier
 from wedgewatch.io.procs import Discovery, ProcessFinder, ProcessSelector, PsutilProcessFinder
 from wedgewatch.io.restarters import (
@@ -1360,7 +1360,7 @@ class BundleEvidence:
             evidence.CaptureRequest(
                 target=target.name,
                 selector=ProcessSelector(url=target.url, pid=target.pid, pid_file=target.pid_file),
-                phase=evidence.Phase(request.phase),
+                phase=bundles.Phase(request.phase),
                 family=request.family,
                 engine=request.key.engine,
                 model_name=request.key.model_name,
@@ -1712,7 +1712,7 @@ async def capture_on_demand(
     request = evidence.CaptureRequest(
         target=name,
         selector=ProcessSelector(url=url, pid=pid, pid_file=pid_file),
-        phase=evidence.Phase.MANUAL,
+        phase=bundles.Phase.MANUAL,
         family="manual",
         metrics_body=body,
         metrics_error=metrics_error,

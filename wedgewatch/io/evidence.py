@@ -13,8 +13,8 @@ Every failure inside a capture is recorded in `summary.json` and in the returned
 whole capture runs under `capture_deadline_seconds`; steps still running then are
 cancelled (py-spy runs are killed and their targets checked for SIGSTOP) and recorded.
 
-Directories are created 0700 and files 0600 regardless of the umask. Retention
-(`plan_retention`, pure) keeps at most `evidence_keep` bundles under `evidence_max_bytes`
+Directories are created 0700 and files 0600 regardless of the umask (`io.bundles`).
+Retention (`core.retention.plan_retention`, pure) keeps at most `evidence_keep` bundles under `evidence_max_bytes`
 by evicting routine bundles (suspect bundles, resolved or still open, and manual captures)
 oldest first. Wedge bundles are evicted only to make room for a newer wedge bundle, oldest
 first, never the newest `protected_wedge_bundles`; the bundle just written is never
@@ -25,19 +25,12 @@ budget the directory runs over by the newest routine bundle. See docs/evidence.m
 from __future__ import annotations
 
 import asyncio
-import calendar
-import contextlib
-import datetime as dt
+import functools
 import json
-import math
-import os
-import re
-import shutil
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +40,23 @@ from wedgewatch.core.triage import (
     StackRound,
     Triage,
     TriageKind,
-    parse_pyspy_json,
     triage,
 )
 from wedgewatch.io.atomic import write_atomic
+from wedgewatch.io.bundles import (
+    Phase,
+    apply_retention,
+    bundle_name,
+    history_lines,
+    json_bytes,
+    load_first_round,
+    make_bundle_dir,
+    redact_pyspy_text,
+    redact_title,
+    stack_file_stem,
+    write_round_files,
+)
+from wedgewatch.io.nvidia_smi import nvidia_smi
 from wedgewatch.io.procs import (
     Discovery,
     ProcessFinder,
@@ -62,36 +68,10 @@ from wedgewatch.io.procs import (
     read_readings,
 )
 from wedgewatch.io.pyspy import DumpStatus, PySpyRunner, StackDump, StackDumper
-from wedgewatch.io.runner import run_command
 from wedgewatch.vllm.semantics import Role
 
 SCHEMA = "wedgewatch.evidence/1"
-NVIDIA_SMI_NOT_FOUND = "nvidia-smi not found"
-#: nvidia-smi's full output is a few KB per GPU; more than this is kept only in part.
-NVIDIA_SMI_OUTPUT_BYTES = 1024 * 1024
-NVIDIA_SMI_ERROR_BYTES = 2000
-NVIDIA_SMI_QUERY = (
-    "--query-gpu=index,name,utilization.gpu,power.draw,memory.used",
-    "--format=csv",
-)
-_DIR_MODE = 0o700
-_FILE_MODE = 0o600
-_NAME_RE = re.compile(r"^(\d{8}T\d{6}Z)_")
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-# A flag whose last word names a secret: --api-key, --hf-token, --db-password (not
-# --max-num-batched-tokens or --ssl-keyfile, whose values are not secrets).
-_SECRET_FLAG = re.compile(
-    r"(?i)^--?(?:[a-z0-9]+[-_])*(?:key|token|secret|password|passwd|credentials?)(?==|$)"
-)
 _DUMPED_ROLES = (Role.API_SERVER, Role.ENGINE_CORE, Role.WORKER)
-
-
-class Phase(StrEnum):
-    """Which capture a bundle part belongs to."""
-
-    SUSPECT = "suspect"
-    WEDGED = "wedged"
-    MANUAL = "manual"
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,259 +179,6 @@ class EvidenceDeps:
         )
 
 
-# --------------------------------------------------------------------------- pure helpers
-
-
-def sanitise(component: str, limit: int = 48) -> str:
-    """A safe path component: letters, digits, `.`, `_`, `-`; never empty, `.` or `..`."""
-    cleaned = _UNSAFE.sub("-", component).strip("-.")[:limit].strip("-.")
-    return cleaned or "x"
-
-
-def bundle_name(timestamp: float, target: str, engine: str | None, family: str) -> str:
-    """`20261202T101500Z_local_engine0_deferred_stall` (UTC, sanitised)."""
-    when = dt.datetime.fromtimestamp(timestamp, tz=dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    parts = [when, sanitise(target)]
-    if engine is not None:
-        parts.append(sanitise(f"engine{engine}"))
-    parts.append(sanitise(family))
-    return "_".join(parts)
-
-
-def timestamp_of_name(name: str) -> float | None:
-    """The UTC time encoded at the start of a bundle name, or None for other names."""
-    match = _NAME_RE.match(name)
-    if not match:
-        return None
-    try:
-        return float(calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%SZ")))
-    except ValueError:
-        return None
-
-
-def redact_title(title: str) -> str:
-    """A command line with the values of secret-looking flags (`--api-key X`) masked."""
-    words = title.split(" ")
-    out: list[str] = []
-    mask_next = False
-    for word in words:
-        if mask_next:
-            out.append("***")
-            mask_next = False
-            continue
-        match = _SECRET_FLAG.match(word)
-        if match and "=" in word:
-            out.append(word.split("=", 1)[0] + "=***")
-        else:
-            out.append(word)
-            mask_next = match is not None
-    return " ".join(out)
-
-
-def redact_pyspy_text(text: str) -> str:
-    """py-spy's text dump with the command line in its `Process N: ...` header redacted."""
-    lines = text.split("\n")
-    for index, line in enumerate(lines):
-        if line.startswith("Process ") and ": " in line:
-            head, _, cmdline = line.partition(": ")
-            lines[index] = f"{head}: {redact_title(cmdline)}"
-    return "\n".join(lines)
-
-
-def json_safe(value: Any) -> Any:
-    """A value that `json.dumps(..., allow_nan=False)` accepts: non-finite floats become strings."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, str | int | bool) or value is None:
-        return value
-    return str(value)
-
-
-def history_lines(history: Iterable[Mapping[str, Any]]) -> bytes:
-    """The flight recorder as JSON lines."""
-    return "".join(
-        json.dumps(json_safe(item), sort_keys=True, allow_nan=False) + "\n" for item in history
-    ).encode()
-
-
-def stack_file_stem(process: ServerProcess) -> str:
-    """`engine_core-1234`: the file name (without suffix) of a process's dumps."""
-    return f"{process.role}-{process.pid}"
-
-
-# --------------------------------------------------------------------------- retention (pure)
-
-
-@dataclass(frozen=True, slots=True)
-class StoredBundle:
-    """A bundle on disk, as retention sees it."""
-
-    name: str
-    created_timestamp: float
-    size_bytes: int
-    wedge: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionPlan:
-    """Which bundles to delete, and whether the budget still is exceeded after that."""
-
-    evict: tuple[str, ...]
-    keep: tuple[str, ...]
-    over_budget: bool
-
-
-def plan_retention(
-    bundles: Sequence[StoredBundle],
-    keep: int,
-    max_bytes: int,
-    *,
-    protect: Iterable[str] = (),
-    protected_wedges: int = 1,
-) -> RetentionPlan:
-    """Evict until at most `keep` bundles of at most `max_bytes` remain, as far as allowed.
-
-    `protect` names the bundle just written (the trigger); it is never evicted. Routine
-    bundles go first, oldest first. Wedge bundles are evicted only when the plan is for a
-    wedge bundle (a protected bundle is a wedge bundle), then oldest first, and never the
-    newest `protected_wedges` of them: a routine bundle never costs a wedge bundle. What
-    cannot be evicted under these rules stays, and `over_budget` says the budget is exceeded.
-    """
-    newest_first = sorted(bundles, key=lambda b: (b.created_timestamp, b.name), reverse=True)
-    protected = set(protect)
-    for_wedge = any(b.wedge and b.name in protected for b in bundles)
-    protected.update(b.name for b in [b for b in newest_first if b.wedge][:protected_wedges])
-    oldest_first = list(reversed(newest_first))
-    candidates = [b for b in oldest_first if not b.wedge and b.name not in protected]
-    if for_wedge:
-        candidates += [b for b in oldest_first if b.wedge and b.name not in protected]
-    count = len(bundles)
-    total = sum(b.size_bytes for b in bundles)
-    evicted: list[str] = []
-    for bundle in candidates:
-        if count <= keep and total <= max_bytes:
-            break
-        evicted.append(bundle.name)
-        count -= 1
-        total -= bundle.size_bytes
-    gone = set(evicted)
-    kept = tuple(b.name for b in newest_first if b.name not in gone)
-    return RetentionPlan(tuple(evicted), kept, count > keep or total > max_bytes)
-
-
-def scan_bundles(evidence_dir: Path) -> list[StoredBundle]:
-    """The bundles in `evidence_dir` (directories whose name starts with a UTC stamp)."""
-    found: list[StoredBundle] = []
-    try:
-        entries = list(os.scandir(evidence_dir))
-    except OSError:
-        return found
-    for entry in entries:
-        created = timestamp_of_name(entry.name)
-        if created is None or not entry.is_dir(follow_symlinks=False):
-            continue
-        path = Path(entry.path)
-        found.append(StoredBundle(entry.name, created, _tree_size(path), _is_wedge(path)))
-    return found
-
-
-def _tree_size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
-
-
-def _is_wedge(path: Path) -> bool:
-    try:
-        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(summary, dict) and summary.get("verdict") == Phase.WEDGED
-
-
-def apply_retention(
-    settings: EvidenceSettings, protect: Iterable[str] = ()
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Delete the bundles the plan evicts; returns (evicted names, failure messages)."""
-    plan = plan_retention(
-        scan_bundles(settings.evidence_dir),
-        settings.evidence_keep,
-        settings.evidence_max_bytes,
-        protect=protect,
-        protected_wedges=settings.protected_wedge_bundles,
-    )
-    evicted: list[str] = []
-    failures: list[str] = []
-    for name in plan.evict:
-        path = settings.evidence_dir / name
-        if path.is_symlink() or path.parent != settings.evidence_dir:
-            continue
-        try:
-            shutil.rmtree(path)
-        except OSError as exc:
-            failures.append(f"retention: cannot delete {name}: {exc.strerror or exc}")
-        else:
-            evicted.append(name)
-    if plan.over_budget:
-        failures.append(
-            "retention: over evidence_keep or evidence_max_bytes; kept the bundle just written"
-            " and the wedge bundles (only a newer wedge bundle evicts a wedge bundle, never"
-            f" the newest {settings.protected_wedge_bundles})"
-        )
-    return tuple(evicted), tuple(failures)
-
-
-# --------------------------------------------------------------------------- private files
-
-
-def ensure_private_dir(path: Path) -> None:
-    """Create a directory 0700 (parents too); an existing one keeps its mode."""
-    if path.is_dir():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, _DIR_MODE)
-        os.chmod(path, _DIR_MODE)  # the umask may have taken bits away; set exactly
-
-
-def make_bundle_dir(evidence_dir: Path, name: str) -> Path:
-    """Create a new bundle directory 0700; `name-2`, `name-3`, ... when the name is taken."""
-    ensure_private_dir(evidence_dir)
-    for attempt in range(1, 1000):
-        candidate = evidence_dir / (name if attempt == 1 else f"{name}-{attempt}")
-        try:
-            os.mkdir(candidate, _DIR_MODE)
-        except FileExistsError:
-            continue
-        os.chmod(candidate, _DIR_MODE)
-        return candidate
-    raise FileExistsError(f"no free bundle name for {name} in {evidence_dir}")
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Write a new file 0600 (fails if it exists; never follows a symlink)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags, _FILE_MODE)
-    try:
-        os.fchmod(fd, _FILE_MODE)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-
-
-def _json_bytes(value: Any) -> bytes:
-    return (json.dumps(json_safe(value), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
-
-
 # --------------------------------------------------------------------------- one capture round
 
 
@@ -479,50 +206,6 @@ class _Round:
 
 def _suffix(phase: Phase, first_round: bool) -> str:
     return "" if first_round else f"_{phase}"
-
-
-async def _run_command(argv: Sequence[str], timeout_seconds: float) -> tuple[int | None, str, str]:
-    """(exit code, -1 if it could not start, None on timeout; stdout; error text)."""
-    result = await run_command(
-        argv,
-        timeout_seconds=timeout_seconds,
-        stdout_bytes=NVIDIA_SMI_OUTPUT_BYTES,
-        stderr_bytes=NVIDIA_SMI_ERROR_BYTES,
-    )
-    if result.start_error is not None:
-        exc = result.start_error
-        return -1, "", f"cannot start {argv[0]}: {exc.strerror or exc}"
-    if result.timed_out:
-        return None, "", f"{argv[0]} did not finish within {timeout_seconds:g} s; killed"
-    return (
-        result.returncode,
-        result.stdout.decode("utf-8", errors="replace"),
-        result.stderr.decode("utf-8", errors="replace"),
-    )
-
-
-async def _nvidia_smi(settings: EvidenceSettings) -> tuple[dict[str, Any], bytes | None]:
-    """(summary entry, file contents) for nvidia-smi's utilisation/power query and full output."""
-    exe = shutil.which(settings.nvidia_smi_path)
-    if exe is None:
-        return {"status": "not_found", "message": NVIDIA_SMI_NOT_FOUND}, None
-    timeout = settings.nvidia_smi_timeout_seconds
-    query, plain = await asyncio.gather(
-        _run_command([exe, *NVIDIA_SMI_QUERY], timeout), _run_command([exe], timeout)
-    )
-    sections: list[str] = []
-    errors: list[str] = []
-    for title, (code, out, err) in (
-        (f"$ nvidia-smi {' '.join(NVIDIA_SMI_QUERY)}", query),
-        ("$ nvidia-smi", plain),
-    ):
-        sections.append(f"{title}\n{out}")
-        if code != 0:
-            errors.append(f"{title}: " + (err.strip() or f"exit code {code}"))
-    entry: dict[str, Any] = {"status": "ok" if not errors else "failed", "path": exe}
-    if errors:
-        entry["errors"] = errors
-    return entry, "\n".join(sections).encode()
 
 
 async def _sample_processes(
@@ -621,7 +304,9 @@ async def _capture_round(
     to_dump = [p for p in discovery.processes if p.role in _DUMPED_ROLES]
     stack_tasks = {p.pid: asyncio.create_task(dumper.dump(p.pid)) for p in to_dump}
     sample_task = asyncio.create_task(_sample_processes(discovery.processes, deps))
-    smi_task = asyncio.create_task(_nvidia_smi(deps.settings))
+    smi_task = asyncio.create_task(
+        nvidia_smi(deps.settings.nvidia_smi_path, deps.settings.nvidia_smi_timeout_seconds)
+    )
     all_tasks: set[asyncio.Task[Any]] = {*stack_tasks.values(), sample_task, smi_task}
     started = deps.monotonic()
     _done, pending = await asyncio.wait(all_tasks, timeout=remaining())
@@ -666,7 +351,7 @@ async def _capture_round(
     else:
         rnd.failures.append(f"process sample: {sample}")
         rnd.stats = tuple(ProcessStats(p, None, None, sample) for p in discovery.processes)
-    rnd.files[f"processes{suffix}.json"] = _json_bytes(
+    rnd.files[f"processes{suffix}.json"] = json_bytes(
         {
             "discovery": _discovery_json(discovery),
             "sample_seconds": deps.settings.process_sample_seconds,
@@ -786,7 +471,7 @@ async def complete_bundle(
 
     deadline_at = begun + deps.settings.capture_deadline_seconds
     rnd, stack_round = await _capture_round(request, deps, Phase.WEDGED, False, deadline_at)
-    first_round = _load_round(bundle, summary)
+    first_round = load_first_round(bundle, summary)
     rounds = [r for r in (first_round, stack_round) if r is not None]
     verdict = triage(rounds, request.engine)
 
@@ -847,7 +532,7 @@ def resolve_bundle(bundle: Path, deps: EvidenceDeps, note: str = "episode resolv
             resolved_timestamp=deps.wall_clock(),
             resolved_at=deps.monotonic(),
         )
-        write_atomic(bundle / "summary.json", _json_bytes(summary))
+        write_atomic(bundle / "summary.json", json_bytes(summary))
     except (OSError, ValueError) as exc:
         return f"{bundle}: cannot mark resolved: {exc}"
     return None
@@ -944,36 +629,13 @@ def _with_failure(result: BundleResult, note: str) -> BundleResult:
     )
 
 
-def _write_round_files(bundle: Path, files: Mapping[str, bytes], replace: bool) -> list[str]:
-    """Write one round's files under `bundle` (directories 0700, files 0600); failures per file.
-
-    Phase 1 creates new files; phase 2 replaces atomically, so completing twice is harmless.
-    """
-    failures: list[str] = []
-    for rel, data in sorted(files.items()):
-        path = bundle / rel
-        try:
-            for parent in reversed(path.relative_to(bundle).parents[:-1]):
-                directory = bundle / parent
-                if not directory.is_dir():
-                    os.mkdir(directory, _DIR_MODE)
-                    os.chmod(directory, _DIR_MODE)
-            if replace:
-                write_atomic(path, data)
-            else:
-                write_private(path, data)
-        except OSError as exc:
-            failures.append(f"writing {rel}: {exc.strerror or exc}")
-    return failures
-
-
 async def _write_files(
     bundle: Path, files: Mapping[str, bytes], replace: bool, deadline_at: float, deps: EvidenceDeps
 ) -> list[str]:
     # Writing gets at least a second even past the deadline: the parts are already in memory.
     try:
         return await asyncio.wait_for(
-            asyncio.to_thread(_write_round_files, bundle, files, replace),
+            asyncio.to_thread(write_round_files, bundle, files, replace),
             max(deadline_at - deps.monotonic(), 1.0),
         )
     except TimeoutError:
@@ -982,7 +644,7 @@ async def _write_files(
 
 async def _write_summary(bundle: Path, summary: Mapping[str, Any]) -> list[str]:
     try:
-        await asyncio.to_thread(write_atomic, bundle / "summary.json", _json_bytes(summary))
+        await asyncio.to_thread(write_atomic, bundle / "summary.json", json_bytes(summary))
     except OSError as exc:
         return [f"writing summary.json: {exc.strerror or exc}"]
     return []
@@ -990,47 +652,16 @@ async def _write_summary(bundle: Path, summary: Mapping[str, Any]) -> list[str]:
 
 async def _retention(deps: EvidenceDeps, current: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     try:
-        return await asyncio.to_thread(apply_retention, deps.settings, (current,))
+        settings = deps.settings
+        return await asyncio.to_thread(
+            functools.partial(
+                apply_retention,
+                settings.evidence_dir,
+                settings.evidence_keep,
+                settings.evidence_max_bytes,
+                protect=(current,),
+                protected_wedges=settings.protected_wedge_bundles,
+            )
+        )
     except OSError as exc:
         return (), (f"retention: {exc.strerror or exc}",)
-
-
-def _load_round(bundle: Path, summary: Mapping[str, Any]) -> StackRound | None:
-    """The first round of stacks, re-read from the bundle (survives a daemon restart)."""
-    phases = summary.get("phases")
-    if not isinstance(phases, Mapping):
-        return None
-    for label, phase in phases.items():
-        if label == Phase.WEDGED or not isinstance(phase, Mapping):
-            continue
-        discovery = phase.get("discovery")
-        if not isinstance(discovery, Mapping):
-            return None
-        stacks = {s.get("pid"): s for s in phase.get("stacks", []) if isinstance(s, Mapping)}
-        processes: list[ProcessStacks] = []
-        for raw in discovery.get("processes", []):
-            if not isinstance(raw, Mapping):
-                continue
-            try:
-                pid, ppid = int(raw["pid"]), int(raw["ppid"])
-                role = Role(raw["role"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            title, status = str(raw.get("title", "")), str(raw.get("status", "running"))
-            record = stacks.get(pid, {})
-            threads = None
-            failure: str | None = f"{record.get('status', 'not dumped')}: {record.get('error')}"
-            for rel in record.get("files", []):
-                if str(rel).endswith(".json"):
-                    try:
-                        parsed = parse_pyspy_json(json.loads((bundle / rel).read_text()))
-                    except (OSError, ValueError) as exc:
-                        failure = f"cannot re-read {rel}: {exc}"
-                        continue
-                    if isinstance(parsed, str):
-                        failure = f"{rel}: {parsed}"
-                    else:
-                        threads, failure = parsed, None
-            processes.append(ProcessStacks(pid, ppid, role, title, threads, failure, status))
-        return StackRound(str(label), tuple(processes), discovery.get("error"))
-    return None

@@ -1,0 +1,310 @@
+"""An evidence bundle on disk: its name, its private files, reading it back, and retention.
+
+A bundle is one directory per episode under `evidence_dir`, named
+`<UTC time>_<target>_engine<engine>_<family>`; directories are created 0700 and files 0600
+whatever the umask, and nothing follows a symlink. What goes into a bundle is decided by
+`io.evidence`; command lines are redacted here before they are written.
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from wedgewatch.core.retention import StoredBundle, plan_retention
+from wedgewatch.core.triage import ProcessStacks, StackRound, parse_pyspy_json
+from wedgewatch.io.atomic import write_atomic
+from wedgewatch.io.procs import ServerProcess
+from wedgewatch.vllm.semantics import Role
+
+_DIR_MODE = 0o700
+_FILE_MODE = 0o600
+_NAME_RE = re.compile(r"^(\d{8}T\d{6}Z)_")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# A flag whose last word names a secret: --api-key, --hf-token, --db-password (not
+# --max-num-batched-tokens or --ssl-keyfile, whose values are not secrets).
+_SECRET_FLAG = re.compile(
+    r"(?i)^--?(?:[a-z0-9]+[-_])*(?:key|token|secret|password|passwd|credentials?)(?==|$)"
+)
+
+
+class Phase(StrEnum):
+    """Which capture a bundle part belongs to."""
+
+    SUSPECT = "suspect"
+    WEDGED = "wedged"
+    MANUAL = "manual"
+
+
+def sanitise(component: str, limit: int = 48) -> str:
+    """A safe path component: letters, digits, `.`, `_`, `-`; never empty, `.` or `..`."""
+    cleaned = _UNSAFE.sub("-", component).strip("-.")[:limit].strip("-.")
+    return cleaned or "x"
+
+
+def bundle_name(timestamp: float, target: str, engine: str | None, family: str) -> str:
+    """`20261202T101500Z_local_engine0_deferred_stall` (UTC, sanitised)."""
+    when = dt.datetime.fromtimestamp(timestamp, tz=dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    parts = [when, sanitise(target)]
+    if engine is not None:
+        parts.append(sanitise(f"engine{engine}"))
+    parts.append(sanitise(family))
+    return "_".join(parts)
+
+
+def timestamp_of_name(name: str) -> float | None:
+    """The UTC time encoded at the start of a bundle name, or None for other names."""
+    match = _NAME_RE.match(name)
+    if not match:
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%SZ")))
+    except ValueError:
+        return None
+
+
+def redact_title(title: str) -> str:
+    """A command line with the values of secret-looking flags (`--api-key X`) masked."""
+    words = title.split(" ")
+    out: list[str] = []
+    mask_next = False
+    for word in words:
+        if mask_next:
+            out.append("***")
+            mask_next = False
+            continue
+        match = _SECRET_FLAG.match(word)
+        if match and "=" in word:
+            out.append(word.split("=", 1)[0] + "=***")
+        else:
+            out.append(word)
+            mask_next = match is not None
+    return " ".join(out)
+
+
+def redact_pyspy_text(text: str) -> str:
+    """py-spy's text dump with the command line in its `Process N: ...` header redacted."""
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        if line.startswith("Process ") and ": " in line:
+            head, _, cmdline = line.partition(": ")
+            lines[index] = f"{head}: {redact_title(cmdline)}"
+    return "\n".join(lines)
+
+
+def json_safe(value: Any) -> Any:
+    """A value that `json.dumps(..., allow_nan=False)` accepts: non-finite floats become strings."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, str | int | bool) or value is None:
+        return value
+    return str(value)
+
+
+def history_lines(history: Iterable[Mapping[str, Any]]) -> bytes:
+    """The flight recorder as JSON lines."""
+    return "".join(
+        json.dumps(json_safe(item), sort_keys=True, allow_nan=False) + "\n" for item in history
+    ).encode()
+
+
+def stack_file_stem(process: ServerProcess) -> str:
+    """`engine_core-1234`: the file name (without suffix) of a process's dumps."""
+    return f"{process.role}-{process.pid}"
+
+
+# -- directories and files
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create a directory 0700 (parents too); an existing one keeps its mode."""
+    if path.is_dir():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, _DIR_MODE)
+        os.chmod(path, _DIR_MODE)  # the umask may have taken bits away; set exactly
+
+
+def make_bundle_dir(evidence_dir: Path, name: str) -> Path:
+    """Create a new bundle directory 0700; `name-2`, `name-3`, ... when the name is taken."""
+    ensure_private_dir(evidence_dir)
+    for attempt in range(1, 1000):
+        candidate = evidence_dir / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            os.mkdir(candidate, _DIR_MODE)
+        except FileExistsError:
+            continue
+        os.chmod(candidate, _DIR_MODE)
+        return candidate
+    raise FileExistsError(f"no free bundle name for {name} in {evidence_dir}")
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a new file 0600 (fails if it exists; never follows a symlink)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, _FILE_MODE)
+    try:
+        os.fchmod(fd, _FILE_MODE)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def json_bytes(value: Any) -> bytes:
+    """Indented, sorted, strict JSON (non-finite floats as strings) with a final newline."""
+    return (json.dumps(json_safe(value), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def write_round_files(bundle: Path, files: Mapping[str, bytes], replace: bool) -> list[str]:
+    """Write one round's files under `bundle` (directories 0700, files 0600); failures per file.
+
+    Phase 1 creates new files; phase 2 replaces atomically, so completing twice is harmless.
+    """
+    failures: list[str] = []
+    for rel, data in sorted(files.items()):
+        path = bundle / rel
+        try:
+            for parent in reversed(path.relative_to(bundle).parents[:-1]):
+                directory = bundle / parent
+                if not directory.is_dir():
+                    os.mkdir(directory, _DIR_MODE)
+                    os.chmod(directory, _DIR_MODE)
+            if replace:
+                write_atomic(path, data)
+            else:
+                write_private(path, data)
+        except OSError as exc:
+            failures.append(f"writing {rel}: {exc.strerror or exc}")
+    return failures
+
+
+def load_first_round(bundle: Path, summary: Mapping[str, Any]) -> StackRound | None:
+    """The first round of stacks, re-read from the bundle (survives a daemon restart)."""
+    phases = summary.get("phases")
+    if not isinstance(phases, Mapping):
+        return None
+    for label, phase in phases.items():
+        if label == Phase.WEDGED or not isinstance(phase, Mapping):
+            continue
+        discovery = phase.get("discovery")
+        if not isinstance(discovery, Mapping):
+            return None
+        stacks = {s.get("pid"): s for s in phase.get("stacks", []) if isinstance(s, Mapping)}
+        processes: list[ProcessStacks] = []
+        for raw in discovery.get("processes", []):
+            if not isinstance(raw, Mapping):
+                continue
+            try:
+                pid, ppid = int(raw["pid"]), int(raw["ppid"])
+                role = Role(raw["role"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            title, status = str(raw.get("title", "")), str(raw.get("status", "running"))
+            record = stacks.get(pid, {})
+            threads = None
+            failure: str | None = f"{record.get('status', 'not dumped')}: {record.get('error')}"
+            for rel in record.get("files", []):
+                if str(rel).endswith(".json"):
+                    try:
+                        parsed = parse_pyspy_json(json.loads((bundle / rel).read_text()))
+                    except (OSError, ValueError) as exc:
+                        failure = f"cannot re-read {rel}: {exc}"
+                        continue
+                    if isinstance(parsed, str):
+                        failure = f"{rel}: {parsed}"
+                    else:
+                        threads, failure = parsed, None
+            processes.append(ProcessStacks(pid, ppid, role, title, threads, failure, status))
+        return StackRound(str(label), tuple(processes), discovery.get("error"))
+    return None
+
+
+# -- retention
+
+
+def scan_bundles(evidence_dir: Path) -> list[StoredBundle]:
+    """The bundles in `evidence_dir` (directories whose name starts with a UTC stamp)."""
+    found: list[StoredBundle] = []
+    try:
+        entries = list(os.scandir(evidence_dir))
+    except OSError:
+        return found
+    for entry in entries:
+        created = timestamp_of_name(entry.name)
+        if created is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        path = Path(entry.path)
+        found.append(StoredBundle(entry.name, created, _tree_size(path), _is_wedge(path)))
+    return found
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def _is_wedge(path: Path) -> bool:
+    try:
+        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("verdict") == Phase.WEDGED
+
+
+def apply_retention(
+    evidence_dir: Path,
+    keep: int,
+    max_bytes: int,
+    *,
+    protect: Iterable[str] = (),
+    protected_wedges: int = 1,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Delete the bundles the plan evicts; returns (evicted names, failure messages)."""
+    plan = plan_retention(
+        scan_bundles(evidence_dir),
+        keep,
+        max_bytes,
+        protect=protect,
+        protected_wedges=protected_wedges,
+    )
+    evicted: list[str] = []
+    failures: list[str] = []
+    for name in plan.evict:
+        path = evidence_dir / name
+        if path.is_symlink() or path.parent != evidence_dir:
+            continue
+        try:
+            shutil.rmtree(path)
+        except OSError as exc:
+            failures.append(f"retention: cannot delete {name}: {exc.strerror or exc}")
+        else:
+            evicted.append(name)
+    if plan.over_budget:
+        failures.append(
+            "retention: over evidence_keep or evidence_max_bytes; kept the bundle just written"
+            " and the wedge bundles (only a newer wedge bundle evicts a wedge bundle, never"
+            f" the newest {protected_wedges})"
+        )
+    return tuple(evicted), tuple(failures)
