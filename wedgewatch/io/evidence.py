@@ -16,10 +16,11 @@ cancelled (py-spy runs are killed and their targets checked for SIGSTOP) and rec
 Directories are created 0700 and files 0600 regardless of the umask (`io.bundles`).
 Retention (`core.retention.plan_retention`, pure) keeps at most `evidence_keep` bundles
 under `evidence_max_bytes` by evicting routine bundles (suspect bundles, resolved or still
-open, and manual captures) oldest first. Wedge bundles are evicted only to make room for a newer wedge bundle, oldest
-first, never the newest `protected_wedge_bundles`; the bundle just written is never
-evicted. A routine bundle never costs a wedge bundle, so when wedge bundles fill the
-budget the directory runs over by the newest routine bundle. See docs/evidence.md.
+open, and manual captures) oldest first. Wedge bundles are evicted only to make room for a
+newer wedge bundle, oldest first, never the newest `protected_wedge_bundles`; the bundle
+just written is never evicted. A routine bundle never costs a wedge bundle, so when wedge
+bundles fill the budget the directory runs over by the newest routine bundle. See
+docs/evidence.md.
 """
 
 from __future__ import annotations
