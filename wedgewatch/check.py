@@ -33,7 +33,6 @@ import httpx
 import structlog
 
 from wedgewatch.core.detect import (
-    EngineState,
     EngineVerdict,
     Policy,
     ScrapeFailed,
@@ -43,6 +42,7 @@ from wedgewatch.core.detect import (
     load_state,
     step,
 )
+from wedgewatch.core.states import EngineState
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.scrape import ScrapeLimits, observe
 

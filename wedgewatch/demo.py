@@ -35,6 +35,7 @@ import httpx
 
 from wedgewatch import launch
 from wedgewatch.config import Config, load_config
+from wedgewatch.core.states import THRESHOLD_SETTING, Family
 from wedgewatch.io import restarters
 from wedgewatch.sim import load as sim_load
 from wedgewatch.sim.vllm_shim import install_shim
@@ -262,15 +263,9 @@ def advance(story: Story, status: Mapping[str, Any], at: float) -> tuple[Story, 
 
 def threshold_for(family: str | None, settings: Mapping[str, Any]) -> tuple[str, float] | None:
     """The setting (name, seconds) after which a stall of `family` is a wedge."""
-    name = {
-        "deferred_stall": "stall_after_seconds",
-        "admission_stall": "stall_after_seconds",
-        "progress_stall": "hang_after_seconds",
-        "output_stall": "output_stall_after_seconds",
-        "unreachable": "unreachable_after_seconds",
-    }.get(family or "")
-    if name is None:
+    if family is None or family not in THRESHOLD_SETTING:
         return None
+    name = THRESHOLD_SETTING[Family(family)]
     return name, float(settings[name])
 
 

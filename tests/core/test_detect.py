@@ -11,12 +11,9 @@ from typing import Any
 import pytest
 
 from wedgewatch.core.detect import (
-    SEVERITY,
     Action,
     CaptureEvidence,
-    EngineState,
     EngineVerdict,
-    Family,
     Observation,
     Policy,
     Restart,
@@ -30,6 +27,7 @@ from wedgewatch.core.detect import (
     new_state,
     step,
 )
+from wedgewatch.core.states import SEVERITY, EngineState, Family
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition, parse
 
 MODEL = "org/model-7b"

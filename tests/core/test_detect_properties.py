@@ -12,8 +12,6 @@ from hypothesis import strategies as st
 
 from wedgewatch.core.detect import (
     CaptureEvidence,
-    EngineState,
-    Family,
     Observation,
     Policy,
     Restart,
@@ -26,6 +24,7 @@ from wedgewatch.core.detect import (
     new_state,
     step,
 )
+from wedgewatch.core.states import EngineState, Family
 from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 

@@ -176,7 +176,9 @@ def test_plan_retention_invariants(
     assert current is None or current.name not in plan.evict
     wedges = sorted((x for x in bundles if x.wedge), key=lambda x: x.created_timestamp)
     newest = (
-        {x.name for x in wedges[len(wedges) - protected_wedges :]} if protected_wedges else set()
+        {x.name for x in wedges[max(len(wedges) - protected_wedges, 0) :]}
+        if protected_wedges
+        else set()
     )
     assert not newest & set(plan.evict)
     kinds = [by_name[name].wedge for name in plan.evict]

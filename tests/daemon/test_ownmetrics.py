@@ -203,10 +203,8 @@ def test_openmetrics_is_negotiated() -> None:
 
 def test_the_golden_story_uses_the_real_label_values() -> None:
     """The states, families and scrape failure reasons pinned here are the daemon's own."""
-    from typing import get_args
-
-    from wedgewatch.core.detect import EngineState, FailureReason, Family
+    from wedgewatch.core.states import SCRAPE_FAILURE_REASONS, EngineState, Family
 
     assert tuple(EngineState) == STATES
     assert tuple(Family) == FAMILIES
-    assert set(get_args(FailureReason)) == set(REASONS)
+    assert set(SCRAPE_FAILURE_REASONS) == set(REASONS)

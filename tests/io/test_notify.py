@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -266,3 +268,10 @@ def test_bad_urls_are_refused(url: str) -> None:
     """A webhook URL that is not http(s) with a host is a configuration error."""
     with pytest.raises(ValueError, match="http:// or https://"):
         WebhookNotifier([url])
+
+
+def test_the_docs_name_exactly_the_events_sent() -> None:
+    """docs/remedies.md lists every event sent to webhooks (NotifyEvent), and no other."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "remedies.md").read_text()
+    paragraph = text.split("Webhooks (`webhook_urls`)")[1].split("(routine events")[0]
+    assert set(re.findall(r"`(\w+)`", paragraph)) == {str(event) for event in NotifyEvent}

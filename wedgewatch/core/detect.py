@@ -24,7 +24,8 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #       has `engines == ()` and is STARTING, or UNREACHABLE once `startup_timeout_seconds`
 #       (when set) have passed since the first observation of that period. A failed scrape
 #       then sets `failure`; the detector emits no transition and no action (no engine).
-#   T2  Otherwise the target state is the worst engine state, in the order of `SEVERITY`:
+#   T2  Otherwise the target state is the worst engine state, in the order of
+#       `core.states.SEVERITY`:
 #       wedged > unreachable > suspect > starting > ok > sleeping > idle.
 #   T3  Restart of the watched server: some progress counter of an engine present in this
 #       and in the previous good scrape went backwards, or process_start_time_seconds changed.
@@ -82,11 +83,20 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar
 
+from wedgewatch.core.states import (
+    ACTED_ON,
+    SCRAPE_FAILURE_REASONS,
+    SEVERITY,
+    STALLED,
+    THRESHOLD_SETTING,
+    EngineState,
+    Family,
+    ScrapeFailureReason,
+)
 from wedgewatch.vllm.semantics import (
     PROGRESS_COUNTERS,
     output_moved,
@@ -96,14 +106,10 @@ from wedgewatch.vllm.semantics import (
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
 __all__ = [
-    "SEVERITY",
     "Action",
     "CaptureEvidence",
     "EngineMemory",
-    "EngineState",
     "EngineVerdict",
-    "FailureReason",
-    "Family",
     "Observation",
     "Policy",
     "Restart",
@@ -119,57 +125,6 @@ __all__ = [
 ]
 
 
-class EngineState(StrEnum):
-    """What the detector believes about one engine (or, for the worst of them, a target)."""
-
-    STARTING = "starting"
-    OK = "ok"
-    IDLE = "idle"
-    SLEEPING = "sleeping"
-    SUSPECT = "suspect"
-    WEDGED = "wedged"
-    UNREACHABLE = "unreachable"
-
-
-class Family(StrEnum):
-    """The kind of stall behind a SUSPECT, WEDGED or UNREACHABLE engine."""
-
-    DEFERRED_STALL = "deferred_stall"
-    ADMISSION_STALL = "admission_stall"
-    PROGRESS_STALL = "progress_stall"
-    OUTPUT_STALL = "output_stall"
-    UNREACHABLE = "unreachable"
-
-
-# Worst first: the target state is the first of these that any engine is in (rule T2).
-SEVERITY: tuple[EngineState, ...] = (
-    EngineState.WEDGED,
-    EngineState.UNREACHABLE,
-    EngineState.SUSPECT,
-    EngineState.STARTING,
-    EngineState.OK,
-    EngineState.SLEEPING,
-    EngineState.IDLE,
-)
-
-_STALLED = frozenset({EngineState.SUSPECT, EngineState.WEDGED, EngineState.UNREACHABLE})
-_ACTED_ON = frozenset({EngineState.WEDGED, EngineState.UNREACHABLE})
-
-# Which policy threshold governs each family.
-_THRESHOLD: Mapping[Family, Callable[[Policy], float]] = {
-    Family.DEFERRED_STALL: lambda p: p.stall_after_seconds,
-    Family.ADMISSION_STALL: lambda p: p.stall_after_seconds,
-    Family.PROGRESS_STALL: lambda p: p.hang_after_seconds,
-    Family.OUTPUT_STALL: lambda p: p.output_stall_after_seconds,
-    Family.UNREACHABLE: lambda p: p.unreachable_after_seconds,
-}
-
-FailureReason = Literal[
-    "timeout", "refused", "connect_error", "http_status", "parse_error", "too_large"
-]
-_FAILURE_REASONS: frozenset[str] = frozenset(get_args(FailureReason))
-
-
 @dataclass(frozen=True, slots=True)
 class Scraped:
     """A good scrape: the parsed exposition, observed at monotonic time `at`."""
@@ -183,13 +138,13 @@ class ScrapeFailed:
     """A scrape that produced no exposition, with a reason from a closed set."""
 
     at: float
-    reason: FailureReason
+    reason: ScrapeFailureReason
     detail: str
 
     def __post_init__(self) -> None:
         """Reject a reason outside the closed set (a bug in the caller, not in the server)."""
-        if self.reason not in _FAILURE_REASONS:
-            allowed = ", ".join(sorted(_FAILURE_REASONS))
+        if self.reason not in SCRAPE_FAILURE_REASONS:
+            allowed = ", ".join(sorted(SCRAPE_FAILURE_REASONS))
             raise ValueError(f"ScrapeFailed.reason must be one of {allowed}, got {self.reason!r}")
 
 
@@ -225,7 +180,8 @@ class Policy:
 
     def threshold(self, family: Family) -> float:
         """The number of seconds after which a stall of `family` is WEDGED (or UNREACHABLE)."""
-        return _THRESHOLD[family](self)
+        seconds: float = getattr(self, THRESHOLD_SETTING[family])
+        return seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,13 +341,13 @@ class _Outcome:
         at = self.at
         key = memory.key
         old_state = old.state if old is not None else EngineState.STARTING
-        was_stalled = old_state in _STALLED
+        was_stalled = old_state in STALLED
         acted = old.acted if old is not None and was_stalled else False
         family = judgement.family
-        if judgement.state in _STALLED and family is not None:
+        if judgement.state in STALLED and family is not None:
             if judgement.state is EngineState.SUSPECT and not was_stalled:
                 self.captures.append(CaptureEvidence(key, family, "suspect"))
-            if judgement.state in _ACTED_ON and not acted:
+            if judgement.state in ACTED_ON and not acted:
                 self.captures.append(CaptureEvidence(key, family, "wedged"))
                 self.restarts.append(Restart(key, family))
                 acted = True
@@ -780,7 +736,7 @@ def _load_memory(raw: object, path: str) -> EngineMemory:
     family = None if family_raw is None else _enum(Family, family_raw, f"{path}.family")
     if state is EngineState.STARTING:
         raise ValueError(f"{path}.state: an engine is never 'starting' (only a target is)")
-    if (state in _STALLED) != (family is not None):
+    if (state in STALLED) != (family is not None):
         raise ValueError(
             f"{path}.family: {family_raw!r} does not fit state {state.value!r} "
             "(suspect, wedged and unreachable need a family; other states have none)"

@@ -48,9 +48,7 @@ from wedgewatch.config import Config, Target, default_target_name, metrics_url_o
 from wedgewatch.core import restart_policy
 from wedgewatch.core.detect import (
     CaptureEvidence,
-    EngineState,
     EngineVerdict,
-    Family,
     Observation,
     Restart,
     Scraped,
@@ -61,10 +59,19 @@ from wedgewatch.core.detect import (
     load_state,
     step,
 )
+from wedgewatch.core.states import (
+    ACTED_ON,
+    CALM,
+    SCRAPE_FAILURE_REASONS,
+    STALLED,
+    THRESHOLD_SETTING,
+    EngineState,
+    Family,
+)
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.server import EngineSnapshot, HttpServer, Snapshot, TargetSnapshot, make_app
 from wedgewatch.io import bundles, evidence, statefile
-from wedgewatch.io.notify import Notification, WebhookNotifier
+from wedgewatch.io.notify import Notification, NotifyEvent, WebhookNotifier
 from wedgewatch.io.procs import Discovery, ProcessFinder, ProcessSelector, PsutilProcessFinder
 from wedgewatch.io.restarters import (
     COMMAND_TIMEOUT_SECONDS,
@@ -84,17 +91,6 @@ from wedgewatch.vllm.signals import EngineKey
 
 log = structlog.get_logger("wedgewatch.daemon")
 
-SCRAPE_FAILURE_REASONS = (
-    "timeout",
-    "refused",
-    "connect_error",
-    "http_status",
-    "parse_error",
-    "too_large",
-)
-_STALLED = frozenset({EngineState.SUSPECT, EngineState.WEDGED, EngineState.UNREACHABLE})
-_ACTED_ON = frozenset({EngineState.WEDGED, EngineState.UNREACHABLE})
-_CALM = frozenset({EngineState.OK, EngineState.IDLE, EngineState.SLEEPING})
 # A saved detector state is trusted only when the monotonic clock kept running between the
 # save and the load (same boot): the wall and monotonic gaps may then differ by this much.
 _SAME_BOOT_TOLERANCE_SECONDS = 60.0
@@ -518,7 +514,7 @@ class Daemon:
             self._apply_policy_step(
                 rt, restart_policy.record_good_scrape(rt.policy, self.restart_policy, now_at, now)
             )
-        healthy = bool(verdict.engines) and verdict.state in _CALM
+        healthy = bool(verdict.engines) and verdict.state in CALM
         self._apply_policy_step(
             rt,
             restart_policy.record_tick(
@@ -590,12 +586,12 @@ class Daemon:
                 fields["family"] = str(transition.family)
             if engine is not None:
                 fields["reason"] = engine.reason
-                if transition.new in _STALLED:
+                if transition.new in STALLED:
                     fields["stalled_seconds"] = round(engine.stalled_seconds, 3)
                     fields["threshold_seconds"] = self.policy.threshold(
                         transition.family or Family.UNREACHABLE
                     )
-            if transition.new in _ACTED_ON:
+            if transition.new in ACTED_ON:
                 # What tells an engine crash (refused: the server is gone) from an API hang
                 # (timeout: the port accepts, nothing answers), and what the stacks said.
                 if transition.family is Family.UNREACHABLE and rt.failure is not None:
@@ -604,7 +600,7 @@ class Daemon:
                     fields["triage"] = rt.episode.triage
             new, old = transition.new, transition.old
             family = str(transition.family) if transition.family else "unknown"
-            if new is EngineState.SUSPECT and old not in _STALLED:
+            if new is EngineState.SUSPECT and old not in STALLED:
                 self.metrics.count_suspect(rt.target.name, family)
                 log.warning("stall_suspected", **fields)
             elif new is EngineState.WEDGED:
@@ -615,7 +611,7 @@ class Daemon:
                 self.metrics.count_wedge(rt.target.name, family)
                 log.error("target_unreachable", remedy=self.config.remedy, **fields)
                 self._notify("target_unreachable", rt, fields)
-            elif old in _STALLED and new in _CALM:
+            elif old in STALLED and new in CALM:
                 episode = rt.episode
                 if episode is not None:
                     fields["stalled_for_seconds"] = round(now_at - episode.opened_at, 3)
@@ -631,7 +627,7 @@ class Daemon:
     def _track_episode(
         self, rt: _TargetRuntime, verdict: TargetVerdict, now_at: float, now: float
     ) -> None:
-        stalled = [e for e in verdict.engines if e.state in _STALLED]
+        stalled = [e for e in verdict.engines if e.state in STALLED]
         episode = rt.episode
         if episode is None and stalled:
             worst = min(stalled, key=lambda e: (e.state is not EngineState.WEDGED, e.key))
@@ -729,10 +725,10 @@ class Daemon:
         not_before = rt.policy.not_before_at
         if not_before is not None and now_at < not_before:
             return
-        if verdict.state not in _ACTED_ON:
+        if verdict.state not in ACTED_ON:
             episode.restart_pending_since = None
             return
-        worst = next((e for e in verdict.engines if e.state in _ACTED_ON), None)
+        worst = next((e for e in verdict.engines if e.state in ACTED_ON), None)
         key = worst.key if worst is not None else episode.key
         reason = worst.reason if worst is not None else episode.family
         episode.restart_pending_since = None
@@ -886,7 +882,7 @@ class Daemon:
         name = rt.target.name
         episode = rt.episode
         verdict = rt.verdict
-        if verdict is None or verdict.state not in _ACTED_ON:
+        if verdict is None or verdict.state not in ACTED_ON:
             log.info(
                 "restart_skipped",
                 target=name,
@@ -1086,7 +1082,7 @@ class Daemon:
                 model_name=e.key.model_name,
                 engine=e.key.engine,
                 state=str(e.state),
-                stalled_seconds=e.stalled_seconds if e.state in _STALLED else 0.0,
+                stalled_seconds=e.stalled_seconds if e.state in STALLED else 0.0,
                 last_progress_timestamp=self._wall(e.last_progress_at, now_at, now),
             )
             for e in verdict.engines
@@ -1097,7 +1093,6 @@ class Daemon:
     ) -> dict[str, Any]:
         clock = self.deps.clock
         now_at, now = clock.monotonic(), clock.wall()
-        policy = self.policy
         return {
             "target": rt.target.name,
             "url": rt.target.metrics_url,
@@ -1110,13 +1105,7 @@ class Daemon:
                 self._wall(engine.last_progress_at, now_at, now) if engine else None
             ),
             "verdict_timestamp": now,
-            "thresholds": {
-                "stall_after_seconds": policy.stall_after_seconds,
-                "hang_after_seconds": policy.hang_after_seconds,
-                "output_stall_after_seconds": policy.output_stall_after_seconds,
-                "unreachable_after_seconds": policy.unreachable_after_seconds,
-                "interval_seconds": self.config.interval_seconds,
-            },
+            "thresholds": thresholds_of(self.config),
             "engines": [
                 {
                     "model_name": e.key.model_name,
@@ -1158,7 +1147,7 @@ class Daemon:
                     state=str(e.state),
                     family=str(e.family) if e.family else None,
                     since_timestamp=self._wall(e.since_at, now_at, now),
-                    stalled_seconds=e.stalled_seconds if e.state in _STALLED else 0.0,
+                    stalled_seconds=e.stalled_seconds if e.state in STALLED else 0.0,
                     last_progress_timestamp=self._wall(e.last_progress_at, now_at, now),
                     reason=e.reason,
                     missing=e.missing,
@@ -1406,18 +1395,7 @@ def capture_failure_reasons(result: evidence.BundleResult) -> tuple[str, ...]:
 class WebhookNotifications:
     """Sends the daemon's notable events through `notify.WebhookNotifier`."""
 
-    EVENTS = frozenset(
-        {
-            "wedge_detected",
-            "target_unreachable",
-            "engine_recovered",
-            "restart_requested",
-            "restart_succeeded",
-            "restart_failed",
-            "gave_up",
-            "gave_up_cleared",
-        }
-    )
+    EVENTS = frozenset(NotifyEvent)
 
     def __init__(self, notifier: WebhookNotifier | None) -> None:
         self._notifier = notifier
@@ -1502,6 +1480,15 @@ def evidence_settings(config: Config) -> evidence.EvidenceSettings:
     )
 
 
+def thresholds_of(config: Config) -> dict[str, float]:
+    """The detector's thresholds and the scrape interval, by setting name (bundles, webhooks)."""
+    policy = config.policy()
+    settings = dict.fromkeys(THRESHOLD_SETTING.values())  # each setting once, in family order
+    return {name: getattr(policy, name) for name in settings} | {
+        "interval_seconds": config.interval_seconds
+    }
+
+
 def capture_deadline_seconds(config: Config) -> float:
     """How long one capture may take: py-spy with and without --native, sampling, writing."""
     return 2 * config.pyspy_timeout_seconds + config.process_sample_seconds + 10.0
@@ -1545,14 +1532,7 @@ def real_deps(
     """
     clock = SystemClock()
     finder = PsutilProcessFinder()
-    policy = config.policy()
-    thresholds = {
-        "stall_after_seconds": policy.stall_after_seconds,
-        "hang_after_seconds": policy.hang_after_seconds,
-        "output_stall_after_seconds": policy.output_stall_after_seconds,
-        "unreachable_after_seconds": policy.unreachable_after_seconds,
-        "interval_seconds": config.interval_seconds,
-    }
+    thresholds = thresholds_of(config)
     webhooks = (
         WebhookNotifier(
             config.webhook_urls,

@@ -18,16 +18,19 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import choose_encoder
 
+from wedgewatch.core.restart_policy import FailureReason
+from wedgewatch.io.bundles import Phase
+
 # Buckets for how long an evidence capture takes: py-spy of a handful of processes
 # normally finishes in a second or two; the goal is a complete bundle within 5 s.
 CAPTURE_DURATION_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 # Phases of an evidence capture: opened at suspect, completed at wedged, or on demand.
-CAPTURE_PHASES = ("suspect", "wedged", "manual")
+CAPTURE_PHASES = tuple(str(phase) for phase in Phase)
 
 # Why a restart failed: the remedy itself reported an error, it did not finish within its
 # timeout, or the server did not come back healthy within startup_timeout_seconds.
-RESTART_FAILURE_REASONS = ("remedy_error", "timeout", "not_recovered")
+RESTART_FAILURE_REASONS = tuple(str(reason) for reason in FailureReason)
 
 # Why an evidence capture step failed: the bundle could not be written, ptrace was denied
 # (py-spy without root or CAP_SYS_PTRACE), the capture deadline passed, some part failed,

@@ -32,12 +32,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from wedgewatch.core.states import ACTED_ON
 from wedgewatch.daemon.ownmetrics import render
 from wedgewatch.vllm.signals import EngineReading
 
-# Target states that fail /probe: the detector only reports `unreachable` once the target
-# has been unreachable for unreachable_after_seconds, so a blip never fails the probe.
-PROBE_FAILING_STATES = frozenset({"wedged", "unreachable"})
+# Target states that fail /probe: the acted-on states. The detector only reports
+# `unreachable` once the target has been unreachable for unreachable_after_seconds, so a
+# blip never fails the probe.
+PROBE_FAILING_STATES = ACTED_ON
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,9 +47,11 @@ QUEUE_SIZE = 100
 
 
 class NotifyEvent(StrEnum):
-    """The events wedgewatch sends (the same names as its log lines)."""
+    """The events wedgewatch sends to webhooks (the same names as its log lines); no others."""
 
     WEDGE_DETECTED = "wedge_detected"
+    TARGET_UNREACHABLE = "target_unreachable"
+    ENGINE_RECOVERED = "engine_recovered"
     RESTART_REQUESTED = "restart_requested"
     RESTART_SUCCEEDED = "restart_succeeded"
     RESTART_FAILED = "restart_failed"

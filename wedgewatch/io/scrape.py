@@ -18,18 +18,14 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 from urllib.parse import urlsplit
 
 import httpx
 
 from wedgewatch import __version__
 from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
+from wedgewatch.core.states import ScrapeFailureReason
 from wedgewatch.vllm import signals
-
-FetchFailureReason = Literal[
-    "timeout", "refused", "connect_error", "http_status", "parse_error", "too_large"
-]
 
 #: Request headers: plain text only (vLLM's `/metrics/` mount escapes `:` in OpenMetrics).
 REQUEST_HEADERS = {
@@ -63,7 +59,7 @@ class Fetched:
 class FetchFailed:
     """A scrape that produced no usable body, with a closed-set reason and a one-line detail."""
 
-    reason: FetchFailureReason
+    reason: ScrapeFailureReason
     detail: str
     elapsed_seconds: float
 
@@ -174,7 +170,7 @@ async def fetch(
     received = 0
     timeout = httpx.Timeout(timeout_seconds)
 
-    def failed(reason: FetchFailureReason, detail: str) -> FetchFailed:
+    def failed(reason: ScrapeFailureReason, detail: str) -> FetchFailed:
         return FetchFailed(reason=reason, detail=detail, elapsed_seconds=clock() - started_at)
 
     try:

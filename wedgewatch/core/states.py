@@ -1,0 +1,70 @@
+"""The words wedgewatch judges with, in one place: engine states, stall families, scrape
+failure reasons, and which threshold setting governs each family.
+
+The detector decides with them, the daemon's own metrics label with them, `/status` and
+`/probe` report them, and the docs list them; every one of those imports them from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Literal, get_args
+
+
+class EngineState(StrEnum):
+    """What the detector believes about one engine (or, for the worst of them, a target)."""
+
+    STARTING = "starting"
+    OK = "ok"
+    IDLE = "idle"
+    SLEEPING = "sleeping"
+    SUSPECT = "suspect"
+    WEDGED = "wedged"
+    UNREACHABLE = "unreachable"
+
+
+class Family(StrEnum):
+    """The kind of stall behind a SUSPECT, WEDGED or UNREACHABLE engine."""
+
+    DEFERRED_STALL = "deferred_stall"
+    ADMISSION_STALL = "admission_stall"
+    PROGRESS_STALL = "progress_stall"
+    OUTPUT_STALL = "output_stall"
+    UNREACHABLE = "unreachable"
+
+
+#: Worst first: a target's state is the first of these that any of its engines is in.
+SEVERITY: tuple[EngineState, ...] = (
+    EngineState.WEDGED,
+    EngineState.UNREACHABLE,
+    EngineState.SUSPECT,
+    EngineState.STARTING,
+    EngineState.OK,
+    EngineState.SLEEPING,
+    EngineState.IDLE,
+)
+
+#: An engine in one of these is in a stall episode (evidence is captured from SUSPECT on).
+STALLED: frozenset[EngineState] = frozenset(
+    {EngineState.SUSPECT, EngineState.WEDGED, EngineState.UNREACHABLE}
+)
+#: The states that are acted on (capture and restart) and that fail `/probe`.
+ACTED_ON: frozenset[EngineState] = frozenset({EngineState.WEDGED, EngineState.UNREACHABLE})
+#: Healthy: nothing to watch for, restarts may re-arm after long enough in these.
+CALM: frozenset[EngineState] = frozenset({EngineState.OK, EngineState.IDLE, EngineState.SLEEPING})
+
+#: The setting whose number of seconds turns a stall of each family into WEDGED (UNREACHABLE).
+THRESHOLD_SETTING: Mapping[Family, str] = {
+    Family.DEFERRED_STALL: "stall_after_seconds",
+    Family.ADMISSION_STALL: "stall_after_seconds",
+    Family.PROGRESS_STALL: "hang_after_seconds",
+    Family.OUTPUT_STALL: "output_stall_after_seconds",
+    Family.UNREACHABLE: "unreachable_after_seconds",
+}
+
+#: Why a scrape produced no exposition: a closed set.
+ScrapeFailureReason = Literal[
+    "timeout", "refused", "connect_error", "http_status", "parse_error", "too_large"
+]
+SCRAPE_FAILURE_REASONS: tuple[ScrapeFailureReason, ...] = get_args(ScrapeFailureReason)
