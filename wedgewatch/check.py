@@ -38,10 +38,9 @@ from wedgewatch.core.detect import (
     ScrapeFailed,
     TargetState,
     TargetVerdict,
-    dump_state,
-    load_state,
     step,
 )
+from wedgewatch.core.detect_state import dump_state, load_state
 from wedgewatch.core.states import EngineState
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.scrape import ScrapeLimits, observe

@@ -22,11 +22,10 @@ from wedgewatch.core.detect import (
     TargetState,
     TargetVerdict,
     Transition,
-    dump_state,
-    load_state,
     new_state,
     step,
 )
+from wedgewatch.core.detect_state import dump_state, load_state
 from wedgewatch.core.states import SEVERITY, EngineState, Family
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition, parse
 

@@ -19,11 +19,10 @@ from wedgewatch.core.detect import (
     ScrapeFailed,
     TargetState,
     TargetVerdict,
-    dump_state,
-    load_state,
     new_state,
     step,
 )
+from wedgewatch.core.detect_state import dump_state, load_state
 from wedgewatch.core.states import EngineState, Family
 from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition

@@ -55,10 +55,9 @@ from wedgewatch.core.detect import (
     ScrapeFailed,
     TargetState,
     TargetVerdict,
-    dump_state,
-    load_state,
     step,
 )
+from wedgewatch.core.detect_state import dump_state, load_state
 from wedgewatch.core.states import (
     ACTED_ON,
     CALM,

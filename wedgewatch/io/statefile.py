@@ -65,7 +65,7 @@ class TargetRecord:
 
     restart_policy: PolicyRecord | None = None
     open_episodes: tuple[OpenEpisode, ...] = ()
-    detector: Mapping[str, Any] | None = None  # `detect.dump_state` output, opaque here
+    detector: Mapping[str, Any] | None = None  # `detect_state.dump_state` output, opaque here
 
 
 @dataclass(frozen=True, slots=True)
