@@ -14,13 +14,12 @@ from typing import Any
 import psutil
 import pytest
 
-from wedgewatch.demo import (
+from wedgewatch.demo import DemoOptions, demo_settings
+from wedgewatch.demo_story import (
     RECOVERED_AFTER_SECONDS,
-    DemoOptions,
     Story,
     advance,
     bundle_report,
-    demo_settings,
     render_engines,
     render_summary,
     threshold_for,
