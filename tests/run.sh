@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: creates (or reuses) .venv, installs wedgewatch
 # with its test tools, installs the real tools the tests use (Debian's prometheus, systemd
-# and nodejs packages) when they are missing,
+# and nodejs packages) when they are missing, checks that kubectl can render the manifests,
 # then runs the formatter check, the linter, mypy --strict and every test, slow ones included.
 # Extra arguments go to pytest (e.g. `bash tests/run.sh -m "not slow"` for a quick pass).
 set -euo pipefail
@@ -39,6 +39,15 @@ command -v node >/dev/null 2>&1 || missing+=(nodejs)
 if [ "${#missing[@]}" -gt 0 ]; then
     need_root "${missing[*]}" "${missing[*]}"
     apt_install "${missing[@]}"
+fi
+# kubectl renders the Kubernetes manifests (`kubectl kustomize`). Debian's own
+# kubernetes-client (1.20) is too old: its kustomize cannot read the overlay's `patches:`,
+# so kubectl 1.21 or newer has to come from the Kubernetes project's apt repository (the
+# CI image has 1.32).
+if ! kubectl kustomize deploy/kubernetes/exec-probe >/dev/null 2>&1; then
+    echo "tests/run.sh: 'kubectl kustomize' is missing or too old (kubectl 1.21 or newer" \
+        "is needed); install kubectl from the Kubernetes project's apt repository" >&2
+    exit 2
 fi
 
 .venv/bin/ruff format --check .
