@@ -8,7 +8,7 @@ the target's `/proc/<pid>/stat` (and its threads') state is checked: a target le
 state `T` (stopped) gets SIGCONT, and the dump records that it did. A target that was
 already stopped before wedgewatch touched it is left as found, and that is recorded.
 
-Failures are data (`DumpStatus`), never exceptions. Pids are dumped in parallel.
+Failures are data (`DumpStatus`), never exceptions. Several pids may be dumped at once.
 
 `argv_prefix` runs py-spy through a wrapper (`setpriv --reuid=...`, `nsenter ...`); tests
 use it to get a real "Permission Denied" from an unprivileged py-spy.
@@ -259,11 +259,6 @@ class PySpyRunner:
     native: bool = True
     argv_prefix: tuple[str, ...] = ()
     clock: Callable[[], float] = time.monotonic
-
-    async def dump_all(self, pids: Sequence[int]) -> dict[int, StackDump]:
-        """Dump every pid in parallel."""
-        results = await asyncio.gather(*(self.dump(pid) for pid in pids))
-        return {dump.pid: dump for dump in results}
 
     async def dump(self, pid: int) -> StackDump:
         """JSON and text dumps of one process; see the module docstring for the sequence."""

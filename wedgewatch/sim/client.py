@@ -164,11 +164,6 @@ class EngineClient:
         return tuple(c.engine_index for c in self._configs)
 
     @property
-    def engine_pids(self) -> tuple[int, ...]:
-        """Engine process ids, by DP rank."""
-        return tuple(e.pid for e in self._engines)
-
-    @property
     def worker_pids(self) -> tuple[tuple[int, ...], ...]:
         """Worker process ids per engine (empty with TP=1)."""
         return tuple(e.worker_pids for e in self._engines)

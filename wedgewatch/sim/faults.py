@@ -26,7 +26,6 @@ FaultName = Literal[
     "collective-hang", "engine-crash", "api-hang", "garbage-metrics", "slow-metrics"
 ]
 ENGINE_FAULTS: frozenset[FaultName] = frozenset({"collective-hang", "engine-crash"})
-API_FAULTS: frozenset[FaultName] = frozenset({"api-hang", "garbage-metrics", "slow-metrics"})
 FAULT_NAMES: tuple[FaultName, ...] = (
     "collective-hang",
     "engine-crash",

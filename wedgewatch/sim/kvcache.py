@@ -139,10 +139,6 @@ class CpuTier:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def num_pending(self, now: int) -> int:
-        """Blocks whose store has not landed by step ``now``."""
-        return sum(1 for ready_at in self._entries.values() if ready_at > now)
-
     def store(self, hashes: Iterable[BlockHash], now: int) -> None:
         """Offload blocks freed at step ``now``: new ones join the pipe, known ones refresh."""
         if self.capacity <= 0:

@@ -410,11 +410,6 @@ class Scheduler:
         return len(self._waiting)
 
     @property
-    def num_deferred(self) -> int:
-        """``len(skipped_waiting)``: parked loads and skipped requests (reason "deferred")."""
-        return len(self._skipped)
-
-    @property
     def num_free_blocks(self) -> int:
         """GPU blocks no request holds (cached-but-free blocks count as free)."""
         return self._pool.num_free
@@ -443,11 +438,6 @@ class Scheduler:
             waiting=view(self._waiting),
             skipped_waiting=view(self._skipped),
         )
-
-    @property
-    def step_count(self) -> int:
-        """Number of steps taken so far."""
-        return self._step
 
     # ------------------------------------------------------------------ the step
 
