@@ -177,3 +177,43 @@ def test_the_allowed_offenders_still_need_it() -> None:
     """An allow-list entry goes away as soon as its offender is back under the limit."""
     over = {what for what, lines, limit in _sizes() if lines > limit}
     assert set(SIZE_ALLOWED) <= over, f"within the limit now, drop: {set(SIZE_ALLOWED) - over}"
+
+
+#: Each layer imports only from itself and the layers listed (the top level may import all).
+LAYERS = {
+    "wedgewatch.vllm": {"wedgewatch.vllm"},
+    "wedgewatch.core": {"wedgewatch.vllm", "wedgewatch.core"},
+    "wedgewatch.io": {"wedgewatch.vllm", "wedgewatch.core", "wedgewatch.io"},
+    "wedgewatch.config": {
+        "wedgewatch.vllm",
+        "wedgewatch.core",
+        "wedgewatch.io",
+        "wedgewatch.config",
+    },
+    "wedgewatch.daemon": {
+        "wedgewatch.vllm",
+        "wedgewatch.core",
+        "wedgewatch.io",
+        "wedgewatch.config",
+        "wedgewatch.daemon",
+    },
+    "wedgewatch.sim": {"wedgewatch.sim"},
+}
+
+
+def _layer(name: str) -> str | None:
+    return next((layer for layer in LAYERS if name == layer or name.startswith(layer + ".")), None)
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_layers_import_only_downwards(layer: str) -> None:
+    """vllm <- core <- io <- config <- daemon: no layer reaches up; sim stands alone."""
+    graph = _graph()
+    upward = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if _layer(name) == layer
+        for target in targets
+        if target != "wedgewatch" and _layer(target) not in LAYERS[layer]
+    )
+    assert upward == []
