@@ -4,9 +4,9 @@ Every setting is a field of the frozen `Config` model, spelled the same everywhe
 field `stall_after_seconds` is the TOML key `stall_after_seconds`, the environment
 variable `WEDGEWATCH_STALL_AFTER_SECONDS` and the flag `--stall-after-seconds`. The
 only exceptions are the list settings, whose flags are singular and repeatable
-(`--target`, `--webhook-url`). `load_config` merges the four sources, records where
-every value came from, and turns validation failures into one clear message per field.
-Components never see the whole model: they receive a narrowed slice (`Config.policy()`,
+(`--target`, `--webhook-url`). `config.sources.load_config` merges the four sources,
+records where every value came from, and turns validation failures into one clear message
+per field; `config.reference` renders the model. Components never see the whole model: they receive a narrowed slice (`Config.policy()`,
 `Config.scrape_limits()`).
 """
 
