@@ -6,8 +6,8 @@ variable `WEDGEWATCH_STALL_AFTER_SECONDS` and the flag `--stall-after-seconds`. 
 only exceptions are the list settings, whose flags are singular and repeatable
 (`--target`, `--webhook-url`). `config.sources.load_config` merges the four sources,
 records where every value came from, and turns validation failures into one clear message
-per field; `config.reference` renders the model. Components never see the whole model: they receive a narrowed slice (`Config.policy()`,
-`Config.scrape_limits()`).
+per field; `config.reference` renders the model. Components never see the whole model:
+they receive a narrowed slice (`Config.policy()`, `Config.scrape_limits()`).
 """
 
 from __future__ import annotations
