@@ -8,11 +8,13 @@ systemd's sd_notify.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import structlog
 from prometheus_client import CollectorRegistry
 
@@ -59,19 +61,33 @@ class AsyncioSleeper:
 
 
 class HttpScraper:
-    """Scrapes with `scrape.fetch` (bounded in time and size) and parses with `signals.parse`."""
+    """Scrapes with `scrape.fetch` (bounded in time and size) and parses with `signals.parse`.
+
+    Each target gets its own HTTP client (sharing one TLS context) that keeps its connection
+    open between scrapes: a connection pool's cost per request grows with its size, so one
+    pool for many targets would make every scrape slower as targets are added.
+    """
 
     def __init__(self, limits: ScrapeLimits, clock: Clock) -> None:
         self._limits = limits
         self._clock = clock
-        self._client = new_client()
+        self._tls: ssl.SSLContext | None = None
+        self._clients: dict[str, httpx.AsyncClient] = {}
+
+    def _client(self, target: Target) -> httpx.AsyncClient:
+        client = self._clients.get(target.name)
+        if client is None:
+            if self._tls is None:
+                self._tls = httpx.create_ssl_context()
+            client = self._clients[target.name] = new_client(keepalive=1, tls=self._tls)
+        return client
 
     async def scrape(self, target: Target) -> ScrapeResult:
         """Fetch and parse once; the observation is stamped when the scrape began."""
         at = self._clock.monotonic()
         url = target.metrics_url
         result = await fetch(
-            self._client,
+            self._client(target),
             url,
             timeout_seconds=self._limits.timeout_seconds,
             max_body_bytes=self._limits.max_body_bytes,
@@ -94,8 +110,9 @@ class HttpScraper:
         return ScrapeResult(Scraped(at, parsed), result.body, duration)
 
     async def aclose(self) -> None:
-        """Close the HTTP client."""
-        await self._client.aclose()
+        """Close the HTTP clients."""
+        for client in self._clients.values():
+            await client.aclose()
 
 
 class BundleEvidence:
