@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -149,6 +150,33 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
+def start_daemon(config: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """`wedgewatch run --config CONFIG`, its output in `log_path`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")}
+    env.pop("NOTIFY_SOCKET", None)
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [*WEDGEWATCH, "run", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def stop_daemon(child: subprocess.Popen[bytes], log_path: Path) -> None:
+    """SIGTERM, wait, SIGKILL if it hangs; keep the log when BENCH_KEEP_LOG names a file."""
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    keep = os.environ.get("BENCH_KEEP_LOG")
+    if keep:
+        Path(keep).write_bytes(log_path.read_bytes())
+
+
 async def measure(size: int, body: bytes, warmup: float, seconds: float) -> dict[str, Any]:
     """One size: start the ports and the daemon, warm up, measure, stop."""
     ports_server = Ports(body)
@@ -157,35 +185,18 @@ async def measure(size: int, body: bytes, warmup: float, seconds: float) -> dict
         workdir = Path(tmp)
         config = workdir / "wedgewatch.toml"
         write_config(config, ports, hung, workdir)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")}
-        env.pop("NOTIFY_SOCKET", None)
-        log = (workdir / "daemon.log").open("wb")
-        child = subprocess.Popen(
-            [*WEDGEWATCH, "run", "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+        child = start_daemon(config, workdir / "daemon.log")
         try:
             proc = psutil.Process(child.pid)
             await asyncio.sleep(warmup)
             if child.poll() is not None:
-                raise RuntimeError(f"wedgewatch run exited: {(workdir / 'daemon.log').read_text()}")
+                raise RuntimeError(f"wedgewatch run exited; see {workdir / 'daemon.log'}")
             start, cpu0 = time.monotonic(), cpu_seconds(proc)
             await asyncio.sleep(seconds)
             end, cpu1 = time.monotonic(), cpu_seconds(proc)
         finally:
-            child.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(child.wait, 30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-            log.close()
+            await asyncio.to_thread(stop_daemon, child, workdir / "daemon.log")
             await ports_server.stop()
-            keep = os.environ.get("BENCH_KEEP_LOG")
-            if keep:
-                Path(keep).write_bytes((workdir / "daemon.log").read_bytes())
     scrapes = 0
     worst_gap = 0.0
     for index in range(size):
@@ -193,7 +204,7 @@ async def measure(size: int, body: bytes, warmup: float, seconds: float) -> dict
         scrapes += len(hits)
         # The gap before the first hit in the window counts too (a target that stopped).
         edges = [start, *hits, end]
-        worst_gap = max(worst_gap, *(b - a for a, b in zip(edges, edges[1:], strict=False)))
+        worst_gap = max(worst_gap, *(b - a for a, b in itertools.pairwise(edges)))
     cpu = cpu1 - cpu0
     return {
         "targets": size,
@@ -208,8 +219,7 @@ async def measure(size: int, body: bytes, warmup: float, seconds: float) -> dict
     }
 
 
-async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
-    body = Path(args.body).read_bytes()
+async def main_async(args: argparse.Namespace, body: bytes) -> list[dict[str, Any]]:
     results = []
     for size in [int(s) for s in args.sizes.split(",")]:
         result = await measure(size, body, args.warmup_seconds, args.seconds)
@@ -227,9 +237,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     # Two sockets per target in this process and one in the daemon, which inherits the limit.
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    results = asyncio.run(main_async(args))
+    results = asyncio.run(main_async(args, Path(args.body).read_bytes()))
     report = {
         "machine": {
             "python": platform.python_version(),

@@ -114,3 +114,40 @@ async def test_a_hung_target_never_delays_another(tmp_path: Path) -> None:
     assert scraper.scrapes["hung"] == [1000.0]  # one scrape, still in flight
     assert daemon.snapshot.targets["hung"].state == "starting"
     assert daemon.snapshot.ticks >= 30  # the heartbeat kept going
+
+
+async def test_quiet_targets_do_not_rewrite_the_state_file(tmp_path: Path) -> None:
+    """With nothing notable happening the state file is written every 30 s, not every tick."""
+    clock = FakeClock()
+    time = VirtualTime(clock)
+    scraper = SplitScraper(clock)
+    store = MemoryStateStore()
+    config = Config.model_validate(
+        {
+            "targets": [f"t{i}=http://127.0.0.1:{8001 + i}" for i in range(5)],
+            "interval_seconds": 1.0,
+            "state_dir": str(tmp_path / "state"),
+            "evidence_dir": str(tmp_path / "evidence"),
+            "remedy": "none",
+        }
+    )
+    deps = Deps(
+        clock=clock,
+        sleeper=time,
+        scraper=scraper,
+        evidence=FakeEvidence(),
+        restarters={},
+        finder=FakeFinder(),
+        notifier=FakeNotifier(),
+        state_store=store,
+        service=FakeService(),
+        registry=CollectorRegistry(),
+        serve_http=False,
+    )
+    daemon = Daemon(config, deps)
+    stop = asyncio.Event()
+    with structlog.testing.capture_logs():
+        await asyncio.gather(daemon.run(stop), time.run(120.0, stop))
+    assert all(len(scraper.scrapes[f"t{i}"]) >= 120 for i in range(5))
+    assert store.saves <= 1 + 120 // 30 + 1  # the first save, the refreshes, the last one
+    assert set(store.saved.targets) == {f"t{i}" for i in range(5)}
