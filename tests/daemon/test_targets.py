@@ -111,7 +111,7 @@ async def test_a_hung_target_never_delays_another(tmp_path: Path) -> None:
         assert len(times) >= 30
         assert max(b - a for a, b in itertools.pairwise(times)) == 1.0
         assert daemon.snapshot.targets[name].state == "ok"
-    assert scraper.scrapes["hung"] == [1000.0]  # one scrape, still in flight
+    assert len(scraper.scrapes["hung"]) == 1  # one scrape, still in flight
     assert daemon.snapshot.targets["hung"].state == "starting"
     assert daemon.snapshot.ticks >= 30  # the heartbeat kept going
 

@@ -269,9 +269,10 @@ class Daemon(Host):
                 ),
             )
             rt.worker = asyncio.create_task(rt.work(), name=f"wedgewatch-worker-{name}")
+        spread = self.config.interval_seconds / len(self._targets)
         cadences = [
-            asyncio.create_task(rt.cadence(stop), name=f"wedgewatch-target-{name}")
-            for name, rt in self._targets.items()
+            asyncio.create_task(rt.cadence(stop, index * spread), name=f"wedgewatch-target-{name}")
+            for index, (name, rt) in enumerate(self._targets.items())
         ]
         try:
             await stop.wait()

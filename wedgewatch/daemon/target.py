@@ -116,9 +116,15 @@ class TargetRunner:
 
     # -- the cadence --------------------------------------------------------------------------
 
-    async def cadence(self, stop: asyncio.Event) -> None:
-        """Scrape and judge every `interval_seconds` until `stop`; skip, never burst."""
+    async def cadence(self, stop: asyncio.Event, offset_seconds: float = 0.0) -> None:
+        """Scrape and judge every `interval_seconds` until `stop`; skip, never burst.
+
+        The first scrape waits `offset_seconds`, so many targets spread over the interval
+        instead of all scraping at the same instant.
+        """
         clock = self.deps.clock
+        if offset_seconds > 0:
+            await wait(self.deps.sleeper.sleep, offset_seconds, stop)
         next_at = clock.monotonic()
         while not stop.is_set():
             try:
