@@ -3,11 +3,16 @@
     .venv/bin/python bench/bench_targets.py [--sizes 10,100,1000] [--seconds 30]
         [--warmup-seconds 15] [--json out.json]
 
+`--sizes` lists target counts, each optionally with its interval: `10@1,100@2,1000@20`
+watches 10 targets every 1 s, 100 every 2 s, 1000 every 20 s (the same 50 scrapes per
+second or fewer, for a machine that cannot give the daemon a whole core); without `@` the
+interval is 1 s.
+
 For each size N, this process serves a real vLLM 0.33.0 /metrics body
 (`/work/shared/fixtures/vllm-0.33.0/healthy_busy.prom`, or `--body FILE`) on N loopback
 ports from one asyncio event loop (HTTP/1.1 with keep-alive), plus one port that accepts
 connections, reads the request and never answers (a hung /metrics). A `wedgewatch run`
-child watches all N + 1 targets at a 1 s interval with the 5 s scrape timeout. After
+child watches all N + 1 targets at the interval with the 5 s scrape timeout. After
 `--warmup-seconds`, for `--seconds`, the bench measures
 
 - daemon CPU per target-scrape: the child's user + system CPU time (from /proc via
@@ -16,7 +21,8 @@ child watches all N + 1 targets at a 1 s interval with the 5 s scrape timeout. A
   on any healthy port (the hung port beside them never answers).
 
 Goals (docs/benchmarks.md): under 1 ms of daemon CPU per target-scrape, flat from 10 to
-1000 targets, and no healthy target scraped less often than every interval + 0.5 s.
+1000 targets, and no healthy target scraped less often than every interval + 0.5 s. The
+progress counters of the served body move with every request, as on a busy server.
 Everything runs on 127.0.0.1 with fresh state and evidence directories.
 """
 
@@ -129,9 +135,9 @@ class Ports:
             server.close()
 
 
-def write_config(path: Path, ports: list[int], hung: int, workdir: Path) -> None:
+def write_config(path: Path, ports: list[int], hung: int, workdir: Path, interval: float) -> None:
     lines = [
-        f"interval_seconds = {INTERVAL_SECONDS}",
+        f"interval_seconds = {interval}",
         f"scrape_timeout_seconds = {SCRAPE_TIMEOUT_SECONDS}",
         'remedy = "none"',
         f'state_dir = "{workdir / "state"}"',
@@ -177,14 +183,16 @@ def stop_daemon(child: subprocess.Popen[bytes], log_path: Path) -> None:
         Path(keep).write_bytes(log_path.read_bytes())
 
 
-async def measure(size: int, body: bytes, warmup: float, seconds: float) -> dict[str, Any]:
+async def measure(
+    size: int, interval: float, body: bytes, warmup: float, seconds: float
+) -> dict[str, Any]:
     """One size: start the ports and the daemon, warm up, measure, stop."""
     ports_server = Ports(body)
     ports, hung = await ports_server.start(size)
     with tempfile.TemporaryDirectory(prefix="wedgewatch-bench-targets-") as tmp:
         workdir = Path(tmp)
         config = workdir / "wedgewatch.toml"
-        write_config(config, ports, hung, workdir)
+        write_config(config, ports, hung, workdir, interval)
         child = start_daemon(config, workdir / "daemon.log")
         try:
             proc = psutil.Process(child.pid)
@@ -208,10 +216,11 @@ async def measure(size: int, body: bytes, warmup: float, seconds: float) -> dict
     cpu = cpu1 - cpu0
     return {
         "targets": size,
+        "interval_seconds": interval,
         "hung_targets": 1,
         "window_seconds": round(end - start, 2),
         "target_scrapes": scrapes,
-        "expected_scrapes": int(size * (end - start) / INTERVAL_SECONDS),
+        "expected_scrapes": int(size * (end - start) / interval),
         "daemon_cpu_seconds": round(cpu, 3),
         "cpu_ms_per_target_scrape": round(1000 * cpu / scrapes, 3) if scrapes else None,
         "daemon_cpu_share_of_one_core": round(cpu / (end - start), 3),
@@ -221,8 +230,10 @@ async def measure(size: int, body: bytes, warmup: float, seconds: float) -> dict
 
 async def main_async(args: argparse.Namespace, body: bytes) -> list[dict[str, Any]]:
     results = []
-    for size in [int(s) for s in args.sizes.split(",")]:
-        result = await measure(size, body, args.warmup_seconds, args.seconds)
+    for item in args.sizes.split(","):
+        size, _, every = item.partition("@")
+        interval = float(every) if every else INTERVAL_SECONDS
+        result = await measure(int(size), interval, body, args.warmup_seconds, args.seconds)
         print(json.dumps(result), flush=True)
         results.append(result)
     return results
@@ -246,7 +257,6 @@ def main() -> int:
             "cpus": os.cpu_count(),
             "load_average": os.getloadavg(),
         },
-        "interval_seconds": INTERVAL_SECONDS,
         "results": results,
     }
     if args.json is not None:

@@ -67,7 +67,7 @@ from wedgewatch.daemon.roles import (
     StateStore,
 )
 from wedgewatch.daemon.server import HttpServer, Snapshot, make_app
-from wedgewatch.daemon.target import Host, TargetRunner, Timeouts
+from wedgewatch.daemon.target import TargetRunner, Timeouts
 from wedgewatch.io import restarters, statefile
 
 __all__ = [
@@ -117,7 +117,7 @@ _PERSIST_EVERY_SECONDS = 30.0
 _CAPTURE_SLACK_SECONDS = 15.0
 
 
-class Daemon(Host):
+class Daemon:
     """The watch loop over every configured target; see the module docstring."""
 
     def __init__(self, config: Config, deps: Deps) -> None:

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -54,20 +54,20 @@ class _CaptureJob:
 _Job = _CaptureJob | core.Resolve | core.QueueRestart
 
 
-class Host:
-    """What a target needs from the daemon that owns it (implemented by `daemon.Daemon`)."""
+class Host(Protocol):
+    """What a target needs from the daemon that owns it (`loop.Daemon`)."""
 
     def persist_now(self) -> None:
         """Save the state file now (a restart is about to run or just ran)."""
-        raise NotImplementedError
+        ...
 
     def target_changed(self, name: str, *, state_changed: bool) -> None:
         """The target's snapshot or record changed; `state_changed`: its state did."""
-        raise NotImplementedError
+        ...
 
     def after_step(self) -> None:
         """A target finished a scrape step: the daemon's heartbeat may be due."""
-        raise NotImplementedError
+        ...
 
 
 class TargetRunner:
