@@ -11,11 +11,8 @@ from hypothesis import strategies as st
 
 from wedgewatch.core import episode as core
 from wedgewatch.core.detect import (
-    SEVERITY,
     CaptureEvidence,
-    EngineState,
     EngineVerdict,
-    Family,
     Restart,
     ScrapeFailed,
     TargetVerdict,
@@ -45,6 +42,7 @@ from wedgewatch.core.restart_policy import (
     RestartOutcome,
     RestartPolicy,
 )
+from wedgewatch.core.states import SEVERITY, EngineState, Family
 from wedgewatch.vllm.signals import EngineKey
 
 KEY0, KEY1 = EngineKey("m", "0"), EngineKey("m", "1")

@@ -91,7 +91,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from wedgewatch.core import restart_policy
-from wedgewatch.core.detect import CaptureEvidence, EngineState, TargetVerdict
+from wedgewatch.core.detect import CaptureEvidence, TargetVerdict
+from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState
 from wedgewatch.vllm.signals import EngineKey
 
 __all__ = [
@@ -125,9 +126,6 @@ __all__ = [
     "step",
 ]
 
-STALLED = frozenset({EngineState.SUSPECT, EngineState.WEDGED, EngineState.UNREACHABLE})
-ACTED_ON = frozenset({EngineState.WEDGED, EngineState.UNREACHABLE})
-CALM = frozenset({EngineState.OK, EngineState.IDLE, EngineState.SLEEPING})
 # A saved detector state is trusted only when the monotonic clock kept running between the
 # save and the load (same boot): the wall and monotonic gaps may then differ by this much.
 SAME_BOOT_TOLERANCE_SECONDS = 60.0

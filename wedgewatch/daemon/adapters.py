@@ -19,7 +19,11 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from wedgewatch.config import Config, Target, default_target_name, metrics_url_of
-from wedgewatch.core.detect import Scraped, ScrapeFailed
+from wedgewatch.core.detect import (
+    Scraped,
+    ScrapeFailed,
+)
+from wedgewatch.daemon.report import thresholds_of
 from wedgewatch.daemon.roles import (
     CaptureOutcome,
     CaptureRequest,
@@ -28,7 +32,7 @@ from wedgewatch.daemon.roles import (
     ScrapeResult,
 )
 from wedgewatch.io import bundles, evidence, restarters, statefile
-from wedgewatch.io.notify import Notification, WebhookNotifier
+from wedgewatch.io.notify import Notification, NotifyEvent, WebhookNotifier
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
 from wedgewatch.io.scrape import FetchFailed, ScrapeLimits, fetch, new_client
 from wedgewatch.io.systemd_notify import SystemdNotifier
@@ -175,18 +179,7 @@ def capture_failure_reasons(result: evidence.BundleResult) -> tuple[str, ...]:
 class WebhookNotifications:
     """Sends the daemon's notable events through `notify.WebhookNotifier`."""
 
-    EVENTS = frozenset(
-        {
-            "wedge_detected",
-            "target_unreachable",
-            "engine_recovered",
-            "restart_requested",
-            "restart_succeeded",
-            "restart_failed",
-            "gave_up",
-            "gave_up_cleared",
-        }
-    )
+    EVENTS = frozenset(NotifyEvent)
 
     def __init__(self, notifier: WebhookNotifier | None) -> None:
         self._notifier = notifier
@@ -316,14 +309,7 @@ def real_deps(
     """
     clock = SystemClock()
     finder = PsutilProcessFinder()
-    policy = config.policy()
-    thresholds = {
-        "stall_after_seconds": policy.stall_after_seconds,
-        "hang_after_seconds": policy.hang_after_seconds,
-        "output_stall_after_seconds": policy.output_stall_after_seconds,
-        "unreachable_after_seconds": policy.unreachable_after_seconds,
-        "interval_seconds": config.interval_seconds,
-    }
+    thresholds = thresholds_of(config)
     webhooks = (
         WebhookNotifier(
             config.webhook_urls,

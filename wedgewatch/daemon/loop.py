@@ -35,7 +35,7 @@ from wedgewatch import __version__
 from wedgewatch.config import Config
 from wedgewatch.core import episode as episode_core
 from wedgewatch.core import restart_policy
-from wedgewatch.core.detect import EngineState, Family
+from wedgewatch.core.states import SCRAPE_FAILURE_REASONS, EngineState, Family
 from wedgewatch.daemon.adapters import (
     AsyncioSleeper,
     BundleEvidence,
@@ -71,7 +71,6 @@ from wedgewatch.daemon.target import TargetRunner, Timeouts
 from wedgewatch.io import restarters, statefile
 
 __all__ = [
-    "SCRAPE_FAILURE_REASONS",
     "AsyncioSleeper",
     "BundleEvidence",
     "CaptureOutcome",
@@ -102,14 +101,6 @@ __all__ = [
 
 log = structlog.get_logger("wedgewatch.daemon")
 
-SCRAPE_FAILURE_REASONS = (
-    "timeout",
-    "refused",
-    "connect_error",
-    "http_status",
-    "parse_error",
-    "too_large",
-)
 # How often the state file is refreshed while nothing notable happens (detector clocks).
 _PERSIST_EVERY_SECONDS = 30.0
 # Extra time granted to an evidence capture beyond its py-spy deadlines (process sampling,

@@ -12,8 +12,13 @@ from typing import Any
 from wedgewatch.config import Target
 from wedgewatch.core import episode as episode_core
 from wedgewatch.core import restart_policy
-from wedgewatch.core.detect import EngineState, TargetState, TargetVerdict, dump_state, load_state
-from wedgewatch.core.episode import STALLED, EpisodeState
+from wedgewatch.core.detect import (
+    TargetState,
+    TargetVerdict,
+)
+from wedgewatch.core.detect_state import dump_state, load_state
+from wedgewatch.core.episode import EpisodeState
+from wedgewatch.core.states import STALLED, EngineState
 from wedgewatch.daemon.report import wall
 from wedgewatch.daemon.server import EngineSnapshot, TargetSnapshot
 from wedgewatch.io import statefile

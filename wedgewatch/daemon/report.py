@@ -15,14 +15,13 @@ import structlog
 from wedgewatch import __version__
 from wedgewatch.config import Config, Target
 from wedgewatch.core.detect import (
-    EngineState,
     EngineVerdict,
-    Family,
     Policy,
     ScrapeFailed,
     TargetVerdict,
 )
-from wedgewatch.core.episode import ACTED_ON, CALM, STALLED, Episode, Report
+from wedgewatch.core.episode import Episode, Report
+from wedgewatch.core.states import ACTED_ON, CALM, STALLED, THRESHOLD_SETTING, EngineState, Family
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.roles import Notifier
 
@@ -165,7 +164,6 @@ class Reporter:
         now: float,
     ) -> dict[str, Any]:
         """The verdict as an evidence bundle records it."""
-        policy = self.policy
         return {
             "target": target.name,
             "url": target.metrics_url,
@@ -178,13 +176,7 @@ class Reporter:
                 wall(engine.last_progress_at, now_at, now) if engine else None
             ),
             "verdict_timestamp": now,
-            "thresholds": {
-                "stall_after_seconds": policy.stall_after_seconds,
-                "hang_after_seconds": policy.hang_after_seconds,
-                "output_stall_after_seconds": policy.output_stall_after_seconds,
-                "unreachable_after_seconds": policy.unreachable_after_seconds,
-                "interval_seconds": self.config.interval_seconds,
-            },
+            "thresholds": thresholds_of(self.config),
             "engines": [
                 {
                     "model_name": e.key.model_name,
@@ -197,6 +189,15 @@ class Reporter:
             ],
             "remedy": self.config.remedy,
         }
+
+
+def thresholds_of(config: Config) -> dict[str, float]:
+    """The detector's thresholds and the scrape interval, by setting name (bundles, webhooks)."""
+    policy = config.policy()
+    settings = dict.fromkeys(THRESHOLD_SETTING.values())  # each setting once, in family order
+    return {name: getattr(policy, name) for name in settings} | {
+        "interval_seconds": config.interval_seconds
+    }
 
 
 def engine_samples(verdict: TargetVerdict, now_at: float, now: float) -> list[EngineSample]:

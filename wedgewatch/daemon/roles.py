@@ -13,7 +13,9 @@ from typing import Any, Literal, Protocol
 from prometheus_client import CollectorRegistry
 
 from wedgewatch.config import Target
-from wedgewatch.core.detect import Observation
+from wedgewatch.core.detect import (
+    Observation,
+)
 from wedgewatch.io import restarters, statefile
 from wedgewatch.io.procs import ProcessFinder
 from wedgewatch.vllm.signals import EngineKey

@@ -24,8 +24,14 @@ import structlog
 from wedgewatch.config import Config, Target
 from wedgewatch.core import episode as core
 from wedgewatch.core import restart_policy
-from wedgewatch.core.detect import EngineState, Policy, Scraped, ScrapeFailed, TargetState
+from wedgewatch.core.detect import (
+    Policy,
+    Scraped,
+    ScrapeFailed,
+    TargetState,
+)
 from wedgewatch.core.detect import step as detect_step
+from wedgewatch.core.states import EngineState
 from wedgewatch.daemon.publish import target_record, target_snapshot
 from wedgewatch.daemon.report import Reporter, engine_samples, history_entry
 from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
