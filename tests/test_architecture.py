@@ -16,12 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "wedgewatch"
 MAX_MODULE_LINES = 700
 MAX_CLASS_LINES = 350
 #: Known offenders, each with the reason it is allowed for now. Nothing else may grow past
-#: the limits. The `episode` work (issue #9) moves the episode decisions out of the daemon's
-#: loop into `core/episode.py` and removes this entry.
-SIZE_ALLOWED = {
-    "wedgewatch.daemon.loop": "the Daemon class still owns the episode decisions",
-    "wedgewatch.daemon.loop.Daemon": "the Daemon class still owns the episode decisions",
-}
+#: the limits.
+SIZE_ALLOWED: dict[str, str] = {}
 #: What a pure module may not import: the world, and the layers that touch it.
 IMPURE = (
     "asyncio",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import choose_encoder
@@ -192,6 +193,19 @@ class OwnMetrics:
             registry=registry,
         )
 
+        # Per-step updates touch a few series per target: their children are looked up once
+        # (prometheus_client's `labels()` is the costly part), and an enum gauge is rewritten
+        # only when its state changes.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._enum_current: dict[tuple[int, tuple[str, ...]], str] = {}
+
+    def _child(self, metric: Gauge, labels: tuple[str, ...]) -> Any:
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def add_target(self, target: str, *, state: str, remedy: str, budget_remaining: int) -> None:
         """Create the target's series at their zero values so rates and alerts work from start."""
         self._target_up.labels(target).set(0)
@@ -222,8 +236,8 @@ class OwnMetrics:
         self, target: str, *, duration_seconds: float, failure_reason: str | None
     ) -> None:
         """Record one scrape: its duration and, when it failed, the reason."""
-        self._scrape_duration.labels(target).set(duration_seconds)
-        self._target_up.labels(target).set(0 if failure_reason is not None else 1)
+        self._child(self._scrape_duration, (target,)).set(duration_seconds)
+        self._child(self._target_up, (target,)).set(0 if failure_reason is not None else 1)
         if failure_reason is not None:
             self._scrape_failures.labels(target, failure_reason).inc()
 
@@ -236,17 +250,18 @@ class OwnMetrics:
             labels = (target, sample.model_name, sample.engine)
             current[(sample.model_name, sample.engine)] = sample.state
             self._set_enum(self._engine_state, labels, sample.state)
-            self._engine_stalled.labels(*labels).set(sample.stalled_seconds)
+            self._child(self._engine_stalled, labels).set(sample.stalled_seconds)
             if sample.last_progress_timestamp is None:
                 self._remove(self._engine_last_progress, labels)
             else:
-                self._engine_last_progress.labels(*labels).set(sample.last_progress_timestamp)
+                self._child(self._engine_last_progress, labels).set(sample.last_progress_timestamp)
         for (model_name, engine), last_state in previous.items():
             if (model_name, engine) in current:
                 continue
             labels = (target, model_name, engine)
             for old_state in {*self._states, last_state}:
                 self._remove(self._engine_state, (*labels, old_state))
+            self._enum_current.pop((id(self._engine_state), labels), None)
             self._remove(self._engine_stalled, labels)
             self._remove(self._engine_last_progress, labels)
         self._engines[target] = current
@@ -278,20 +293,24 @@ class OwnMetrics:
 
     def set_restart_budget(self, target: str, *, remaining: int, gave_up: bool) -> None:
         """Publish the remaining restart budget and whether wedgewatch gave up."""
-        self._budget_remaining.labels(target).set(remaining)
-        self._gave_up.labels(target).set(1 if gave_up else 0)
+        self._child(self._budget_remaining, (target,)).set(remaining)
+        self._child(self._gave_up, (target,)).set(1 if gave_up else 0)
 
     def count_webhook_failure(self) -> None:
         """Count a webhook notification that was dropped after its retries."""
         self._webhook_failures.inc()
 
     def _set_enum(self, gauge: Gauge, labels: tuple[str, ...], current: str) -> None:
+        key = (id(gauge), labels)
+        if self._enum_current.get(key) == current:
+            return
         states = self._states if current in self._states else (*self._states, current)
         for state in states:
             gauge.labels(*labels, state).set(1 if state == current else 0)
+        self._enum_current[key] = current
 
-    @staticmethod
-    def _remove(metric: Gauge, labels: tuple[str, ...]) -> None:
+    def _remove(self, metric: Gauge, labels: tuple[str, ...]) -> None:
+        self._children.pop((id(metric), labels), None)
         with contextlib.suppress(KeyError):  # the series was never set
             metric.remove(*labels)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ssl
 import time
 import zlib
 from collections.abc import Callable
@@ -148,13 +149,18 @@ def _one_line(text: str, limit: int = _SNIPPET_CHARS) -> str:
     return flat if len(flat) <= limit else flat[:limit] + "..."
 
 
-def new_client() -> httpx.AsyncClient:
+def new_client(keepalive: int = 20, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
     """The client wedgewatch scrapes with: no proxies from the environment, no pooled retries.
 
     A sidecar scrapes a server next to it; an `HTTP_PROXY` meant for egress must never
-    carry that traffic, so the environment's proxy settings are ignored.
+    carry that traffic, so the environment's proxy settings are ignored. `keepalive`
+    connections stay open between scrapes (one per target it serves; more are opened when
+    needed, never queued behind a slow one). `tls` shares one TLS context between clients.
     """
-    return httpx.AsyncClient(trust_env=False, follow_redirects=True)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=keepalive)
+    return httpx.AsyncClient(
+        trust_env=False, follow_redirects=True, limits=limits, verify=tls or True
+    )
 
 
 async def fetch(

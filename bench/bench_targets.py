@@ -1,0 +1,268 @@
+"""Benchmark `wedgewatch run` watching many targets: CPU per target-scrape and cadence.
+
+    .venv/bin/python bench/bench_targets.py [--sizes 10,100,1000] [--seconds 30]
+        [--warmup-seconds 15] [--json out.json]
+
+`--sizes` lists target counts, each optionally with its interval: `10@1,100@2,1000@20`
+watches 10 targets every 1 s, 100 every 2 s, 1000 every 20 s (the same 50 scrapes per
+second or fewer, for a machine that cannot give the daemon a whole core); without `@` the
+interval is 1 s.
+
+For each size N, this process serves a real vLLM 0.33.0 /metrics body
+(`/work/shared/fixtures/vllm-0.33.0/healthy_busy.prom`, or `--body FILE`) on N loopback
+ports from one asyncio event loop (HTTP/1.1 with keep-alive), plus one port that accepts
+connections, reads the request and never answers (a hung /metrics). A `wedgewatch run`
+child watches all N + 1 targets at the interval with the 5 s scrape timeout. After
+`--warmup-seconds`, for `--seconds`, the bench measures
+
+- daemon CPU per target-scrape: the child's user + system CPU time (from /proc via
+  psutil) divided by the number of requests the healthy ports answered;
+- the worst cadence of a healthy target: the longest gap between two consecutive requests
+  on any healthy port (the hung port beside them never answers).
+
+Goals (docs/benchmarks.md): under 1 ms of daemon CPU per target-scrape, flat from 10 to
+1000 targets, and no healthy target scraped less often than every interval + 0.5 s. The
+progress counters of the served body move with every request, as on a busy server.
+Everything runs on 127.0.0.1 with fresh state and evidence directories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+WEDGEWATCH = [sys.executable, *os.environ.get("BENCH_PYTHON_ARGS", "").split(), "-m", "wedgewatch"]
+DEFAULT_BODY = Path("/work/shared/fixtures/vllm-0.33.0/healthy_busy.prom")
+INTERVAL_SECONDS = 1.0
+MOVING = (
+    b"vllm:prompt_tokens_total{",
+    b"vllm:generation_tokens_total{",
+    b'vllm:request_success_total{engine="0",finished_reason="stop"',
+    b"vllm:iteration_tokens_total_count{",
+)
+SCRAPE_TIMEOUT_SECONDS = 5.0
+
+
+class Ports:
+    """N healthy /metrics ports and one hung one, served by this process's event loop."""
+
+    def __init__(self, body: bytes) -> None:
+        # The progress counters move with every request, as on a busy healthy server.
+        self._parts: list[bytes] = []  # text, then (name+labels, base value) pairs
+        self._counters: list[tuple[bytes, float]] = []
+        text = b""
+        for line in body.splitlines(keepends=True):
+            if line.startswith(MOVING):
+                name, _, value = line.rstrip().rpartition(b" ")
+                self._parts.append(text)
+                self._counters.append((name, float(value)))
+                text = b""
+            else:
+                text += line
+        self._tail = text
+        self.hits: dict[int, list[float]] = {}
+        self._servers: list[asyncio.Server] = []
+        self._held: list[asyncio.StreamWriter] = []
+
+    def response(self, n: int) -> bytes:
+        """The HTTP response to the n-th request of a port."""
+        chunks: list[bytes] = []
+        for text, (name, base) in zip(self._parts, self._counters, strict=True):
+            chunks += [text, name, b" ", str(base + 16.0 * n).encode(), b"\n"]
+        body = b"".join([*chunks, self._tail])
+        head = (
+            "HTTP/1.1 200 OK\r\n"
+            "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        return head + body
+
+    async def _serve(
+        self, port_index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        hits = self.hits.setdefault(port_index, [])
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                hits.append(time.monotonic())
+                writer.write(self.response(len(hits)))
+                await writer.drain()
+        writer.close()
+
+    async def _hang(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._held.append(writer)  # read the request, never answer, never close
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while await reader.read(65536):
+                pass
+
+    async def start(self, count: int) -> tuple[list[int], int]:
+        """Listen on `count` healthy ports and one hung port; their port numbers."""
+        ports: list[int] = []
+        for index in range(count):
+
+            async def handler(
+                r: asyncio.StreamReader, w: asyncio.StreamWriter, i: int = index
+            ) -> None:
+                await self._serve(i, r, w)
+
+            server = await asyncio.start_server(handler, "127.0.0.1", 0)
+            self._servers.append(server)
+            ports.append(server.sockets[0].getsockname()[1])
+        hung = await asyncio.start_server(self._hang, "127.0.0.1", 0)
+        self._servers.append(hung)
+        return ports, hung.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Close every listener and held connection."""
+        for writer in self._held:
+            writer.close()
+        for server in self._servers:
+            server.close()
+
+
+def write_config(path: Path, ports: list[int], hung: int, workdir: Path, interval: float) -> None:
+    lines = [
+        f"interval_seconds = {interval}",
+        f"scrape_timeout_seconds = {SCRAPE_TIMEOUT_SECONDS}",
+        'remedy = "none"',
+        f'state_dir = "{workdir / "state"}"',
+        f'evidence_dir = "{workdir / "evidence"}"',
+        "listen_port = 0",
+        "",
+    ]
+    for index, port in enumerate(ports):
+        lines += ["[[targets]]", f'name = "t{index:04d}"', f'url = "http://127.0.0.1:{port}"', ""]
+    lines += ["[[targets]]", 'name = "hung"', f'url = "http://127.0.0.1:{hung}"', ""]
+    path.write_text("\n".join(lines))
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def start_daemon(config: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """`wedgewatch run --config CONFIG`, its output in `log_path`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")}
+    env.pop("NOTIFY_SOCKET", None)
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [*WEDGEWATCH, "run", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def stop_daemon(child: subprocess.Popen[bytes], log_path: Path) -> None:
+    """SIGTERM, wait, SIGKILL if it hangs; keep the log when BENCH_KEEP_LOG names a file."""
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    keep = os.environ.get("BENCH_KEEP_LOG")
+    if keep:
+        Path(keep).write_bytes(log_path.read_bytes())
+
+
+async def measure(
+    size: int, interval: float, body: bytes, warmup: float, seconds: float
+) -> dict[str, Any]:
+    """One size: start the ports and the daemon, warm up, measure, stop."""
+    ports_server = Ports(body)
+    ports, hung = await ports_server.start(size)
+    with tempfile.TemporaryDirectory(prefix="wedgewatch-bench-targets-") as tmp:
+        workdir = Path(tmp)
+        config = workdir / "wedgewatch.toml"
+        write_config(config, ports, hung, workdir, interval)
+        child = start_daemon(config, workdir / "daemon.log")
+        try:
+            proc = psutil.Process(child.pid)
+            await asyncio.sleep(warmup)
+            if child.poll() is not None:
+                raise RuntimeError(f"wedgewatch run exited; see {workdir / 'daemon.log'}")
+            start, cpu0 = time.monotonic(), cpu_seconds(proc)
+            await asyncio.sleep(seconds)
+            end, cpu1 = time.monotonic(), cpu_seconds(proc)
+        finally:
+            await asyncio.to_thread(stop_daemon, child, workdir / "daemon.log")
+            await ports_server.stop()
+    scrapes = 0
+    worst_gap = 0.0
+    for index in range(size):
+        hits = [t for t in ports_server.hits.get(index, []) if start <= t <= end]
+        scrapes += len(hits)
+        # The gap before the first hit in the window counts too (a target that stopped).
+        edges = [start, *hits, end]
+        worst_gap = max(worst_gap, *(b - a for a, b in itertools.pairwise(edges)))
+    cpu = cpu1 - cpu0
+    return {
+        "targets": size,
+        "interval_seconds": interval,
+        "hung_targets": 1,
+        "window_seconds": round(end - start, 2),
+        "target_scrapes": scrapes,
+        "expected_scrapes": int(size * (end - start) / interval),
+        "daemon_cpu_seconds": round(cpu, 3),
+        "cpu_ms_per_target_scrape": round(1000 * cpu / scrapes, 3) if scrapes else None,
+        "daemon_cpu_share_of_one_core": round(cpu / (end - start), 3),
+        "worst_healthy_gap_seconds": round(worst_gap, 3),
+    }
+
+
+async def main_async(args: argparse.Namespace, body: bytes) -> list[dict[str, Any]]:
+    results = []
+    for item in args.sizes.split(","):
+        size, _, every = item.partition("@")
+        interval = float(every) if every else INTERVAL_SECONDS
+        result = await measure(int(size), interval, body, args.warmup_seconds, args.seconds)
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="10,100,1000")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--warmup-seconds", type=float, default=15.0)
+    parser.add_argument("--body", default=str(DEFAULT_BODY))
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    # Two sockets per target in this process and one in the daemon, which inherits the limit.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    results = asyncio.run(main_async(args, Path(args.body).read_bytes()))
+    report = {
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
+        },
+        "results": results,
+    }
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

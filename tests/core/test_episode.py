@@ -1,0 +1,584 @@
+"""Tests of the episode core (pure): its rule table row by row, and hypothesis invariants."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wedgewatch.core import episode as core
+from wedgewatch.core.detect import (
+    CaptureEvidence,
+    EngineVerdict,
+    Restart,
+    ScrapeFailed,
+    TargetVerdict,
+)
+from wedgewatch.core.episode import (
+    Capture,
+    CaptureDone,
+    Episode,
+    EpisodeState,
+    Observed,
+    OperatorReset,
+    Persist,
+    QueueRestart,
+    Report,
+    ResetDetector,
+    Resolve,
+    RestartDone,
+    RestartDue,
+    Rules,
+    RunRestart,
+    Step,
+)
+from wedgewatch.core.restart_policy import (
+    FailureReason,
+    Phase,
+    PolicyState,
+    RestartOutcome,
+    RestartPolicy,
+)
+from wedgewatch.core.states import SEVERITY, EngineState, Family
+from wedgewatch.vllm.signals import EngineKey
+
+KEY0, KEY1 = EngineKey("m", "0"), EngineKey("m", "1")
+WALL = 1_800_000_000.0  # Unix time at monotonic 0
+AT = 1000.0
+POLICY = RestartPolicy(restart_budget=3, restart_backoff_seconds=60.0)
+RULES = Rules("sim", "signal", can_restart=True, restart_policy=POLICY)
+OBSERVE = Rules("sim", "none", can_restart=False, restart_policy=POLICY)
+OK = RestartOutcome(True, "all exited on SIGTERM", 0.5)
+FAILED = RestartOutcome(False, "kill: permission denied", 0.1, FailureReason.REMEDY_ERROR)
+DEFERRED = Family.DEFERRED_STALL
+
+
+def engine(
+    state: EngineState, key: EngineKey = KEY0, family: Family | None = None
+) -> EngineVerdict:
+    stalled = state in core.STALLED
+    return EngineVerdict(
+        key=key,
+        state=state,
+        family=(family or DEFERRED) if stalled else None,
+        since_at=AT,
+        stalled_seconds=60.0 if stalled else 0.0,
+        last_progress_at=AT - 60.0,
+        reading=None,
+        missing=False,
+        reason=f"{state} for the test",
+    )
+
+
+def verdict(
+    *engines: EngineVerdict,
+    actions: Sequence[CaptureEvidence | Restart] = (),
+    failure: ScrapeFailed | None = None,
+    at: float = AT,
+) -> TargetVerdict:
+    states = {e.state for e in engines}
+    state = next((s for s in SEVERITY if s in states), EngineState.STARTING)
+    return TargetVerdict(at, state, tuple(engines), (), tuple(actions), failure)
+
+
+SUSPECT_V = verdict(
+    engine(EngineState.SUSPECT), actions=(CaptureEvidence(KEY0, DEFERRED, "suspect"),)
+)
+WEDGED_V = verdict(
+    engine(EngineState.WEDGED),
+    actions=(CaptureEvidence(KEY0, DEFERRED, "wedged"), Restart(KEY0, DEFERRED)),
+)
+WEDGED_QUIET = verdict(engine(EngineState.WEDGED))  # still wedged, no new action
+OK_V = verdict(engine(EngineState.OK))
+
+
+def opened(**changes: object) -> Episode:
+    base = Episode(
+        episode_id="20270115T080000Z-sim-e0-deferred_stall",
+        key=KEY0,
+        family="deferred_stall",
+        opened_at=AT - 30.0,
+        opened_timestamp=WALL + AT - 30.0,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def with_episode(
+    verdict_: TargetVerdict | None = None, policy: PolicyState | None = None, **changes: object
+) -> EpisodeState:
+    return EpisodeState(policy=policy or PolicyState(), episode=opened(**changes), verdict=verdict_)
+
+
+def run(state: EpisodeState, event: core.Input, rules: Rules = RULES, at: float = AT) -> Step:
+    return core.step(state, event, rules, at, WALL + at)
+
+
+def reports(step: Step) -> list[str]:
+    return [e.event for e in step.effects if isinstance(e, Report)]
+
+
+def kinds(step: Step) -> list[str]:
+    return [type(e).__name__ for e in step.effects]
+
+
+def report(step: Step, event: str) -> Report:
+    return next(e for e in step.effects if isinstance(e, Report) and e.event == event)
+
+
+STARTING = PolicyState(Phase.STARTING, (AT - 10,), 1, None, AT - 10)
+RESTARTING = PolicyState(Phase.RESTARTING, (AT - 10,), 1, None, AT - 10)
+BACKING_OFF = PolicyState(Phase.ARMED, (AT - 10,), 1, AT + 50.0, AT - 10)
+BACKOFF_OVER = PolicyState(Phase.ARMED, (AT - 100,), 1, AT - 1.0, AT - 61)
+SPENT = PolicyState(Phase.ARMED, (AT - 300, AT - 200, AT - 100), 3, AT - 1.0, AT - 61)
+GAVE_UP = PolicyState(Phase.GAVE_UP, (AT - 300, AT - 200, AT - 100), 3, None, AT - 50)
+
+
+@dataclass(frozen=True)
+class Row:
+    state: EpisodeState
+    event: core.Input
+    check: Callable[[Step], object]
+    rules: Rules = RULES
+
+
+def _all(*checks: bool) -> bool:
+    return all(checks)
+
+
+ROWS = {
+    # E1
+    "E1 first stalled engine opens an episode and asks the suspect capture": Row(
+        EpisodeState(),
+        Observed(SUSPECT_V, good=True),
+        lambda s: _all(
+            s.state.episode is not None,
+            s.state.episode is not None and s.state.episode.suspect_asked,
+            kinds(s) == ["Persist", "Report", "Capture"],
+            reports(s) == ["episode_opened"],
+            s.state.episode is not None
+            and s.state.episode.episode_id == "20270115T081640Z-sim-e0-deferred_stall",
+        ),
+    ),
+    "E1 the worst engine names the episode: wedged before suspect": Row(
+        EpisodeState(),
+        Observed(verdict(engine(EngineState.SUSPECT), engine(EngineState.WEDGED, KEY1)), good=True),
+        lambda s: s.state.episode is not None and s.state.episode.key == KEY1,
+    ),
+    # E2
+    "E2 calm again closes the episode and resolves the suspect bundle": Row(
+        with_episode(suspect_asked=True, bundle="/b"),
+        Observed(OK_V, good=True),
+        lambda s: _all(
+            s.state.episode is None,
+            report(s, "episode_closed").fields["outcome"] == "recovered",
+            Resolve("/b", "the engine recovered") in s.effects,
+        ),
+    ),
+    "E2 a completed wedge bundle is not marked resolved": Row(
+        with_episode(suspect_asked=True, wedged_asked=True, bundle="/b"),
+        Observed(OK_V, good=True),
+        lambda s: s.state.episode is None and not any(isinstance(e, Resolve) for e in s.effects),
+    ),
+    "E2 no close while the restarted server starts": Row(
+        with_episode(policy=STARTING),
+        Observed(verdict(engine(EngineState.STARTING)), good=False),
+        lambda s: s.state.episode is not None and "episode_closed" not in reports(s),
+    ),
+    "E2 an idle target with no engines is not calm": Row(
+        with_episode(),
+        Observed(verdict(), good=True),
+        lambda s: s.state.episode is not None,
+    ),
+    # E3
+    "E3 a scrape failure in the episode is remembered": Row(
+        with_episode(),
+        Observed(
+            verdict(
+                engine(EngineState.SUSPECT, family=Family.UNREACHABLE),
+                failure=ScrapeFailed(AT, "timeout", "no answer"),
+            ),
+            good=False,
+        ),
+        lambda s: s.state.episode is not None and s.state.episode.scrape_failure == "timeout",
+    ),
+    # C1, C2
+    "C1 the suspect capture is asked once per episode": Row(
+        with_episode(suspect_asked=True),
+        Observed(SUSPECT_V, good=True),
+        lambda s: not any(isinstance(e, Capture) for e in s.effects),
+    ),
+    "C2 the wedged capture comes before the queued restart": Row(
+        with_episode(suspect_asked=True),
+        Observed(WEDGED_V, good=True),
+        lambda s: _all(
+            [type(e).__name__ for e in s.effects if isinstance(e, Capture | QueueRestart)]
+            == ["Capture", "QueueRestart"],
+            s.state.episode is not None and s.state.episode.wedged_asked,
+            s.state.episode is not None and s.state.episode.restart_asked,
+        ),
+    ),
+    "C2 the wedged capture is asked once per episode": Row(
+        with_episode(wedged_asked=True, restart_asked=True),
+        Observed(WEDGED_V, good=True),
+        lambda s: not any(isinstance(e, Capture | QueueRestart) for e in s.effects),
+    ),
+    # R1
+    "R1 observe mode skips the restart with its reason and queues nothing": Row(
+        with_episode(),
+        Observed(WEDGED_V, good=True),
+        lambda s: _all(
+            not any(isinstance(e, QueueRestart) for e in s.effects),
+            "observe mode" in report(s, "restart_skipped").fields["reason"],
+        ),
+        OBSERVE,
+    ),
+    # R2
+    "R2 a target that recovered before the restart ran is not restarted": Row(
+        with_episode(OK_V, restart_asked=True),
+        RestartDue(KEY0, "deferred_stall", "stuck"),
+        lambda s: reports(s) == ["restart_skipped"] and "RunRestart" not in kinds(s),
+    ),
+    "R2 allowed: persist first, then run the restart": Row(
+        with_episode(WEDGED_QUIET, restart_asked=True),
+        RestartDue(KEY0, "deferred_stall", "stuck"),
+        lambda s: _all(
+            kinds(s) == ["Persist", "RunRestart"],
+            s.effects[0] == Persist(now=True),
+            s.state.restarts == 1,
+            s.state.policy.phase is Phase.RESTARTING,
+        ),
+    ),
+    "R2 inside the backoff: deferred, pending": Row(
+        with_episode(WEDGED_QUIET, policy=BACKING_OFF, restart_asked=True),
+        RestartDue(KEY0, "deferred_stall", "stuck"),
+        lambda s: _all(
+            reports(s) == ["restart_deferred"],
+            s.state.episode is not None and s.state.episode.restart_pending_since == AT,
+        ),
+    ),
+    "R2 budget spent: gave_up is reported once and says why, no skip line": Row(
+        with_episode(WEDGED_QUIET, policy=SPENT, restart_asked=True, bundle="/b"),
+        RestartDue(KEY0, "deferred_stall", "stuck"),
+        lambda s: _all(
+            reports(s) == ["gave_up"],
+            report(s, "gave_up").notify,
+            report(s, "gave_up").fields["bundle"] == "/b",
+            report(s, "gave_up").fields["state"] == "wedged",
+            s.state.policy.phase is Phase.GAVE_UP,
+        ),
+    ),
+    "R2 already gave up: skipped with the reason": Row(
+        with_episode(WEDGED_QUIET, policy=GAVE_UP, restart_asked=True),
+        RestartDue(KEY0, "deferred_stall", "stuck"),
+        lambda s: reports(s) == ["restart_skipped"],
+    ),
+    # R3
+    "R3 a restart that worked resets the detector and ignores older scrapes": Row(
+        with_episode(WEDGED_QUIET, policy=RESTARTING, restart_asked=True),
+        RestartDone(OK),
+        lambda s: _all(
+            ResetDetector() in s.effects,
+            s.state.ignore_before_at == AT,
+            reports(s) == ["restart_completed"],
+            s.effects[-1] == Persist(now=True),
+            s.state.policy.phase is Phase.STARTING,
+        ),
+    ),
+    "R3 a failed remedy is reported and the restart becomes pending": Row(
+        with_episode(WEDGED_QUIET, policy=RESTARTING, restart_asked=True),
+        RestartDone(FAILED),
+        lambda s: _all(
+            reports(s) == ["restart_failed"],
+            report(s, "restart_failed").log_only == {"retry": "after the back-off"},
+            s.state.episode is not None and s.state.episode.restart_pending_since == AT,
+            ResetDetector() not in s.effects,
+        ),
+    ),
+    # R4
+    "R4 a pending restart is queued again once the backoff passed": Row(
+        with_episode(policy=BACKOFF_OVER, restart_asked=True, restart_pending_since=AT - 61),
+        Observed(WEDGED_QUIET, good=True),
+        lambda s: _all(
+            QueueRestart(KEY0, "deferred_stall", "wedged for the test") in s.effects,
+            s.state.episode is not None and s.state.episode.restart_pending_since is None,
+        ),
+    ),
+    "R4 a pending restart waits out the backoff": Row(
+        with_episode(policy=BACKING_OFF, restart_asked=True, restart_pending_since=AT - 10),
+        Observed(WEDGED_QUIET, good=True),
+        lambda s: not any(isinstance(e, QueueRestart) for e in s.effects),
+    ),
+    "R4 a pending restart waits while the worker is busy": Row(
+        with_episode(policy=BACKOFF_OVER, restart_asked=True, restart_pending_since=AT - 61),
+        Observed(WEDGED_QUIET, good=True, worker_idle=False),
+        lambda s: not any(isinstance(e, QueueRestart) for e in s.effects),
+    ),
+    "R4 a pending restart is dropped when the target is no longer acted on": Row(
+        with_episode(policy=BACKOFF_OVER, restart_asked=True, restart_pending_since=AT - 61),
+        Observed(verdict(engine(EngineState.SUSPECT)), good=True),
+        lambda s: _all(
+            not any(isinstance(e, QueueRestart) for e in s.effects),
+            s.state.episode is not None and s.state.episode.restart_pending_since is None,
+        ),
+    ),
+    # P1, P2
+    "P1 the first good scrape after a restart closes the episode as restarted": Row(
+        with_episode(policy=STARTING, restart_asked=True, bundle="/b"),
+        Observed(OK_V, good=True),
+        lambda s: _all(
+            reports(s) == ["restart_succeeded", "episode_closed"],
+            report(s, "restart_succeeded").fields["bundle"] == "/b",
+            report(s, "episode_closed").fields["outcome"] == "restarted",
+            s.state.episode is None,
+        ),
+    ),
+    "P2 no good scrape within the startup timeout: not_recovered closes the episode": Row(
+        replace(
+            with_episode(policy=replace(STARTING, phase_since_at=AT - 900.0)),
+            ignore_before_at=AT - 900.0,
+        ),
+        Observed(verdict(failure=ScrapeFailed(AT, "refused", "down")), good=False),
+        lambda s: _all(
+            reports(s) == ["restart_failed", "episode_closed"],
+            report(s, "restart_failed").fields["reason"] == "not_recovered",
+            report(s, "episode_closed").fields["outcome"] == "restart_failed",
+            s.state.ignore_before_at is None,
+        ),
+    ),
+    # C3
+    "C3 a bundle becomes the episode's bundle and triage": Row(
+        with_episode(suspect_asked=True),
+        CaptureDone(opened().episode_id, "suspect", "/b", "scheduler_wedge: deferred"),
+        lambda s: _all(
+            s.state.episode is not None and s.state.episode.bundle == "/b",
+            s.state.episode is not None and s.state.episode.triage == "scheduler_wedge: deferred",
+            s.state.last_bundle == "/b",
+            kinds(s) == ["Persist"],
+        ),
+    ),
+    "C3 a bundle of an ended episode only becomes the last bundle": Row(
+        with_episode(),
+        CaptureDone("another-episode", "wedged", "/old", None),
+        lambda s: (
+            s.state.last_bundle == "/old"
+            and s.state.episode is not None
+            and s.state.episode.bundle is None
+        ),
+    ),
+    "C3 a capture that wrote nothing changes nothing": Row(
+        with_episode(restart_asked=True),
+        CaptureDone(opened().episode_id, "wedged", None, None, ("write_failed",)),
+        lambda s: s.effects == () and s.state == with_episode(restart_asked=True),
+    ),
+    # O1
+    "O1 an operator reset clears gave_up": Row(
+        with_episode(WEDGED_QUIET, policy=GAVE_UP),
+        OperatorReset(),
+        lambda s: _all(
+            reports(s) == ["gave_up_cleared"],
+            s.state.policy.phase is Phase.ARMED,
+            s.state.policy.restarts_at == (),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("row", list(ROWS.values()), ids=list(ROWS))
+def test_rule(row: Row) -> None:
+    """Each row of the rule table: this state and this input give these effects and state."""
+    result = run(row.state, row.event, row.rules)
+    assert row.check(result), (kinds(result), reports(result), result.state)
+
+
+def test_stale_scrape_is_dropped_only_before_the_restart_ended() -> None:
+    """S0: a scrape begun before the restart finished is stale; one begun after is not."""
+    state = EpisodeState(ignore_before_at=AT)
+    assert core.is_stale(state, AT - 0.1)
+    assert not core.is_stale(state, AT)
+    assert not core.is_stale(EpisodeState(), 0.0)
+
+
+def test_restored_episode_needs_the_detector() -> None:
+    """S1: without the detector state (another boot) the open episode is not restored."""
+    policy, episodes = core.saved(with_episode(bundle="/b"), AT, WALL + AT)
+    later = core.restored(policy, episodes, RULES, 50.0, WALL + AT + 5, detector_restored=False)
+    assert later.episode is None
+    again = core.restored(policy, episodes, RULES, AT + 5, WALL + AT + 5, detector_restored=True)
+    assert again.episode is not None
+    assert again.episode.suspect_asked  # its bundle exists: no second suspect capture
+    assert again.last_bundle == "/b"
+
+
+@pytest.mark.parametrize(
+    ("saved_at", "saved_wall", "at", "wall", "same"),
+    [
+        pytest.param(100.0, WALL + 100, 200.0, WALL + 200, True, id="same-boot"),
+        pytest.param(100.0, WALL + 100, 50.0, WALL + 200, False, id="monotonic-went-back"),
+        pytest.param(100.0, WALL + 100, 200.0, WALL + 400, False, id="wall-drifted"),
+    ],
+)
+def test_same_boot(saved_at: float, saved_wall: float, at: float, wall: float, same: bool) -> None:
+    """A saved detector state is trusted only when both clocks moved on together."""
+    assert core.same_boot(saved_at, saved_wall, at, wall) is same
+
+
+# ---------------------------------------------------------------------------------------------
+# Invariants over generated stories: an ideal shell runs the effects in order
+
+
+@dataclass
+class Shell:
+    """Performs effects like the daemon: one queue per target, run in order."""
+
+    rules: Rules
+    capture_ok: bool
+    restart_results: list[bool]
+    state: EpisodeState = field(default_factory=EpisodeState)
+    log: list[tuple[float, object]] = field(default_factory=list)
+    queue: list[object] = field(default_factory=list)
+
+    def feed(self, event: core.Input, at: float) -> Step:
+        step = core.step(self.state, event, self.rules, at, WALL + at)
+        self.state = step.state
+        for effect in step.effects:
+            self.log.append((at, effect))
+            if isinstance(effect, Capture | QueueRestart):
+                self.queue.append(effect)
+        return step
+
+    def drain(self, at: float) -> None:
+        while self.queue:
+            job = self.queue.pop(0)
+            if isinstance(job, Capture):
+                bundle = f"/e/{job.episode_id}" if self.capture_ok else None
+                failures = () if self.capture_ok else ("ptrace_denied",)
+                self.feed(CaptureDone(job.episode_id, job.phase, bundle, None, failures), at)
+            elif isinstance(job, QueueRestart):
+                step = self.feed(RestartDue(job.key, job.family, job.reason), at)
+                if any(isinstance(e, RunRestart) for e in step.effects):
+                    ok = self.restart_results.pop(0) if self.restart_results else True
+                    self.feed(RestartDone(OK if ok else FAILED), at + 1.0)
+
+
+MODES = st.sampled_from(["ok", "suspect", "wedged", "unreachable", "down", "idle"])
+
+
+def play(modes: Sequence[str], capture_ok: bool, restarts: Sequence[bool]) -> Shell:
+    """Feed a story of target states (one per 10 s) through the core like a detector would."""
+    shell = Shell(RULES, capture_ok, list(restarts))
+    previous = "ok"
+    acted = False
+    for i, mode in enumerate(modes):
+        at = AT + 10.0 * i
+        actions: list[CaptureEvidence | Restart] = []
+        failure = None
+        if mode in ("ok", "idle"):
+            engines: tuple[EngineVerdict, ...] = (
+                engine(EngineState.OK if mode == "ok" else EngineState.IDLE),
+            )
+            acted = False
+        elif mode == "down":
+            engines = ()
+            failure = ScrapeFailed(at, "refused", "down")
+        else:
+            state = {
+                "suspect": EngineState.SUSPECT,
+                "wedged": EngineState.WEDGED,
+                "unreachable": EngineState.UNREACHABLE,
+            }[mode]
+            family = Family.UNREACHABLE if mode == "unreachable" else DEFERRED
+            engines = (engine(state, family=family),)
+            if mode == "suspect" and previous in ("ok", "idle", "down"):
+                actions = [CaptureEvidence(KEY0, family, "suspect")]
+            if mode != "suspect" and not acted:
+                actions = [CaptureEvidence(KEY0, family, "wedged"), Restart(KEY0, family)]
+                acted = True
+        previous = mode
+        shell.feed(
+            Observed(
+                verdict(*engines, actions=actions, failure=failure, at=at), good=failure is None
+            ),
+            at,
+        )
+        shell.drain(at)
+    return shell
+
+
+STORIES = st.lists(MODES, min_size=1, max_size=60)
+OUTCOMES = st.lists(st.booleans(), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(STORIES, st.booleans(), OUTCOMES)
+def test_evidence_always_precedes_a_restart(
+    modes: list[str], capture_ok: bool, restarts: list[bool]
+) -> None:
+    """Every restart that runs was preceded by a wedged capture asked in its episode."""
+    shell = play(modes, capture_ok, restarts)
+    asked: set[str] = set()
+    episode_of: str | None = None
+    for _, effect in shell.log:
+        if isinstance(effect, Report) and effect.event == "episode_opened":
+            episode_of = str(effect.fields["episode"])
+        if isinstance(effect, Capture) and effect.phase == "wedged":
+            asked.add(effect.episode_id)
+        if isinstance(effect, RunRestart):
+            assert episode_of in asked
+
+
+@settings(max_examples=200, deadline=None)
+@given(STORIES, OUTCOMES)
+def test_a_failed_capture_never_blocks_the_restart(modes: list[str], restarts: list[bool]) -> None:
+    """The restarts run at the same instants whether the captures worked or failed."""
+
+    def restart_times(capture_ok: bool) -> list[float]:
+        shell = play(modes, capture_ok, restarts)
+        return [at for at, e in shell.log if isinstance(e, RunRestart)]
+
+    assert restart_times(True) == restart_times(False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(STORIES, st.booleans(), OUTCOMES)
+def test_never_more_restarts_than_the_budget(
+    modes: list[str], capture_ok: bool, restarts: list[bool]
+) -> None:
+    """No budget window ever holds more restarts than restart_budget."""
+    shell = play(modes, capture_ok, restarts)
+    times = [at for at, e in shell.log if isinstance(e, RunRestart)]
+    window = POLICY.restart_budget_window_seconds
+    for t in times:
+        assert sum(1 for u in times if t - window < u <= t) <= POLICY.restart_budget
+
+
+@settings(max_examples=200, deadline=None)
+@given(STORIES, st.booleans(), OUTCOMES, st.floats(min_value=0.0, max_value=30.0))
+def test_what_survives_a_wedgewatch_restart_round_trips(
+    modes: list[str], capture_ok: bool, restarts: list[bool], gap: float
+) -> None:
+    """Saving then restoring (same boot) keeps the episode, the budget and the backoff."""
+    shell = play(modes, capture_ok, restarts)
+    end = AT + 10.0 * len(modes)
+    policy, episodes = core.saved(shell.state, end, WALL + end)
+    back = core.restored(
+        policy, episodes, RULES, end + gap, WALL + end + gap, detector_restored=True
+    )
+    before, after = shell.state.episode, back.episode
+    assert (before is None) == (after is None)
+    if before is not None and after is not None:
+        assert after.episode_id == before.episode_id
+        assert after.key == before.key
+        assert after.family == before.family
+        assert after.bundle == before.bundle
+        assert after.opened_at == pytest.approx(before.opened_at)
+    assert core.saved(back, end + gap, WALL + end + gap)[0].restart_timestamps == pytest.approx(
+        policy.restart_timestamps
+    )
+    old, new = shell.state.policy, back.policy
+    assert new.consecutive == old.consecutive
+    assert new.phase == (Phase.STARTING if old.phase is Phase.RESTARTING else old.phase)
+    if old.not_before_at is not None:
+        assert new.not_before_at == pytest.approx(old.not_before_at)

@@ -1,0 +1,657 @@
+"""The episode core: what the daemon does about one target's stall, as a pure state machine.
+
+No IO and no clock: every input comes with `at` (monotonic seconds) and `timestamp` (Unix
+seconds). `step` folds one input into the target's `EpisodeState` and returns the new state
+with the effects the shell must carry out, in order (capture evidence, restart, notify,
+persist). The detector (`detect.step`) says what an engine is; this module decides what to do
+about it; the restart policy (`restart_policy`) decides whether a restart is allowed now.
+"""
+
+# RULES (the contract of this module; tests/core/test_episode.py checks them row by row)
+# ====================================================================================
+#
+# Terms
+#   stalled      an engine state in SUSPECT, WEDGED, UNREACHABLE (detector rule A1/A2 terms).
+#   acted on     a target state in WEDGED, UNREACHABLE: the states a restart is for.
+#   calm         the verdict has engines and none of them is stalled.
+#   episode      one per target: from the first stalled engine until all engines are calm
+#                (or a restart resolves). It holds at most one evidence bundle and asks for
+#                at most one restart; a remedy that failed is retried inside it.
+#   the queue    the shell runs Capture, Resolve and QueueRestart effects of one target in
+#                order, one at a time (a per-target worker); evidence therefore always runs
+#                before the restart queued behind it, whatever the capture's outcome.
+#
+# Inputs                      Rule
+#   Observed(verdict)          (the shell drops an observation begun before `ignore_before_at`:
+#                              S0 `is_stale`, it saw the server a restart just replaced)
+#                              E1  no episode and some engine stalled: open one on the worst
+#                                  engine (wedged first, then by key); id `<UTC>-<target>-
+#                                  e<engine>-<family>`; Report episode_opened; Persist soon.
+#                                  The rest of E2 is skipped on that step.
+#                              E2  episode open, verdict calm, policy not restarting/starting:
+#                                  close it "recovered"; when the suspect capture was asked and
+#                                  the wedged one was not, Resolve its bundle (queued behind the
+#                                  capture, so it sees the finished bundle).
+#                              E3  episode open and the scrape failed: remember the reason.
+#                              C1  CaptureEvidence(suspect), no capture asked in the episode:
+#                                  Capture(suspect), which opens the bundle.
+#                              C2  CaptureEvidence(wedged), not asked yet: Capture(wedged), which
+#                                  completes the bundle the suspect capture opened (if any).
+#                              R1  Restart, not asked yet in the episode: restart asked. No
+#                                  restarter (remedy "none"): Report restart_skipped, nothing
+#                                  else. Otherwise QueueRestart (behind the captures, A3).
+#                              P1  a good scrape: policy.record_good_scrape (restart_succeeded
+#                                  closes the episode "restarted": rule P*).
+#                              P2  always: policy.record_tick(healthy = calm) (not_recovered,
+#                                  backoff_reset, gave_up_cleared: rule P*).
+#                              R4  a restart is pending (R2 backoff, R3 failure), the worker is
+#                                  idle and the backoff has passed: still acted on ->
+#                                  QueueRestart for the worst acted-on engine; else drop it.
+#   RestartDue(key, ...)       R2  the worker reached a queued restart. The latest verdict is no
+#                                  longer acted on: Report restart_skipped (recovered). Else
+#                                  policy.decide: Deny backoff -> pending (R4 retries it),
+#                                  Report restart_deferred; other Deny -> Report restart_skipped
+#                                  (unless it just gave up: the gave_up event says why); Allow ->
+#                                  RunRestart(attempt) and Persist now (the attempt counts
+#                                  against the budget even if wedgewatch dies during it).
+#   RestartDone(outcome)       R3  policy.record_restart. ok: ResetDetector (the startup grace:
+#                                  the detector reports starting until the first good scrape),
+#                                  ignore scrapes begun before now (S0), Report
+#                                  restart_completed. Failed (remedy_error, timeout): the server
+#                                  is still the stalled one, the restart becomes pending (R4,
+#                                  within the budget). Persist now either way.
+#   CaptureDone(...)           C3  a bundle path becomes the target's last bundle and, when the
+#                                  episode is still the one asked for, the episode's bundle and
+#                                  triage. Failures change nothing else (never block R2).
+#   OperatorReset              O1  policy.reset (budget_reset or gave_up_cleared).
+#
+# Policy events (P*), whatever input caused them
+#   Every event is Reported (log line + webhook) with the target's state and the episode's
+#   engine, family and bundle, and the state is Persisted soon.
+#   restart_failed not_recovered: clear S0 and close the episode "restart_failed".
+#   restart_failed remedy_error/timeout: the restart becomes pending (R4).
+#   restart_succeeded: close the episode "restarted".
+#
+# Persistence (S1): `saved` keeps the policy (`restart_policy.to_record`) and the open episode
+#   (id, engine, family, opened timestamp, bundle). `restored` rebases them onto the new
+#   process's clock; the episode only comes back with the detector state (same boot), so a
+#   restored wedge emits no second capture or restart; a restored episode with a bundle
+#   counts its suspect capture as asked. The same-boot test is `same_boot`.
+#
+# Extension points: a new fact about a restart or a capture is a new input (or a field of
+#   RestartDone / CaptureDone) with its own rule row; a new thing to do is a new effect that
+#   the shell's effect runner performs. Rules never read the world.
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from wedgewatch.core import restart_policy
+from wedgewatch.core.detect import CaptureEvidence, TargetVerdict
+from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState
+from wedgewatch.vllm.signals import EngineKey
+
+__all__ = [
+    "ACTED_ON",
+    "CALM",
+    "STALLED",
+    "Capture",
+    "CaptureDone",
+    "Effect",
+    "Episode",
+    "EpisodeRecord",
+    "EpisodeState",
+    "Input",
+    "Observed",
+    "OperatorReset",
+    "Persist",
+    "QueueRestart",
+    "Report",
+    "ResetDetector",
+    "Resolve",
+    "RestartDone",
+    "RestartDue",
+    "Rules",
+    "RunRestart",
+    "Step",
+    "episode_id",
+    "is_stale",
+    "restored",
+    "same_boot",
+    "saved",
+    "step",
+]
+
+# A saved detector state is trusted only when the monotonic clock kept running between the
+# save and the load (same boot): the wall and monotonic gaps may then differ by this much.
+SAME_BOOT_TOLERANCE_SECONDS = 60.0
+
+Phase = Literal["suspect", "wedged"]
+
+
+# ---------------------------------------------------------------------------------------------
+# State
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """What the core needs to know about the target's configuration."""
+
+    target: str
+    remedy: str
+    can_restart: bool  # a restarter exists for this target (false for remedy "none")
+    restart_policy: restart_policy.RestartPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """One stall episode of a target: from the first stalled engine until all are calm."""
+
+    episode_id: str
+    key: EngineKey
+    family: str
+    opened_at: float
+    opened_timestamp: float
+    bundle: str | None = None
+    suspect_asked: bool = False
+    wedged_asked: bool = False
+    restart_asked: bool = False
+    restart_pending_since: float | None = None  # a restart waits for the backoff to pass
+    triage: str | None = None
+    scrape_failure: str | None = None  # the latest scrape failure reason seen in the episode
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeState:
+    """Everything the core keeps about one target between inputs."""
+
+    policy: restart_policy.PolicyState = field(default_factory=restart_policy.PolicyState)
+    episode: Episode | None = None
+    verdict: TargetVerdict | None = None  # the latest verdict judged
+    last_bundle: str | None = None
+    restarts: int = 0  # restarts run by this process (for /status)
+    ignore_before_at: float | None = None  # S0: scrapes begun before this saw the old server
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """The detector judged a scrape; `good` when the scrape succeeded."""
+
+    verdict: TargetVerdict
+    good: bool
+    worker_idle: bool = True  # no capture or restart runs for the target right now
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureDone:
+    """An evidence capture asked by a `Capture` effect finished (well or not)."""
+
+    episode_id: str
+    phase: Phase
+    bundle: str | None
+    triage: str | None = None
+    failures: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RestartDue:
+    """The worker reached a queued restart and asks whether to run it now."""
+
+    key: EngineKey
+    family: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestartDone:
+    """The restarter finished a `RunRestart` with this outcome."""
+
+    outcome: restart_policy.RestartOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorReset:
+    """An operator asked to reset the target's restart budget."""
+
+
+Input = Observed | CaptureDone | RestartDue | RestartDone | OperatorReset
+
+
+# ---------------------------------------------------------------------------------------------
+# Effects (data; the shell performs them in order)
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """Queue an evidence capture: `suspect` opens the episode's bundle, `wedged` completes it."""
+
+    phase: Phase
+    key: EngineKey
+    family: str
+    episode_id: str
+    verdict_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """Queue marking a suspect bundle resolved (None: the target's last bundle at that time)."""
+
+    bundle: str | None
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRestart:
+    """Queue a restart behind the captures; the worker sends `RestartDue` when it gets there."""
+
+    key: EngineKey
+    family: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunRestart:
+    """Run the restarter now (the policy allowed it); send `RestartDone` with its outcome."""
+
+    key: EngineKey
+    family: str
+    reason: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResetDetector:
+    """Start the target's detector afresh: the startup grace after a restart."""
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """Save the state: `now` before going on, else with the next routine save."""
+
+    now: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One notable fact: a log line (`level`), and a webhook when `notify`.
+
+    `log_only` fields go to the log line but not to the webhook.
+    """
+
+    event: str
+    level: Literal["debug", "info", "warning", "error"]
+    fields: Mapping[str, Any]
+    notify: bool = False
+    log_only: Mapping[str, Any] | None = None
+
+
+Effect = Capture | Resolve | QueueRestart | RunRestart | ResetDetector | Persist | Report
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The state after one input and the effects it asks for, in order."""
+
+    state: EpisodeState
+    effects: tuple[Effect, ...] = ()
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def episode_id(target: str, key: EngineKey, family: str, timestamp: float) -> str:
+    """`20260101T120000Z-<target>-e<engine>-<family>`, safe as a directory name."""
+    stamp = dt.datetime.fromtimestamp(timestamp, tz=dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    parts = (stamp, target, f"e{key.engine}", family)
+    return "-".join(_UNSAFE.sub("_", p).strip("_") or "_" for p in parts)
+
+
+def is_stale(state: EpisodeState, observation_at: float) -> bool:
+    """S0: a scrape begun before the last restart finished saw the old server."""
+    return state.ignore_before_at is not None and observation_at < state.ignore_before_at
+
+
+def step(state: EpisodeState, event: Input, rules: Rules, at: float, timestamp: float) -> Step:
+    """Fold one input into the target's episode state; see the rules at the top."""
+    run = _Run(state, rules, at, timestamp)
+    if isinstance(event, Observed):
+        run.observed(event)
+    elif isinstance(event, CaptureDone):
+        run.capture_done(event)
+    elif isinstance(event, RestartDue):
+        run.restart_due(event)
+    elif isinstance(event, RestartDone):
+        run.restart_done(event)
+    else:
+        run.policy_step(restart_policy.reset(state.policy, at, timestamp))
+    return Step(run.state, tuple(run.effects))
+
+
+class _Run:
+    """One `step`: the state being built and the effects asked so far (private, short-lived)."""
+
+    def __init__(self, state: EpisodeState, rules: Rules, at: float, timestamp: float) -> None:
+        self.state = state
+        self.rules = rules
+        self.at = at
+        self.timestamp = timestamp
+        self.effects: list[Effect] = []
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def report(
+        self,
+        event: str,
+        level: Literal["debug", "info", "warning", "error"],
+        notify: bool = False,
+        log_only: Mapping[str, Any] | None = None,
+        **fields: Any,
+    ) -> None:
+        self.effects.append(
+            Report(event, level, {"target": self.rules.target, **fields}, notify, log_only)
+        )
+
+    def set_episode(self, episode: Episode | None) -> None:
+        self.state = replace(self.state, episode=episode)
+
+    def update_episode(self, **changes: Any) -> None:
+        episode = self.state.episode
+        if episode is not None:
+            self.set_episode(replace(episode, **changes))
+
+    # -- Observed ---------------------------------------------------------------------------
+
+    def observed(self, event: Observed) -> None:
+        verdict = event.verdict
+        policy = self.rules.restart_policy
+        self.state = replace(self.state, verdict=verdict)
+        self.track_episode(verdict)
+        if self.state.episode is not None and verdict.failure is not None:
+            self.update_episode(scrape_failure=verdict.failure.reason)  # E3
+        for action in verdict.actions:
+            self.on_action(verdict, action)
+        if event.good:  # P1
+            self.policy_step(
+                restart_policy.record_good_scrape(
+                    self.state.policy, policy, self.at, self.timestamp
+                )
+            )
+        calm = bool(verdict.engines) and verdict.state in CALM
+        self.policy_step(  # P2
+            restart_policy.record_tick(
+                self.state.policy, policy, self.at, self.timestamp, healthy=calm
+            )
+        )
+        if event.worker_idle:
+            self.retry_restart(verdict)
+
+    def track_episode(self, verdict: TargetVerdict) -> None:
+        stalled = [e for e in verdict.engines if e.state in STALLED]
+        episode = self.state.episode
+        if episode is None and stalled:  # E1
+            worst = min(stalled, key=lambda e: (e.state is not EngineState.WEDGED, e.key))
+            family = str(worst.family) if worst.family else "unknown"
+            opened = Episode(
+                episode_id=episode_id(self.rules.target, worst.key, family, self.timestamp),
+                key=worst.key,
+                family=family,
+                opened_at=self.at,
+                opened_timestamp=self.timestamp,
+            )
+            self.set_episode(opened)
+            self.effects.append(Persist())
+            self.report(
+                "episode_opened",
+                "info",
+                episode=opened.episode_id,
+                engine=worst.key.engine,
+                model_name=worst.key.model_name,
+                family=family,
+            )
+            return
+        restart_phases = (restart_policy.Phase.RESTARTING, restart_policy.Phase.STARTING)
+        calm = bool(verdict.engines) and not stalled
+        if episode is not None and calm and self.state.policy.phase not in restart_phases:
+            self.close("recovered")  # E2
+
+    def close(self, outcome: str) -> None:
+        episode = self.state.episode
+        if episode is None:
+            return
+        self.report(
+            "episode_closed",
+            "info",
+            episode=episode.episode_id,
+            outcome=outcome,
+            duration_seconds=round(self.at - episode.opened_at, 3),
+            bundle=episode.bundle,
+        )
+        if outcome == "recovered" and episode.suspect_asked and not episode.wedged_asked:
+            self.effects.append(Resolve(episode.bundle, "the engine recovered"))
+        self.set_episode(None)
+        self.effects.append(Persist())
+
+    def on_action(self, verdict: TargetVerdict, action: Any) -> None:
+        episode = self.state.episode
+        if episode is None:  # an action always comes with a stalled engine, hence an episode
+            return
+        if isinstance(action, CaptureEvidence):
+            if action.phase == "suspect":  # C1
+                if episode.suspect_asked or episode.wedged_asked:
+                    return
+                self.update_episode(suspect_asked=True)
+            else:  # C2
+                if episode.wedged_asked:
+                    return
+                self.update_episode(wedged_asked=True)
+            self.effects.append(
+                Capture(action.phase, action.key, str(action.family), episode.episode_id, self.at)
+            )
+            return
+        if episode.restart_asked:  # R1
+            return
+        self.update_episode(restart_asked=True)
+        engine = next((e for e in verdict.engines if e.key == action.key), None)
+        reason = engine.reason if engine is not None else str(action.family)
+        if not self.rules.can_restart:
+            why = (
+                'remedy = "none" (observe mode): reporting only'
+                if self.rules.remedy == "none"
+                else f"no {self.rules.remedy} restarter for this target"
+            )
+            self.report("restart_skipped", "info", episode=episode.episode_id, reason=why)
+            return
+        self.effects.append(QueueRestart(action.key, str(action.family), reason))
+
+    def retry_restart(self, verdict: TargetVerdict) -> None:
+        episode = self.state.episode
+        if episode is None or episode.restart_pending_since is None:  # R4
+            return
+        not_before = self.state.policy.not_before_at
+        if not_before is not None and self.at < not_before:
+            return
+        self.update_episode(restart_pending_since=None)
+        if verdict.state not in ACTED_ON:
+            return
+        worst = next((e for e in verdict.engines if e.state in ACTED_ON), None)
+        key = worst.key if worst is not None else episode.key
+        reason = worst.reason if worst is not None else episode.family
+        self.effects.append(QueueRestart(key, episode.family, reason))
+
+    # -- the worker's inputs --------------------------------------------------------------
+
+    def capture_done(self, event: CaptureDone) -> None:  # C3
+        if event.bundle is None:
+            return
+        self.state = replace(self.state, last_bundle=event.bundle)
+        episode = self.state.episode
+        if episode is not None and episode.episode_id == event.episode_id:
+            self.update_episode(bundle=event.bundle, triage=event.triage or episode.triage)
+        self.effects.append(Persist())
+
+    def restart_due(self, event: RestartDue) -> None:  # R2
+        verdict = self.state.verdict
+        if verdict is None or verdict.state not in ACTED_ON:
+            self.report(
+                "restart_skipped",
+                "info",
+                reason="the target recovered before the restart could run",
+            )
+            return
+        decision, result = restart_policy.decide(
+            self.state.policy, self.rules.restart_policy, self.at, self.timestamp
+        )
+        self.policy_step(result)
+        if isinstance(decision, restart_policy.Deny):
+            if decision.reason is restart_policy.DenyReason.BACKOFF and self.state.episode:
+                self.update_episode(restart_pending_since=self.at)
+                self.report("restart_deferred", "info", reason=decision.detail)
+            elif not result.events:  # a fresh gave_up was just reported with its reason
+                self.report("restart_skipped", "info", reason=decision.detail)
+            return
+        self.state = replace(self.state, restarts=self.state.restarts + 1)
+        self.effects.append(Persist(now=True))
+        self.effects.append(RunRestart(event.key, event.family, event.reason, decision.attempt))
+
+    def restart_done(self, event: RestartDone) -> None:  # R3
+        outcome = event.outcome
+        self.policy_step(
+            restart_policy.record_restart(
+                self.state.policy, self.rules.restart_policy, self.at, self.timestamp, outcome
+            )
+        )
+        if outcome.ok:
+            self.state = replace(self.state, ignore_before_at=self.at)
+            self.effects.append(ResetDetector())
+            self.report(
+                "restart_completed",
+                "info",
+                detail=outcome.detail,
+                duration_seconds=round(outcome.duration_seconds, 3),
+                waiting_up_to_seconds=self.rules.restart_policy.startup_timeout_seconds,
+            )
+        self.effects.append(Persist(now=True))
+
+    # -- policy events (P*) ---------------------------------------------------------------
+
+    def policy_step(self, result: restart_policy.Step) -> None:
+        self.state = replace(self.state, policy=result.state)
+        kinds = restart_policy.PolicyEventKind
+        for event in result.events:
+            self.effects.append(Persist())
+            fields: dict[str, Any] = {"reason": event.reason, "detail": event.detail}
+            if self.state.verdict is not None:
+                fields["state"] = str(self.state.verdict.state)
+            episode = self.state.episode
+            if episode is not None:
+                fields.update(
+                    episode=episode.episode_id,
+                    engine=episode.key.engine,
+                    model_name=episode.key.model_name,
+                    family=episode.family,
+                    bundle=episode.bundle,
+                )
+            kind = event.kind
+            if kind is kinds.RESTART_FAILED:
+                if event.reason == restart_policy.FailureReason.NOT_RECOVERED:
+                    self.report("restart_failed", "error", notify=True, **fields)
+                    self.state = replace(self.state, ignore_before_at=None)
+                    self.close("restart_failed")
+                else:
+                    # The remedy itself failed (error, timeout): the server is still the
+                    # stalled one, so try again once the backoff allows, within the budget.
+                    retry = {"retry": "after the back-off"}
+                    self.report("restart_failed", "error", notify=True, log_only=retry, **fields)
+                    self.update_episode(restart_pending_since=event.at)
+            elif kind is kinds.RESTART_SUCCEEDED:
+                self.report("restart_succeeded", "info", notify=True, **fields)
+                self.close("restarted")
+            elif kind is kinds.GAVE_UP:
+                self.report("gave_up", "error", notify=True, **fields)
+            else:
+                self.report(str(kind), "info", notify=True, **fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# Persistence (S1)
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeRecord:
+    """An open episode as the state file keeps it (Unix seconds)."""
+
+    episode_id: str
+    model_name: str
+    engine: str
+    family: str
+    opened_timestamp: float
+    bundle_path: str | None = None
+
+
+def saved(
+    state: EpisodeState, at: float, timestamp: float
+) -> tuple[restart_policy.PolicyRecord, tuple[EpisodeRecord, ...]]:
+    """What survives a restart of wedgewatch: the policy record and the open episode."""
+    episode = state.episode
+    episodes: tuple[EpisodeRecord, ...] = ()
+    if episode is not None:
+        episodes = (
+            EpisodeRecord(
+                episode_id=episode.episode_id,
+                model_name=episode.key.model_name,
+                engine=episode.key.engine,
+                family=episode.family,
+                opened_timestamp=episode.opened_timestamp,
+                bundle_path=episode.bundle,
+            ),
+        )
+    return restart_policy.to_record(state.policy, at, timestamp), episodes
+
+
+def restored(
+    policy: restart_policy.PolicyRecord | None,
+    episodes: tuple[EpisodeRecord, ...],
+    rules: Rules,
+    at: float,
+    timestamp: float,
+    *,
+    detector_restored: bool,
+) -> EpisodeState:
+    """The state a new process starts from; the episode only with the detector (same boot)."""
+    state = EpisodeState()
+    if policy is not None:
+        state = replace(
+            state,
+            policy=restart_policy.from_record(policy, rules.restart_policy, at, timestamp),
+        )
+    if detector_restored and episodes:
+        record = episodes[0]
+        episode = Episode(
+            episode_id=record.episode_id,
+            key=EngineKey(record.model_name, record.engine),
+            family=record.family,
+            opened_at=at - max(timestamp - record.opened_timestamp, 0.0),
+            opened_timestamp=record.opened_timestamp,
+            bundle=record.bundle_path,
+            suspect_asked=record.bundle_path is not None,
+        )
+        state = replace(state, episode=episode, last_bundle=record.bundle_path)
+    return state
+
+
+def same_boot(saved_at: float, saved_timestamp: float, at: float, timestamp: float) -> bool:
+    """Monotonic instants saved at (saved_at, saved_timestamp) still mean something now."""
+    drift = abs((timestamp - saved_timestamp) - (at - saved_at))
+    return at >= saved_at and drift <= SAME_BOOT_TOLERANCE_SECONDS

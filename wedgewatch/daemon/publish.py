@@ -1,0 +1,181 @@
+"""What the daemon shows and keeps of one target: its `/status` snapshot and its state record.
+
+Both are built per target, only when that target changed, so the cost of a tick does not
+grow with the number of targets that did nothing (`daemon.Daemon` assembles them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from wedgewatch.config import Target
+from wedgewatch.core import episode as episode_core
+from wedgewatch.core import restart_policy
+from wedgewatch.core.detect import (
+    TargetState,
+    TargetVerdict,
+)
+from wedgewatch.core.detect_state import dump_state, load_state
+from wedgewatch.core.episode import EpisodeState
+from wedgewatch.core.states import STALLED, EngineState
+from wedgewatch.daemon.report import wall
+from wedgewatch.daemon.server import EngineSnapshot, TargetSnapshot
+from wedgewatch.io import statefile
+
+
+def target_snapshot(
+    target: Target,
+    core: EpisodeState,
+    policy: restart_policy.RestartPolicy,
+    *,
+    remedy_name: str,
+    failure_text: str | None,
+    last_scrape_timestamp: float | None,
+    restart_running: bool,
+    now_at: float,
+    now: float,
+) -> TargetSnapshot:
+    """One target as /status, /probe and /metrics show it now."""
+    verdict = core.verdict
+    engines = tuple(
+        EngineSnapshot(
+            model_name=e.key.model_name,
+            engine=e.key.engine,
+            state=str(e.state),
+            family=str(e.family) if e.family else None,
+            since_timestamp=wall(e.since_at, now_at, now),
+            stalled_seconds=e.stalled_seconds if e.state in STALLED else 0.0,
+            last_progress_timestamp=wall(e.last_progress_at, now_at, now),
+            reason=e.reason,
+            missing=e.missing,
+            reading=e.reading,
+        )
+        for e in (verdict.engines if verdict else ())
+    )
+    episode = core.episode
+    not_before = core.policy.not_before_at
+    return TargetSnapshot(
+        name=target.name,
+        url=target.metrics_url,
+        state=str(verdict.state if verdict else EngineState.STARTING),
+        reason=target_reason(core, verdict),
+        up=failure_text is None and verdict is not None,
+        last_scrape_timestamp=last_scrape_timestamp,
+        last_scrape_error=failure_text,
+        engines=engines,
+        remedy=remedy_name,
+        restarts=core.restarts,
+        restart_budget_remaining=restart_policy.budget_remaining(core.policy, policy, now_at),
+        gave_up=core.policy.phase is restart_policy.Phase.GAVE_UP,
+        restart_in_progress=restart_running
+        or core.policy.phase in (restart_policy.Phase.RESTARTING, restart_policy.Phase.STARTING),
+        next_restart_allowed_timestamp=(
+            wall(not_before, now_at, now)
+            if not_before is not None and not_before > now_at
+            else None
+        ),
+        last_bundle=core.last_bundle,
+        episode=(
+            {
+                "id": episode.episode_id,
+                "engine": episode.key.engine,
+                "model_name": episode.key.model_name,
+                "family": episode.family,
+                "opened_timestamp": episode.opened_timestamp,
+                "bundle": episode.bundle,
+                "triage": episode.triage,
+                "scrape_failure": episode.scrape_failure,
+                "restart_requested": episode.restart_asked,
+            }
+            if episode
+            else None
+        ),
+    )
+
+
+def target_reason(core: EpisodeState, verdict: TargetVerdict | None) -> str:
+    """One sentence for /probe: why the target is in its state."""
+    if verdict is None:
+        return "not scraped yet"
+    if core.policy.phase is restart_policy.Phase.STARTING:
+        return "restarted; waiting for the first good scrape (startup grace)"
+    worst = [e for e in verdict.engines if e.state is verdict.state]
+    if worst:
+        return "; ".join(
+            f"engine {e.key.engine} ({e.key.model_name}) {e.state}: {e.reason}" for e in worst
+        )
+    if verdict.failure is not None:
+        prefix = "unreachable" if verdict.state is EngineState.UNREACHABLE else "starting"
+        return f"{prefix}: {verdict.failure.reason}: {verdict.failure.detail}"
+    return f"{verdict.state}: no engine reported yet"
+
+
+def target_record(
+    target: Target, core: EpisodeState, detector: TargetState, at: float, now: float
+) -> statefile.TargetRecord:
+    """What the state file keeps of one target (S1 of the episode rules, plus the detector)."""
+    policy_record, episodes = episode_core.saved(core, at, now)
+    return statefile.TargetRecord(
+        restart_policy=policy_record,
+        open_episodes=tuple(
+            statefile.OpenEpisode(
+                episode_id=e.episode_id,
+                model_name=e.model_name,
+                engine=e.engine,
+                family=e.family,
+                opened_timestamp=e.opened_timestamp,
+                bundle_path=e.bundle_path,
+            )
+            for e in episodes
+        ),
+        detector={
+            "url": target.metrics_url,
+            "saved_at": at,
+            "saved_timestamp": now,
+            "state": dump_state(detector),
+        },
+    )
+
+
+def restored_detector(
+    target: Target, saved: Mapping[str, Any] | None, at: float, now: float
+) -> TargetState | str | None:
+    """The saved detector state if it is still meaningful; a problem string; None: not used."""
+    if saved is None:
+        return None
+    try:
+        if saved.get("url") != target.metrics_url:
+            return None  # the name now points at another server
+        if not episode_core.same_boot(
+            float(saved["saved_at"]), float(saved["saved_timestamp"]), at, now
+        ):
+            return None  # another boot: monotonic instants mean nothing now
+        return load_state(saved["state"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return str(exc)
+
+
+def restored_core(
+    record: statefile.TargetRecord,
+    rules: episode_core.Rules,
+    at: float,
+    now: float,
+    *,
+    detector_restored: bool,
+) -> EpisodeState:
+    """The episode core's state from a saved record."""
+    episodes = tuple(
+        episode_core.EpisodeRecord(
+            episode_id=e.episode_id,
+            model_name=e.model_name,
+            engine=e.engine,
+            family=e.family,
+            opened_timestamp=e.opened_timestamp,
+            bundle_path=e.bundle_path,
+        )
+        for e in record.open_episodes
+    )
+    return episode_core.restored(
+        record.restart_policy, episodes, rules, at, now, detector_restored=detector_restored
+    )

@@ -1,0 +1,250 @@
+"""What the daemon tells people: log lines, its own metrics and webhooks, from data it is given.
+
+Nothing here decides anything about a target: the detector's transitions and the episode
+core's `Report` effects come in, and go out as one log line each, metric updates and webhook
+notifications. Also the pure summaries the evidence bundle and the flight recorder keep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from wedgewatch import __version__
+from wedgewatch.config import Config, Target
+from wedgewatch.core.detect import (
+    EngineVerdict,
+    Policy,
+    ScrapeFailed,
+    TargetVerdict,
+)
+from wedgewatch.core.episode import Episode, Report
+from wedgewatch.core.states import ACTED_ON, CALM, STALLED, THRESHOLD_SETTING, EngineState, Family
+from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
+from wedgewatch.daemon.roles import Notifier
+
+log = structlog.get_logger("wedgewatch.daemon")
+
+
+def wall(at: float | None, now_at: float, now: float) -> float | None:
+    """The Unix time of monotonic instant `at`, given one pair (now_at, now)."""
+    return None if at is None else now - (now_at - at)
+
+
+class Reporter:
+    """Turns transitions and `Report` effects into log lines, metrics and webhooks."""
+
+    def __init__(
+        self, config: Config, policy: Policy, metrics: OwnMetrics, notifier: Notifier
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.metrics = metrics
+        self.notifier = notifier
+
+    def notify(self, event: str, target: Target, fields: Mapping[str, Any], now: float) -> None:
+        """Queue one webhook for `event` with the target's identity."""
+        payload = {
+            "event": event,
+            "target": target.name,
+            "url": target.url,
+            "timestamp": now,
+            "wedgewatch_version": __version__,
+            **{k: v for k, v in fields.items() if k != "target"},
+        }
+        self.notifier.notify(event, payload)
+
+    def report(self, target: Target, effect: Report, now: float) -> None:
+        """One `Report` effect of the episode core: its log line, metric and webhook."""
+        fields = dict(effect.fields)
+        if effect.event == "restart_failed":
+            self.metrics.count_restart_failure(target.name, str(fields.get("reason")))
+        getattr(log, effect.level)(effect.event, **fields, **(effect.log_only or {}))
+        if effect.notify:
+            self.notify(effect.event, target, fields, now)
+
+    def scrape(
+        self,
+        target: Target,
+        previous: ScrapeFailed | None,
+        failure: ScrapeFailed | None,
+        failing_since: float | None,
+        now: float,
+    ) -> float | None:
+        """Log a scrape failure when its reason changes and the recovery; the new failing_since."""
+        if failure is not None:
+            if previous is None or previous.reason != failure.reason:
+                log.warning(
+                    "scrape_failed",
+                    target=target.name,
+                    url=target.metrics_url,
+                    reason=failure.reason,
+                    detail=failure.detail,
+                )
+            return now if previous is None else failing_since
+        if previous is not None:
+            log.info(
+                "scrape_recovered",
+                target=target.name,
+                after_seconds=round(now - failing_since, 3) if failing_since is not None else None,
+                last_reason=previous.reason,
+            )
+        return None
+
+    def transitions(
+        self,
+        target: Target,
+        verdict: TargetVerdict,
+        *,
+        episode: Episode | None,
+        failure: ScrapeFailed | None,
+        now_at: float,
+        now: float,
+    ) -> None:
+        """One log line (and maybe a webhook and a counter) per engine state change."""
+        by_key = {e.key: e for e in verdict.engines}
+        for transition in verdict.transitions:
+            engine = by_key.get(transition.key)
+            fields: dict[str, Any] = {
+                "target": target.name,
+                "model_name": transition.key.model_name,
+                "engine": transition.key.engine,
+                "state": str(transition.new),
+                "previous": str(transition.old),
+            }
+            if transition.family is not None:
+                fields["family"] = str(transition.family)
+            if engine is not None:
+                fields["reason"] = engine.reason
+                if transition.new in STALLED:
+                    fields["stalled_seconds"] = round(engine.stalled_seconds, 3)
+                    fields["threshold_seconds"] = self.policy.threshold(
+                        transition.family or Family.UNREACHABLE
+                    )
+            if transition.new in ACTED_ON:
+                # What tells an engine crash (refused: the server is gone) from an API hang
+                # (timeout: the port accepts, nothing answers), and what the stacks said.
+                if transition.family is Family.UNREACHABLE and failure is not None:
+                    fields["scrape_failure"] = failure.reason
+                if episode is not None and episode.triage is not None:
+                    fields["triage"] = episode.triage
+            new, old = transition.new, transition.old
+            family = str(transition.family) if transition.family else "unknown"
+            if new is EngineState.SUSPECT and old not in STALLED:
+                self.metrics.count_suspect(target.name, family)
+                log.warning("stall_suspected", **fields)
+            elif new is EngineState.WEDGED:
+                self.metrics.count_wedge(target.name, family)
+                log.error("wedge_detected", remedy=self.config.remedy, **fields)
+                self.notify("wedge_detected", target, fields, now)
+            elif new is EngineState.UNREACHABLE:
+                self.metrics.count_wedge(target.name, family)
+                log.error("target_unreachable", remedy=self.config.remedy, **fields)
+                self.notify("target_unreachable", target, fields, now)
+            elif old in STALLED and new in CALM:
+                if episode is not None:
+                    fields["stalled_for_seconds"] = round(now_at - episode.opened_at, 3)
+                log.info("engine_recovered", **fields)
+                self.notify("engine_recovered", target, fields, now)
+            elif old is EngineState.STARTING:
+                log.info("engine_discovered", **fields)
+            elif EngineState.SLEEPING in (old, new):
+                log.info("engine_state_changed", **fields)
+            else:
+                log.debug("engine_state_changed", **fields)
+
+    def verdict_summary(
+        self,
+        target: Target,
+        verdict: TargetVerdict,
+        engine: EngineVerdict | None,
+        now_at: float,
+        now: float,
+    ) -> dict[str, Any]:
+        """The verdict as an evidence bundle records it."""
+        return {
+            "target": target.name,
+            "url": target.metrics_url,
+            "state": str(engine.state if engine else verdict.state),
+            "family": str(engine.family) if engine and engine.family else None,
+            "reason": engine.reason if engine else None,
+            "stalled_seconds": engine.stalled_seconds if engine else None,
+            "since_timestamp": wall(engine.since_at, now_at, now) if engine else None,
+            "last_progress_timestamp": (
+                wall(engine.last_progress_at, now_at, now) if engine else None
+            ),
+            "verdict_timestamp": now,
+            "thresholds": thresholds_of(self.config),
+            "engines": [
+                {
+                    "model_name": e.key.model_name,
+                    "engine": e.key.engine,
+                    "state": str(e.state),
+                    "family": str(e.family) if e.family else None,
+                    "reason": e.reason,
+                }
+                for e in verdict.engines
+            ],
+            "remedy": self.config.remedy,
+        }
+
+
+def thresholds_of(config: Config) -> dict[str, float]:
+    """The detector's thresholds and the scrape interval, by setting name (bundles, webhooks)."""
+    policy = config.policy()
+    settings = dict.fromkeys(THRESHOLD_SETTING.values())  # each setting once, in family order
+    return {name: getattr(policy, name) for name in settings} | {
+        "interval_seconds": config.interval_seconds
+    }
+
+
+def engine_samples(verdict: TargetVerdict, now_at: float, now: float) -> list[EngineSample]:
+    """The per-engine gauges of wedgewatch's own metrics."""
+    return [
+        EngineSample(
+            model_name=e.key.model_name,
+            engine=e.key.engine,
+            state=str(e.state),
+            stalled_seconds=e.stalled_seconds if e.state in STALLED else 0.0,
+            last_progress_timestamp=wall(e.last_progress_at, now_at, now),
+        )
+        for e in verdict.engines
+    ]
+
+
+def history_entry(
+    verdict: TargetVerdict, now: float, failure: ScrapeFailed | None
+) -> Mapping[str, Any]:
+    """One step of the flight recorder an evidence bundle keeps."""
+    entry: dict[str, Any] = {"timestamp": round(now, 3), "state": str(verdict.state)}
+    if failure is not None:
+        entry["failure"] = {"reason": failure.reason, "detail": failure.detail}
+    engines = []
+    for e in verdict.engines:
+        item: dict[str, Any] = {
+            "model_name": e.key.model_name,
+            "engine": e.key.engine,
+            "state": str(e.state),
+        }
+        if e.family is not None:
+            item["family"] = str(e.family)
+            item["stalled_seconds"] = round(e.stalled_seconds, 3)
+        r = e.reading
+        if r is not None:
+            item.update(
+                running=r.running,
+                waiting=r.waiting,
+                waiting_by_reason=dict(r.waiting_by_reason),
+                kv_cache_usage=r.kv_cache_usage,
+                awake=r.awake,
+                prompt_tokens=r.prompt_tokens,
+                generation_tokens=r.generation_tokens,
+                request_success=r.request_success,
+                preemptions=r.preemptions,
+                iterations=r.iterations,
+            )
+        engines.append(item)
+    entry["engines"] = engines
+    return entry

@@ -1,0 +1,176 @@
+"""The roles the daemon talks to (Protocols), the data they exchange, and `Deps`.
+
+The watch loop (`daemon`) depends only on these; `daemon_adapters.real_deps` builds the real
+ones and the tests pass fakes (a fake clock replays a 30-minute story in milliseconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from prometheus_client import CollectorRegistry
+
+from wedgewatch.config import Target
+from wedgewatch.core.detect import (
+    Observation,
+)
+from wedgewatch.io import restarters, statefile
+from wedgewatch.io.procs import ProcessFinder
+from wedgewatch.vllm.signals import EngineKey
+
+
+class Clock(Protocol):
+    """Monotonic seconds for durations; wall seconds (Unix time) for what humans read."""
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes backwards."""
+        ...
+
+    def wall(self) -> float:
+        """Unix time."""
+        ...
+
+
+class Sleeper(Protocol):
+    """Waits between ticks."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Return after `seconds` (a fake returns at once after advancing its clock)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeResult:
+    """One scrape: the observation for the detector, the raw body of a good one, its duration."""
+
+    observation: Observation
+    body: bytes | None
+    duration_seconds: float
+
+
+class Scraper(Protocol):
+    """Scrapes a target's /metrics; failures come back as `ScrapeFailed` observations."""
+
+    async def scrape(self, target: Target) -> ScrapeResult:
+        """Scrape once; never raises for anything the server does."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureRequest:
+    """What an evidence capture needs to know: who, why, and what the loop has seen."""
+
+    target: Target
+    key: EngineKey
+    family: str
+    phase: Literal["suspect", "wedged"]
+    episode_id: str
+    bundle: str | None  # the bundle opened at suspect, to be completed; None opens one
+    metrics_body: bytes | None
+    history: tuple[Mapping[str, Any], ...]
+    verdict: Mapping[str, Any]
+    verdict_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureOutcome:
+    """What a capture produced: the bundle directory, failed steps (reasons), the triage."""
+
+    bundle: str | None
+    failures: tuple[str, ...] = ()
+    triage: str | None = None
+    detail: str = ""
+
+
+class EvidenceCollector(Protocol):
+    """Writes or completes an evidence bundle."""
+
+    async def capture(self, request: CaptureRequest) -> CaptureOutcome:
+        """Capture evidence; failures of single steps are reported in the outcome."""
+        ...
+
+    async def resolve(self, bundle: str, note: str) -> None:
+        """Mark a suspect bundle whose episode ended without a wedge as routine."""
+        ...
+
+
+class Notifier(Protocol):
+    """Sends notifications (webhooks) without blocking the caller."""
+
+    def notify(self, event: str, payload: Mapping[str, Any]) -> None:
+        """Queue one notification and return at once."""
+        ...
+
+    def failures(self) -> int:
+        """Notifications given up on (after retries) since the start."""
+        ...
+
+    async def aclose(self, timeout_seconds: float) -> None:
+        """Deliver what is queued within `timeout_seconds`, then drop the rest."""
+        ...
+
+
+class StateStore(Protocol):
+    """Loads and saves the daemon's persistent state atomically (see statefile)."""
+
+    def load(self) -> statefile.Loaded:
+        """The saved state (empty on a first start; a problem string when it was corrupt)."""
+        ...
+
+    def save(
+        self, state: statefile.SavedState, timestamp: float
+    ) -> statefile.Saved | statefile.SaveFailed:
+        """Replace the saved state atomically."""
+        ...
+
+    def take_resets(self) -> statefile.ResetRequests:
+        """Operator requests to reset restart budgets, collected since the last call."""
+        ...
+
+
+class ServiceManager(Protocol):
+    """The supervisor of wedgewatch itself (systemd's sd_notify, or nothing)."""
+
+    @property
+    def watchdog_seconds(self) -> float | None:
+        """The supervisor's watchdog timeout, if any."""
+        ...
+
+    def ready(self, status: str = "") -> bool:
+        """Startup finished."""
+        ...
+
+    def watchdog(self) -> bool:
+        """The loop is alive."""
+        ...
+
+    def status(self, status: str) -> bool:
+        """A one-line status for `systemctl status`."""
+        ...
+
+    def stopping(self, status: str = "") -> bool:
+        """Shutdown began."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Deps:
+    """Everything the daemon talks to; `real_deps(config)` builds the real ones."""
+
+    clock: Clock
+    sleeper: Sleeper
+    scraper: Scraper
+    evidence: EvidenceCollector
+    restarters: Mapping[str, restarters.Restarter]  # by target name; empty for remedy "none"
+    finder: ProcessFinder
+    notifier: Notifier
+    state_store: StateStore
+    service: ServiceManager
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    serve_http: bool = True

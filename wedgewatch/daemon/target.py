@@ -1,0 +1,430 @@
+"""One watched target in the daemon: its own cadence, its worker, and its effect runner.
+
+Each target runs two tasks. The *cadence* task scrapes at the target's own interval, folds
+the observation into the detector (`detect.step`) and the episode core
+(`core.episode.step`), and performs the effects; a slow or hung scrape delays only this
+target. The *worker* task runs the target's queued jobs one at a time, in order (evidence
+before restart), each under a timeout, and feeds their outcomes back into the episode core.
+Nothing here decides: the shell performs effects and reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from wedgewatch.config import Config, Target
+from wedgewatch.core import episode as core
+from wedgewatch.core import restart_policy
+from wedgewatch.core.detect import (
+    Policy,
+    Scraped,
+    ScrapeFailed,
+    TargetState,
+)
+from wedgewatch.core.detect import step as detect_step
+from wedgewatch.core.states import EngineState
+from wedgewatch.daemon.publish import target_record, target_snapshot
+from wedgewatch.daemon.report import Reporter, engine_samples, history_entry
+from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
+from wedgewatch.daemon.server import TargetSnapshot
+from wedgewatch.io import restarters, statefile
+from wedgewatch.io.procs import Discovery, ProcessSelector
+
+log = structlog.get_logger("wedgewatch.daemon")
+
+
+@dataclass(slots=True)
+class Timeouts:
+    """How long the worker waits for a capture and for a restart (shared by all targets)."""
+
+    capture_seconds: float
+    restart_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _CaptureJob:
+    effect: core.Capture
+    body: bytes | None
+    verdict: Mapping[str, Any]
+
+
+_Job = _CaptureJob | core.Resolve | core.QueueRestart
+
+
+class Host(Protocol):
+    """What a target needs from the daemon that owns it (`loop.Daemon`)."""
+
+    def persist_now(self) -> None:
+        """Save the state file now (a restart is about to run or just ran)."""
+        ...
+
+    def target_changed(self, name: str, *, state_changed: bool) -> None:
+        """The target's snapshot or record changed; `state_changed`: its state did."""
+        ...
+
+    def after_step(self) -> None:
+        """A target finished a scrape step: the daemon's heartbeat may be due."""
+        ...
+
+
+class TargetRunner:
+    """The shell around one target's detector and episode core; see the module docstring."""
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        config: Config,
+        deps: Deps,
+        detect_policy: Policy,
+        rules: core.Rules,
+        reporter: Reporter,
+        timeouts: Timeouts,
+        history_len: int,
+        host: Host,
+    ) -> None:
+        self.target = target
+        self.config = config
+        self.deps = deps
+        self.detect_policy = detect_policy
+        self.rules = rules
+        self.reporter = reporter
+        self.timeouts = timeouts
+        self.host = host
+        self.detector = TargetState.initial()
+        self.core = core.EpisodeState()
+        self.history: deque[Mapping[str, Any]] = deque(maxlen=history_len)
+        self.queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self.worker: asyncio.Task[None] | None = None
+        self.busy: str | None = None  # "capture", "resolve" or "restart" while a job runs
+        self.last_body: bytes | None = None
+        self.last_scrape_timestamp: float | None = None
+        self.failure: ScrapeFailed | None = None
+        self.failing_since_timestamp: float | None = None
+        self.target_state = EngineState.STARTING
+        self.snapshot: TargetSnapshot | None = None
+        self.record: statefile.TargetRecord | None = None  # None: rebuild at the next save
+        self.steps = 0
+
+    @property
+    def name(self) -> str:
+        """The target's name."""
+        return self.target.name
+
+    # -- the cadence --------------------------------------------------------------------------
+
+    async def cadence(self, stop: asyncio.Event, offset_seconds: float = 0.0) -> None:
+        """Scrape and judge every `interval_seconds` until `stop`; skip, never burst.
+
+        The first scrape waits `offset_seconds`, so many targets spread over the interval
+        instead of all scraping at the same instant.
+        """
+        clock = self.deps.clock
+        if offset_seconds > 0:
+            await wait(self.deps.sleeper.sleep, offset_seconds, stop)
+        next_at = clock.monotonic()
+        while not stop.is_set():
+            try:
+                result = await self.deps.scraper.scrape(self.target)
+                self.observe(result)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug for one target must not stop the others
+                log.exception("target_step_error", target=self.name, error=repr(exc))
+            self.host.after_step()
+            next_at += self.config.interval_seconds
+            now_at = clock.monotonic()
+            next_at = max(next_at, now_at)
+            await wait(self.deps.sleeper.sleep, next_at - now_at, stop)
+
+    def observe(self, result: ScrapeResult) -> None:
+        """Fold one scrape into the detector and the episode core, then perform the effects."""
+        obs = result.observation
+        if core.is_stale(self.core, obs.at):
+            return  # begun before the restart finished: it saw the old server
+        clock = self.deps.clock
+        now_at, now = clock.monotonic(), clock.wall()
+        failure = obs if isinstance(obs, ScrapeFailed) else None
+        self.reporter.metrics.observe_scrape(
+            self.name,
+            duration_seconds=result.duration_seconds,
+            failure_reason=failure.reason if failure else None,
+        )
+        self.failing_since_timestamp = self.reporter.scrape(
+            self.target, self.failure, failure, self.failing_since_timestamp, now
+        )
+        self.failure = failure
+        if failure is None:
+            self.last_body = result.body
+            self.last_scrape_timestamp = now
+        self.detector, verdict = detect_step(self.detector, obs, self.detect_policy)
+        self.reporter.transitions(
+            self.target,
+            verdict,
+            episode=self.core.episode,
+            failure=self.failure,
+            now_at=now_at,
+            now=now,
+        )
+        observed = core.Observed(verdict, good=isinstance(obs, Scraped), worker_idle=not self.busy)
+        self.feed(observed, now_at, now)
+        state_changed = verdict.state is not self.target_state
+        if state_changed:
+            if not verdict.engines and verdict.state is EngineState.UNREACHABLE:
+                log.error(
+                    "target_unreachable",
+                    target=self.name,
+                    reason="no good scrape within startup_timeout_seconds "
+                    f"({self.config.startup_timeout_seconds:g} s)",
+                    detail=failure.detail if failure else None,
+                )
+            self.target_state = verdict.state
+        self.reporter.metrics.set_engines(
+            self.name, str(verdict.state), engine_samples(verdict, now_at, now)
+        )
+        self.history.append(history_entry(verdict, now, failure))
+        self.steps += 1
+        self.publish(now_at, now, state_changed=state_changed)
+
+    # -- the effect runner --------------------------------------------------------------------
+
+    def feed(self, event: core.Input, now_at: float, now: float) -> core.Step:
+        """One input into the episode core; performs every effect but RunRestart (the worker's)."""
+        step = core.step(self.core, event, self.rules, now_at, now)
+        self.core = step.state
+        for effect in step.effects:
+            if isinstance(effect, core.Report):
+                self.reporter.report(self.target, effect, now)
+            elif isinstance(effect, core.Persist):
+                self.record = None
+                if effect.now:
+                    self.host.persist_now()
+                else:
+                    self.host.target_changed(self.name, state_changed=False)
+            elif isinstance(effect, core.Capture):
+                verdict = self.core.verdict
+                if verdict is None:  # a Capture only follows an observation
+                    continue
+                engine = next((e for e in verdict.engines if e.key == effect.key), None)
+                summary = self.reporter.verdict_summary(self.target, verdict, engine, now_at, now)
+                self.queue.put_nowait(_CaptureJob(effect, self.last_body, summary))
+            elif isinstance(effect, core.Resolve | core.QueueRestart):
+                self.queue.put_nowait(effect)
+            elif isinstance(effect, core.ResetDetector):
+                self.detector = TargetState.initial()
+                self.failure = None
+        self.reporter.metrics.set_restart_budget(
+            self.name,
+            remaining=restart_policy.budget_remaining(
+                self.core.policy, self.rules.restart_policy, now_at
+            ),
+            gave_up=self.core.policy.phase is restart_policy.Phase.GAVE_UP,
+        )
+        return step
+
+    def publish(self, now_at: float, now: float, *, state_changed: bool = False) -> None:
+        """Rebuild this target's snapshot and tell the daemon."""
+        failure = self.failure
+        self.snapshot = target_snapshot(
+            self.target,
+            self.core,
+            self.rules.restart_policy,
+            remedy_name=self.config.remedy,
+            failure_text=f"{failure.reason}: {failure.detail}" if failure else None,
+            last_scrape_timestamp=self.last_scrape_timestamp,
+            restart_running=self.busy == "restart",
+            now_at=now_at,
+            now=now,
+        )
+        self.host.target_changed(self.name, state_changed=state_changed)
+
+    def saved_record(self, at: float, now: float, *, refresh: bool) -> statefile.TargetRecord:
+        """The target's state record, rebuilt only when it changed (or `refresh`)."""
+        if self.record is None or refresh:
+            self.record = target_record(self.target, self.core, self.detector, at, now)
+        return self.record
+
+    # -- the worker: evidence, then restart -------------------------------------------------
+
+    async def work(self) -> None:
+        """Run queued jobs one at a time, in order, until cancelled."""
+        while True:
+            job = await self.queue.get()
+            try:
+                if isinstance(job, _CaptureJob):
+                    self.busy = "capture"
+                    await self._capture(job)
+                elif isinstance(job, core.Resolve):
+                    self.busy = "resolve"
+                    bundle = job.bundle or self.core.last_bundle
+                    if bundle is not None:
+                        await self.deps.evidence.resolve(bundle, job.note)
+                else:
+                    self.busy = "restart"
+                    await self._restart(job)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug in an adapter must not kill the worker
+                log.exception("worker_error", target=self.name, error=repr(exc))
+            finally:
+                self.busy = None
+                self.queue.task_done()
+                clock = self.deps.clock
+                self.publish(clock.monotonic(), clock.wall())
+
+    async def _capture(self, job: _CaptureJob) -> None:
+        effect = job.effect
+        episode = self.core.episode
+        episode_id = episode.episode_id if episode else effect.episode_id
+        request = CaptureRequest(
+            target=self.target,
+            key=effect.key,
+            family=effect.family,
+            phase=effect.phase,
+            episode_id=episode_id,
+            bundle=episode.bundle if episode else None,
+            metrics_body=job.body,
+            history=tuple(self.history),
+            verdict=job.verdict,
+            verdict_at=effect.verdict_at,
+        )
+        limit = self.timeouts.capture_seconds
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(limit):
+                outcome = await self.deps.evidence.capture(request)
+        except TimeoutError:
+            outcome = CaptureOutcome(
+                bundle=request.bundle,
+                failures=("timeout",),
+                detail=f"evidence capture did not finish within {limit:g} s",
+            )
+        except (OSError, ValueError) as exc:
+            outcome = CaptureOutcome(
+                bundle=request.bundle, failures=("error",), detail=f"evidence capture failed: {exc}"
+            )
+        duration = time.monotonic() - started
+        metrics = self.reporter.metrics
+        for reason in outcome.failures:
+            metrics.count_capture_failure(self.name, reason)
+        clock = self.deps.clock
+        now_at, now = clock.monotonic(), clock.wall()
+        done = core.CaptureDone(
+            episode_id, effect.phase, outcome.bundle, outcome.triage, outcome.failures
+        )
+        self.feed(done, now_at, now)
+        current = self.core.episode
+        fields = {
+            "target": self.name,
+            "episode": episode_id,
+            "phase": effect.phase,
+            "family": effect.family,
+            "engine": effect.key.engine,
+            "model_name": effect.key.model_name,
+            "bundle": outcome.bundle,
+            "triage": outcome.triage,
+            "scrape_failure": current.scrape_failure if current else None,
+            "duration_seconds": round(duration, 3),
+        }
+        if outcome.bundle is not None:
+            metrics.count_capture(self.name, phase=effect.phase, duration_seconds=duration)
+            log.info(
+                "evidence_captured",
+                failures=list(outcome.failures),
+                detail=outcome.detail or None,
+                **fields,
+            )
+            self.reporter.notify("evidence_captured", self.target, fields, now)
+        if outcome.failures:
+            log.warning(
+                "evidence_capture_failed",
+                reasons=list(outcome.failures),
+                detail=outcome.detail,
+                **fields,
+            )
+
+    async def _restart(self, job: core.QueueRestart) -> None:
+        restarter = self.deps.restarters.get(self.name)
+        if restarter is None:
+            return
+        clock = self.deps.clock
+        due = core.RestartDue(job.key, job.family, job.reason)
+        step = self.feed(due, clock.monotonic(), clock.wall())
+        run = next((e for e in step.effects if isinstance(e, core.RunRestart)), None)
+        if run is None:
+            return
+        config = self.config
+        self.reporter.metrics.count_restart(self.name, config.remedy)
+        discovery = await self._discover()
+        episode = self.core.episode
+        verdict = self.core.verdict
+        request = restarters.RestartRequest(
+            target=self.name,
+            url=self.target.url,
+            model_name=run.key.model_name,
+            engine=run.key.engine,
+            family=run.family,
+            state=str(verdict.state) if verdict else "",
+            reason=run.reason,
+            bundle=Path(episode.bundle) if episode and episode.bundle else None,
+            server_pid=discovery.root_pid,
+        )
+        fields = {
+            "target": self.name,
+            "remedy": config.remedy,
+            "attempt": run.attempt,
+            "restart_budget": config.restart_budget,
+            "server_pid": discovery.root_pid,
+            "family": run.family,
+            "engine": run.key.engine,
+            "reason": run.reason,
+        }
+        log.warning("restart_requested", **fields)
+        self.reporter.notify("restart_requested", self.target, fields, clock.wall())
+        limit = self.timeouts.restart_seconds
+        try:
+            async with asyncio.timeout(limit):
+                outcome = await restarter.restart(request)
+        except TimeoutError:
+            outcome = restart_policy.RestartOutcome(
+                False,
+                f"the {config.remedy} remedy did not finish within {limit:g} s",
+                limit,
+                restart_policy.FailureReason.TIMEOUT,
+            )
+        self.feed(core.RestartDone(outcome), clock.monotonic(), clock.wall())
+
+    async def _discover(self) -> Discovery:
+        target = self.target
+        selector = ProcessSelector(url=target.url, pid=target.pid, pid_file=target.pid_file)
+        try:
+            async with asyncio.timeout(10):
+                return await asyncio.to_thread(self.deps.finder.discover, selector)
+        except TimeoutError:
+            return Discovery(selector.describe(), None, (), error="process discovery timed out")
+
+
+async def wait(sleep: Callable[[float], Any], seconds: float, stop: asyncio.Event) -> None:
+    """Sleep `seconds` with `sleep`, or less if `stop` is set first."""
+    if seconds <= 0:
+        await asyncio.sleep(0)
+        return
+    sleeper = asyncio.ensure_future(sleep(seconds))
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (sleeper, stopper):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
