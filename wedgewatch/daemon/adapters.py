@@ -151,7 +151,8 @@ class BundleEvidence:
         return CaptureOutcome(
             bundle=str(result.bundle) if result.bundle is not None else None,
             failures=capture_failure_reasons(result),
-            triage=f"{result.triage.kind}: {result.triage.summary}",
+            triage=f"{result.triage.kind}: {result.triage.summary}"
+            + (f" (known issue: {', '.join(result.known_issues)})" if result.known_issues else ""),
             detail="; ".join(result.failures),
         )
 

@@ -36,7 +36,7 @@ from wedgewatch.daemon.publish import target_record, target_snapshot
 from wedgewatch.daemon.report import Reporter, engine_samples, history_entry
 from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
 from wedgewatch.daemon.server import TargetSnapshot
-from wedgewatch.io import restarters, statefile
+from wedgewatch.io import bundles, restarters, statefile
 from wedgewatch.io.procs import Discovery, ProcessSelector
 
 log = structlog.get_logger("wedgewatch.daemon")
@@ -204,6 +204,9 @@ class TargetRunner:
         for effect in step.effects:
             if isinstance(effect, core.Report):
                 self.reporter.report(self.target, effect, now)
+                noted = remedy_note(effect, self.core.episode, now_at, now)
+                if noted is not None:  # one small append: the bundle's report tells the end
+                    bundles.note_remedy(Path(noted[0]), noted[1])
             elif isinstance(effect, core.Persist):
                 self.record = None
                 if effect.now:
@@ -428,3 +431,26 @@ async def wait(sleep: Callable[[float], Any], seconds: float, stop: asyncio.Even
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+
+def remedy_note(
+    effect: core.Report, episode: core.Episode | None, at: float, timestamp: float
+) -> tuple[str, dict[str, Any]] | None:
+    """(bundle, record) for `remedy.jsonl` when a Report says what became of a bundle's
+    episode: a restart that completed or failed, or how the episode closed."""
+    fields = effect.fields
+    bundle = fields.get("bundle") or (episode.bundle if episode is not None else None)
+    if not bundle:
+        return None
+    stamp = {"at": at, "timestamp": timestamp}
+    if effect.event == "restart_completed":
+        record = {"event": "restart", "ok": True, "detail": fields.get("detail"), **stamp}
+        record["duration_seconds"] = fields.get("duration_seconds")
+    elif effect.event == "restart_failed":
+        record = {"event": "restart", "ok": False, "reason": fields.get("reason"), **stamp}
+        record["detail"] = fields.get("detail")
+    elif effect.event == "episode_closed":
+        record = {"event": "episode_closed", "outcome": fields.get("outcome"), **stamp}
+    else:
+        return None
+    return str(bundle), record

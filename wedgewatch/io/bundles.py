@@ -22,6 +22,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from wedgewatch.core.redact import redact_command_line
 from wedgewatch.core.retention import StoredBundle, plan_retention
 from wedgewatch.core.triage import ProcessStacks, StackRound, parse_pyspy_json
 from wedgewatch.io.atomic import write_atomic
@@ -32,11 +33,6 @@ _DIR_MODE = 0o700
 _FILE_MODE = 0o600
 _NAME_RE = re.compile(r"^(\d{8}T\d{6}Z)_")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-# A flag whose last word names a secret: --api-key, --hf-token, --db-password (not
-# --max-num-batched-tokens or --ssl-keyfile, whose values are not secrets).
-_SECRET_FLAG = re.compile(
-    r"(?i)^--?(?:[a-z0-9]+[-_])*(?:key|token|secret|password|passwd|credentials?)(?==|$)"
-)
 
 
 class Phase(StrEnum):
@@ -76,21 +72,7 @@ def timestamp_of_name(name: str) -> float | None:
 
 def redact_title(title: str) -> str:
     """A command line with the values of secret-looking flags (`--api-key X`) masked."""
-    words = title.split(" ")
-    out: list[str] = []
-    mask_next = False
-    for word in words:
-        if mask_next:
-            out.append("***")
-            mask_next = False
-            continue
-        match = _SECRET_FLAG.match(word)
-        if match and "=" in word:
-            out.append(word.split("=", 1)[0] + "=***")
-        else:
-            out.append(word)
-            mask_next = match is not None
-    return " ".join(out)
+    return redact_command_line(title)
 
 
 def redact_pyspy_text(text: str) -> str:
@@ -308,3 +290,24 @@ def apply_retention(
             f" the newest {protected_wedges})"
         )
     return tuple(evicted), tuple(failures)
+
+
+REMEDY_LOG = "remedy.jsonl"
+
+
+def note_remedy(bundle: Path, record: Mapping[str, Any]) -> str | None:
+    """Append what the daemon did after this bundle (a restart, how the episode ended) to
+    `remedy.jsonl` in the bundle (0600); an error message or None. Never raises."""
+    line = (json.dumps(json_safe(record), sort_keys=True, allow_nan=False) + "\n").encode()
+    try:
+        if not (bundle / "summary.json").is_file():
+            return f"{bundle}: not an evidence bundle"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(bundle / REMEDY_LOG, flags, _FILE_MODE)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return f"{bundle}: cannot note the remedy: {exc.strerror or exc}"
+    return None

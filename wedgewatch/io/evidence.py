@@ -44,6 +44,7 @@ from wedgewatch.core.triage import (
     triage,
 )
 from wedgewatch.io.atomic import write_atomic
+from wedgewatch.io.build_capture import capture_build
 from wedgewatch.io.bundles import (
     Phase,
     apply_retention,
@@ -69,6 +70,7 @@ from wedgewatch.io.procs import (
     read_readings,
 )
 from wedgewatch.io.pyspy import DumpStatus, PySpyRunner, StackDump, StackDumper
+from wedgewatch.report.model import known_issue_summary
 from wedgewatch.vllm.semantics import Role
 
 SCHEMA = "wedgewatch.evidence/1"
@@ -147,6 +149,7 @@ class BundleResult:
     since_verdict_seconds: float | None = None
     deadline_exceeded: bool = False
     evicted: tuple[str, ...] = ()
+    known_issues: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -199,6 +202,7 @@ class _Round:
     stats: tuple[ProcessStats, ...] = ()
     nvidia_smi: dict[str, Any] = field(default_factory=dict)
     deadline_exceeded: bool = False
+    build: dict[str, Any] | None = None
 
     @property
     def ptrace_denied(self) -> int:
@@ -309,6 +313,12 @@ async def _capture_round(
         nvidia_smi(deps.settings.nvidia_smi_path, deps.settings.nvidia_smi_timeout_seconds)
     )
     all_tasks: set[asyncio.Task[Any]] = {*stack_tasks.values(), sample_task, smi_task}
+    build_task: asyncio.Task[dict[str, Any]] | None = None
+    if first_round:  # the vLLM build: /version, `vllm serve` flags, the engine's environment
+        build_task = asyncio.create_task(
+            capture_build(request.selector.url, discovery, request.metrics_body)
+        )
+        all_tasks.add(build_task)
     started = deps.monotonic()
     _done, pending = await asyncio.wait(all_tasks, timeout=remaining())
     if pending:
@@ -345,6 +355,11 @@ async def _capture_round(
     rnd.durations["pyspy_seconds"] = max(
         (d.duration_seconds for d in rnd.dumps.values()), default=0.0
     )
+
+    if build_task is not None:
+        build = _task_outcome(build_task)
+        rnd.build = build if isinstance(build, dict) else {"error": str(build)}
+        rnd.files["build.json"] = json_bytes(rnd.build)
 
     sample = _task_outcome(sample_task)
     if isinstance(sample, tuple):
@@ -503,6 +518,7 @@ async def complete_bundle(
     since_verdict = _since(request, finished_at)
     if since_verdict is not None:
         summary["since_verdict_seconds"] = round(since_verdict, 4)
+    summary["known_issues"] = await asyncio.to_thread(known_issue_summary, bundle, summary)
     failures.extend(await _write_summary(bundle, summary))
     evicted, retention_failures = await _retention(deps, bundle.name)
     return BundleResult(
@@ -516,6 +532,7 @@ async def complete_bundle(
         since_verdict_seconds=since_verdict,
         deadline_exceeded=rnd.deadline_exceeded,
         evicted=evicted,
+        known_issues=tuple(str(m.get("id")) for m in summary["known_issues"]),
     )
 
 
@@ -592,9 +609,12 @@ async def _new_bundle(request: CaptureRequest, deps: EvidenceDeps, phase: Phase)
         "phases": {str(phase): _round_summary(rnd, deps, finished_at)},
         "failures": failures,
     }
+    version = (rnd.build or {}).get("version", {})
+    summary["vllm_version"] = version.get("version") if isinstance(version, dict) else None
     since_verdict = _since(request, finished_at)
     if since_verdict is not None:
         summary["since_verdict_seconds"] = round(since_verdict, 4)
+    summary["known_issues"] = await asyncio.to_thread(known_issue_summary, path, summary)
     failures.extend(await _write_summary(path, summary))
     evicted, retention_failures = await _retention(deps, path.name)
     return BundleResult(
@@ -608,6 +628,7 @@ async def _new_bundle(request: CaptureRequest, deps: EvidenceDeps, phase: Phase)
         since_verdict_seconds=since_verdict,
         deadline_exceeded=rnd.deadline_exceeded,
         evicted=evicted,
+        known_issues=tuple(str(m.get("id")) for m in summary["known_issues"]),
     )
 
 
@@ -627,6 +648,7 @@ def _with_failure(result: BundleResult, note: str) -> BundleResult:
         since_verdict_seconds=result.since_verdict_seconds,
         deadline_exceeded=result.deadline_exceeded,
         evicted=result.evicted,
+        known_issues=result.known_issues,
     )
 
 

@@ -1,0 +1,272 @@
+"""Match an evidence bundle against known upstream vLLM issues. Pure.
+
+The issues are data (`wedgewatch/vllm/known_issues.toml`, its header says how to add
+one). Each entry has a signature; every condition it sets must hold for a match:
+
+* `families`: the detector's family (`deferred_stall`, ...) is one of these;
+* `triage`: triage's kind (`scheduler_wedge`, ...) is one of these;
+* `features`: every named fact holds (see `wedgewatch.vllm.build_info.features`: flags
+  such as `simple_cpu_offload`, `mtp`, `async_scheduling`, state such as `running_zero`);
+* `not_features`: none of these holds;
+* `frames`: some `role:pattern` is seen in a stack (`worker:nccl*`,
+  `engine_core:step_with_batch_queue`; the pattern is a shell glob over the frame's
+  function name, with or without its class);
+* `versions`: the vLLM version is in the range (`>=0.26,<0.31`); an unknown version
+  does not rule a match out, and the match says the range was not checked.
+
+A match carries the evidence of every condition, so a reader sees why it matched.
+"""
+
+from __future__ import annotations
+
+import operator
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from importlib import resources
+from typing import Any
+
+from wedgewatch.vllm.build_info import version_tuple
+
+_OPS: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+    "==": operator.eq,
+}
+_KEYS = frozenset(
+    {
+        "id",
+        "refs",
+        "url",
+        "title",
+        "status",
+        "affected",
+        "workaround",
+        "families",
+        "triage",
+        "features",
+        "not_features",
+        "frames",
+        "versions",
+    }
+)
+_REQUIRED = ("id", "url", "title", "status", "affected", "workaround")
+
+
+@dataclass(frozen=True, slots=True)
+class SeenFrame:
+    """One frame of one process's stacks in one capture round."""
+
+    role: str
+    pid: int
+    round: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What a bundle says, in the terms signatures use."""
+
+    family: str | None
+    triage_kind: str | None
+    version: str | None
+    features: Mapping[str, str] = field(default_factory=dict)
+    frames: tuple[SeenFrame, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KnownIssue:
+    """One upstream issue or PR and the signature that recognises it."""
+
+    id: str
+    url: str
+    title: str
+    status: str
+    affected: str
+    workaround: str
+    refs: tuple[str, ...] = ()
+    families: tuple[str, ...] = ()
+    triage: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
+    not_features: tuple[str, ...] = ()
+    frames: tuple[str, ...] = ()
+    versions: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-safe form (for summaries and reports)."""
+        return {
+            "id": self.id,
+            "refs": list(self.refs),
+            "url": self.url,
+            "title": self.title,
+            "status": self.status,
+            "affected": self.affected,
+            "workaround": self.workaround,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A known issue that fits the bundle, and the evidence for each condition."""
+
+    issue: KnownIssue
+    evidence: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-safe form."""
+        return {**self.issue.to_json(), "evidence": list(self.evidence)}
+
+
+def parse_versions(spec: str) -> list[tuple[str, tuple[int, ...]]] | str:
+    """`>=0.26,<0.31` -> [(">=", (0, 26)), ("<", (0, 31))], or what is wrong with it."""
+    clauses: list[tuple[str, tuple[int, ...]]] = []
+    for raw in spec.split(","):
+        text = raw.strip()
+        if not text:
+            continue
+        op = next((o for o in (">=", "<=", "==", ">", "<") if text.startswith(o)), None)
+        if op is None:
+            return f"version clause {text!r} does not start with >=, <=, ==, > or <"
+        number = version_tuple(text[len(op) :].strip())
+        if number is None:
+            return f"version clause {text!r} has no version number"
+        clauses.append((op, number))
+    return clauses
+
+
+def _pad(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    width = max(len(a), len(b))
+    return a + (0,) * (width - len(a)), b + (0,) * (width - len(b))
+
+
+def version_in(version: tuple[int, ...], spec: str) -> bool:
+    """Whether a version satisfies every clause of a range (an empty range holds any)."""
+    clauses = parse_versions(spec)
+    if isinstance(clauses, str):
+        raise ValueError(clauses)
+    return all(_OPS[op](*_pad(version, bound)) for op, bound in clauses)
+
+
+def _strings(entry: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = entry.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where}: {key} must be a list of strings")
+    return tuple(value)
+
+
+def parse_known_issues(text: str, source: str = "known_issues.toml") -> tuple[KnownIssue, ...]:
+    """The entries of a known-issues file; ValueError naming the entry and key when invalid."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    entries = data.get("issue", [])
+    if not isinstance(entries, list):
+        raise ValueError(f"{source}: [[issue]] must be an array of tables")
+    out: list[KnownIssue] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        where = f"{source}: issue {index + 1}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: not a table")
+        unknown = sorted(set(entry) - _KEYS)
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        for key in _REQUIRED:
+            if not isinstance(entry.get(key), str) or not entry[key].strip():
+                raise ValueError(f"{where}: {key} is required (a non-empty string)")
+        where = f"{source}: issue {entry['id']}"
+        if entry["id"] in seen:
+            raise ValueError(f"{where}: duplicate id")
+        seen.add(entry["id"])
+        versions = entry.get("versions", "")
+        if not isinstance(versions, str):
+            raise ValueError(f"{where}: versions must be a string such as '>=0.26,<0.31'")
+        problem = parse_versions(versions)
+        if isinstance(problem, str):
+            raise ValueError(f"{where}: {problem}")
+        frames = _strings(entry, "frames", where)
+        for frame in frames:
+            if ":" not in frame:
+                raise ValueError(f"{where}: frame {frame!r} must be role:pattern")
+        issue = KnownIssue(
+            id=entry["id"],
+            url=entry["url"],
+            title=entry["title"],
+            status=entry["status"],
+            affected=entry["affected"],
+            workaround=entry["workaround"],
+            refs=_strings(entry, "refs", where),
+            families=_strings(entry, "families", where),
+            triage=_strings(entry, "triage", where),
+            features=_strings(entry, "features", where),
+            not_features=_strings(entry, "not_features", where),
+            frames=frames,
+            versions=versions,
+        )
+        if not (issue.families or issue.triage or issue.features or issue.frames):
+            raise ValueError(f"{where}: a signature needs families, triage, features or frames")
+        out.append(issue)
+    return tuple(out)
+
+
+def shipped_known_issues() -> tuple[KnownIssue, ...]:
+    """The known issues shipped with wedgewatch (`wedgewatch/vllm/known_issues.toml`)."""
+    text = resources.files("wedgewatch.vllm").joinpath("known_issues.toml").read_text("utf-8")
+    return parse_known_issues(text)
+
+
+def _frame_hit(pattern: str, frames: Sequence[SeenFrame]) -> SeenFrame | None:
+    role, _, glob = pattern.partition(":")
+    for frame in frames:
+        if role not in ("*", frame.role):
+            continue
+        bare = frame.name.rsplit(".", 1)[-1]
+        if fnmatchcase(bare, glob) or fnmatchcase(frame.name, glob):
+            return frame
+    return None
+
+
+def match_issue(issue: KnownIssue, facts: Facts) -> Match | None:
+    """The match of one issue with the evidence, or None when a condition fails."""
+    evidence: list[str] = []
+    if issue.families:
+        if facts.family not in issue.families:
+            return None
+        evidence.append(f"family {facts.family}")
+    if issue.triage:
+        if facts.triage_kind not in issue.triage:
+            return None
+        evidence.append(f"triage {facts.triage_kind}")
+    for name in issue.features:
+        if name not in facts.features:
+            return None
+        evidence.append(f"{name}: {facts.features[name]}")
+    for name in issue.not_features:
+        if name in facts.features:
+            return None
+    if issue.not_features:
+        evidence.append("without " + ", ".join(issue.not_features))
+    if issue.frames:
+        hits = [(p, _frame_hit(p, facts.frames)) for p in issue.frames]
+        found = [(p, h) for p, h in hits if h is not None]
+        if not found:
+            return None
+        evidence.extend(f"frame {h.name} in {h.role} {h.pid} ({h.round})" for _, h in found)
+    if issue.versions:
+        version = version_tuple(facts.version)
+        if version is None:
+            evidence.append(f"vLLM version unknown: range {issue.versions} not checked")
+        elif not version_in(version, issue.versions):
+            return None
+        else:
+            evidence.append(f"vLLM {facts.version} in {issue.versions}")
+    return Match(issue, tuple(evidence))
+
+
+def match_known_issues(issues: Sequence[KnownIssue], facts: Facts) -> tuple[Match, ...]:
+    """Every known issue whose signature fits, in file order."""
+    return tuple(m for m in (match_issue(i, facts) for i in issues) if m is not None)

@@ -1,0 +1,482 @@
+"""Render a `BundleModel`: one self-contained HTML page, a Markdown file, an upstream issue body.
+
+The HTML page has inline CSS and an inline SVG chart: it needs no network to view. Every
+command line and environment value passes the redaction again, so a bundle written by an
+older wedgewatch cannot leak a secret into a report either.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from wedgewatch import __version__
+from wedgewatch.core.redact import redact_argv, redact_env
+from wedgewatch.report.chart import INSTALL_HINT
+from wedgewatch.report.model import BundleModel, Point, StackView, remedy_outcome
+
+NO_MATCH = "No known issue matches this bundle."
+_UPSTREAM_ROWS = 12
+
+
+def _when(timestamp: Any) -> str:
+    if isinstance(timestamp, int | float) and not isinstance(timestamp, bool):
+        return dt.datetime.fromtimestamp(timestamp, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "?"
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def verdict_sentence(model: BundleModel) -> str:
+    """The verdict in one sentence: who, what, how long, what wedgewatch did, the outcome."""
+    verdict = model.text("verdict")
+    family = model.text("family")
+    stalled = model.stalled_seconds
+    what = {
+        "wedged": "was wedged",
+        "suspect": "was suspect (no wedge verdict in this bundle)",
+        "resolved": "was suspect and recovered on its own",
+        "manual": "was captured on demand",
+    }.get(verdict, f"had verdict {verdict}")
+    parts = [
+        f"Target {model.text('target')}, engine {model.engine} ({model.model_name}) {what}"
+        + (f" ({family.replace('_', ' ')})" if family not in ("?", "manual") else "")
+        + (f" after {stalled:.0f} s without progress" if stalled is not None else "")
+        + f" at {_when(model.summary.get('created_timestamp'))}."
+    ]
+    outcome = remedy_outcome(model.remedy)
+    if outcome == "none recorded":
+        parts.append("wedgewatch captured this bundle; no restart is recorded in it.")
+    else:
+        parts.append(f"wedgewatch captured this bundle, then: {outcome}.")
+    triage = model.triage
+    if triage.get("summary"):
+        parts.append(f"Triage: {triage.get('summary')}.")
+    return " ".join(parts)
+
+
+def _known_line(model: BundleModel) -> str:
+    if not model.matches:
+        return NO_MATCH
+    return "Matches " + "; ".join(
+        f"{m.issue.refs[0] if m.issue.refs else m.issue.id} ({m.issue.status.split(';')[0]})"
+        for m in model.matches
+    )
+
+
+# --------------------------------------------------------------------------- HTML
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;
+ color:#212121;background:#fafafa}
+main{max-width:1100px;margin:0 auto;padding:16px 24px}
+h1{font-size:20px;margin:8px 0}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+.verdict{background:#fff;border-left:6px solid #c62828;padding:10px 14px;font-size:16px}
+.known{background:#fff3e0;border-left:6px solid #ef6c00;padding:8px 14px;margin-top:8px}
+.known.none{background:#eceff1;border-left-color:#90a4ae}
+.problems{background:#ffebee;border:1px solid #e57373;padding:8px 14px;margin-top:8px}
+table{border-collapse:collapse;background:#fff;margin:6px 0}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f0f0f0}code,pre{font:12px/1.4 ui-monospace,Menlo,Consolas,monospace}
+pre{background:#fff;border:1px solid #ddd;padding:8px;overflow:auto;max-height:420px}
+.frames li{font:12px/1.5 ui-monospace,Menlo,Consolas,monospace;list-style:none}
+.frames{padding-left:12px;margin:2px 0 8px}
+mark{background:#fff59d}.muted{color:#757575}.chart{background:#fff;border:1px solid #ddd}
+.chart svg{width:100%;height:auto}details{margin:4px 0}summary{cursor:pointer}
+.issue{background:#fff;border:1px solid #ddd;padding:6px 12px;margin:8px 0}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _table(rows: Sequence[Sequence[object]], head: Sequence[str] | None = None) -> str:
+    out = ["<table>"]
+    if head:
+        out.append("<tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>")
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _points_table(points: Sequence[Point], limit: int | None = None) -> list[list[str]]:
+    chosen = list(points)
+    if limit is not None and len(chosen) > limit:
+        step = len(chosen) / limit
+        chosen = [chosen[int(i * step)] for i in range(limit - 1)] + [chosen[-1]]
+    return [
+        [
+            f"{p.t:+.1f}",
+            p.state,
+            _fmt(p.running),
+            _fmt(p.capacity),
+            _fmt(p.deferred),
+            "-" if p.kv_cache_usage is None else f"{p.kv_cache_usage:.0%}",
+            _fmt(p.generation_rate, 1),
+            p.failure or "",
+        ]
+        for p in chosen
+    ]
+
+
+_POINT_HEAD = ["t (s)", "state", "running", "capacity", "deferred", "KV", "gen tok/s", "scrape"]
+
+
+def _stack_html(view: StackView) -> str:
+    head = f"{view.role} pid {view.pid} <span class=muted>{_e(view.title[:100])}</span>"
+    body: list[str] = []
+    if view.problem:
+        body.append(f"<p class=problems>{_e(view.problem)}</p>")
+    for ti, thread in enumerate(view.threads or ()):
+        name = thread.name or f"thread {thread.thread_id}"
+        body.append(
+            f"<div><b>{_e(name)}</b> <span class=muted>os tid {thread.os_thread_id}"
+            f"{' active' if thread.active else ''}</span><ul class=frames>"
+        )
+        for fi, frame in enumerate(thread.frames):
+            text = f"{frame.name} ({frame.filename}:{frame.line})"
+            if (ti, fi) in view.highlighted:
+                body.append(f"<li><mark>{_e(text)}</mark></li>")
+            else:
+                body.append(f"<li>{_e(text)}</li>")
+        body.append("</ul></div>")
+    if view.text:
+        body.append(
+            f"<details><summary>py-spy text dump</summary><pre>{_e(view.text)}</pre></details>"
+        )
+    opened = " open" if view.role in ("engine_core", "worker") else ""
+    return f"<details{opened}><summary>{head}</summary>{''.join(body)}</details>"
+
+
+def render_html(model: BundleModel, chart_svg: str | None) -> str:
+    """The self-contained report page."""
+    s: list[str] = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        f"<title>wedgewatch report: {_e(model.name)}</title><style>{_CSS}</style>",
+        "</head><body><main>",
+        f"<h1>wedgewatch report <span class=muted>{_e(model.name)}</span></h1>",
+        f"<p class=verdict id=verdict>{_e(verdict_sentence(model))}</p>",
+        f"<p class='known{'' if model.matches else ' none'}' id=known-line>"
+        f"{_e(_known_line(model))}</p>",
+    ]
+    if model.problems:
+        s.append(
+            "<div class=problems id=problems><b>This bundle is incomplete; the report shows the "
+            "rest.</b><ul>" + "".join(f"<li>{_e(p)}</li>" for p in model.problems) + "</ul></div>"
+        )
+    s.append("<h2>Timeline</h2>")
+    if chart_svg is not None:
+        s.append(f"<div class=chart id=chart>{chart_svg}</div>")
+    elif model.points:
+        s.append(
+            f"<p class=muted id=chart-missing>Charts need matplotlib: <code>{_e(INSTALL_HINT)}"
+            "</code>. The flight recorder as a table:</p>"
+        )
+    else:
+        s.append("<p class=muted>No flight recorder in this bundle.</p>")
+    if model.points:
+        rows = _points_table(model.points, None if chart_svg is None else 40)
+        s.append(
+            f"<details{' open' if chart_svg is None else ''}><summary>Readings</summary>"
+            + _table(rows, _POINT_HEAD)
+            + "</details>"
+        )
+    marks = ", ".join(f"{label} at {t:+.1f} s" for t, label in model.marks)
+    if marks:
+        s.append(f"<p class=muted>Moments: {_e(marks)} (0 = the wedge capture).</p>")
+
+    triage = model.triage
+    s.append("<h2>Triage and known issues</h2>")
+    s.append(
+        f"<p><b>{_e(triage.get('kind', 'unknown'))}</b>: "
+        f"{_e(triage.get('summary', 'no triage'))}</p>"
+    )
+    details = triage.get("details") or []
+    if details:
+        s.append("<ul>" + "".join(f"<li><code>{_e(d)}</code></li>" for d in details) + "</ul>")
+    if not model.matches:
+        s.append(f"<p id=no-known-issue>{_e(NO_MATCH)}</p>")
+    for m in model.matches:
+        issue = m.issue
+        refs = ", ".join(issue.refs)
+        s.append(
+            f"<div class=issue><b><a href='{_e(issue.url)}'>{_e(refs or issue.id)}</a></b> "
+            f"{_e(issue.title)}<br><b>Status:</b> {_e(issue.status)}<br><b>Affected:</b> "
+            f"{_e(issue.affected)}<br><b>Workaround:</b> {_e(issue.workaround)}<br><b>Matched "
+            f"on:</b> {_e('; '.join(m.evidence))}</div>"
+        )
+
+    s.append("<h2>Stacks</h2><p class=muted>Highlighted: the frames triage read.</p>")
+    if not model.stacks:
+        s.append("<p>No stacks in this bundle.</p>")
+    current = None
+    for view in model.stacks:
+        if view.round != current:
+            current = view.round
+            s.append(f"<h3>Round: {_e(current)}</h3>")
+        s.append(_stack_html(view))
+
+    s.append("<h2>vLLM build and configuration</h2>")
+    s.append(_build_html(model))
+    s.append("<h2>Processes</h2>")
+    procs = [
+        [
+            p.get("round", ""),
+            p.get("pid"),
+            p.get("ppid"),
+            p.get("role"),
+            p.get("status"),
+            p.get("cpu_percent"),
+            p.get("rss_bytes"),
+            p.get("title", ""),
+        ]
+        for p in model.processes
+    ]
+    s.append(
+        _table(procs, ["file", "pid", "ppid", "role", "status", "CPU %", "RSS", "command"])
+        if procs
+        else "<p>No process tree in this bundle.</p>"
+    )
+    s.append("<h2>wedgewatch</h2>")
+    thresholds = [[k, v] for k, v in sorted(model.thresholds.items())]
+    s.append(_table(thresholds, ["threshold", "value"]) if thresholds else "<p>No thresholds.</p>")
+    s.append(
+        _table(
+            [
+                ["bundle", model.path],
+                ["wedgewatch", model.text("wedgewatch_version")],
+                ["host", model.text("host")],
+                ["selector", model.text("selector")],
+                ["failures", "; ".join(map(str, model.summary.get("failures") or [])) or "none"],
+                ["remedy", remedy_outcome(model.remedy)],
+                ["report by", f"wedgewatch {__version__}"],
+            ]
+        )
+    )
+    s.append("</main></body></html>\n")
+    return "".join(s)
+
+
+def _build_html(model: BundleModel) -> str:
+    b = model.build
+    out: list[str] = []
+    version = b.get("version") if isinstance(b.get("version"), Mapping) else {}
+    rows = [
+        [
+            "vLLM version",
+            model.version or f"unknown ({(version or {}).get('error', 'not captured')})",
+        ],
+        ["model", b.get("model") or model.model_name],
+    ]
+    argv = b.get("command_line")
+    if isinstance(argv, list):
+        rows.append(["command line", " ".join(redact_argv([str(a) for a in argv]))])
+    for key in ("command_line_error", "engine_env_error", "cache_config_info_error"):
+        if b.get(key):
+            rows.append([key.replace("_", " "), b[key]])
+    out.append(_table(rows))
+    env = b.get("engine_env")
+    if isinstance(env, Mapping):
+        out.append("<h3>EngineCore environment (VLLM_*, CUDA_*, NCCL_*)</h3>")
+        safe = redact_env({str(k): str(v) for k, v in env.items()})
+        out.append(_table(list(safe.items()), ["name", "value"]) if safe else "<p>none set</p>")
+    cache = b.get("cache_config_info")
+    if isinstance(cache, Mapping) and cache:
+        out.append(
+            "<details><summary>vllm:cache_config_info</summary>"
+            + _table(sorted(cache.items()), ["label", "value"])
+            + "</details>"
+        )
+    feats = model.facts.features
+    if feats:
+        out.append(
+            "<details><summary>Facts known-issue signatures read</summary>"
+            + _table(sorted(feats.items()), ["fact", "evidence"])
+            + "</details>"
+        )
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def _md_table(rows: Sequence[Sequence[object]], head: Sequence[str]) -> list[str]:
+    def cell(v: object) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out.extend("| " + " | ".join(cell(c) for c in row) + " |" for row in rows)
+    return out
+
+
+def _frames_text(view: StackView, threads: int | None = None) -> str:
+    lines = [f"{view.role} pid {view.pid}: {view.title[:100]}"]
+    if view.problem:
+        lines.append(f"  ({view.problem})")
+    for ti, thread in enumerate((view.threads or ())[:threads]):
+        lines.append(f"Thread {thread.os_thread_id} ({thread.name or '?'})")
+        for fi, f in enumerate(thread.frames):
+            star = "*" if (ti, fi) in view.highlighted else " "
+            lines.append(f" {star}  {f.name} ({f.filename}:{f.line})")
+    return "\n".join(lines)
+
+
+def render_markdown(model: BundleModel) -> str:
+    """The report as Markdown (the same parts as the page, stacks as text)."""
+    lines = [f"# wedgewatch report: {model.name}", "", f"**{verdict_sentence(model)}**", ""]
+    lines.append(_known_line(model))
+    if model.problems:
+        lines += ["", "## Missing or corrupt", ""] + [f"- {p}" for p in model.problems]
+    lines += ["", "## Timeline", ""]
+    if model.points:
+        lines += _md_table(_points_table(model.points, 30), _POINT_HEAD)
+        marks = ", ".join(f"{label} at {t:+.1f} s" for t, label in model.marks)
+        if marks:
+            lines += ["", f"Moments: {marks} (0 = the wedge capture)."]
+    else:
+        lines.append("No flight recorder in this bundle.")
+    triage = model.triage
+    lines += [
+        "",
+        "## Triage and known issues",
+        "",
+        f"**{triage.get('kind', 'unknown')}**: {triage.get('summary', 'no triage')}",
+        "",
+    ]
+    lines += [f"- `{d}`" for d in triage.get("details") or []]
+    lines.append("")
+    if not model.matches:
+        lines.append(NO_MATCH)
+    for m in model.matches:
+        i = m.issue
+        lines += [
+            f"### [{', '.join(i.refs) or i.id}]({i.url}) {i.title}",
+            "",
+            f"- Status: {i.status}",
+            f"- Affected: {i.affected}",
+            f"- Workaround: {i.workaround}",
+            f"- Matched on: {'; '.join(m.evidence)}",
+            "",
+        ]
+    lines += ["## Stacks", "", "`*` marks the frames triage read.", ""]
+    for view in model.stacks:
+        lines += [
+            f"### {view.round}: {view.role} {view.pid}",
+            "",
+            "```",
+            _frames_text(view),
+            "```",
+            "",
+        ]
+    lines += ["## vLLM build", ""]
+    lines += _build_md(model)
+    lines += ["", "## wedgewatch thresholds", ""]
+    lines += _md_table(sorted(model.thresholds.items()), ["threshold", "value"])
+    lines += ["", f"Bundle: `{model.path}`", ""]
+    return "\n".join(lines)
+
+
+def _build_md(model: BundleModel) -> list[str]:
+    b = model.build
+    lines = [
+        f"- vLLM version: {model.version or 'unknown'}",
+        f"- model: {b.get('model') or model.model_name}",
+    ]
+    argv = b.get("command_line")
+    if isinstance(argv, list):
+        lines.append(f"- command line: `{' '.join(redact_argv([str(a) for a in argv]))}`")
+    env = b.get("engine_env")
+    if isinstance(env, Mapping):
+        safe = redact_env({str(k): str(v) for k, v in env.items()})
+        lines.append(
+            "- EngineCore environment: "
+            + (", ".join(f"`{k}={v}`" for k, v in safe.items()) or "none set")
+        )
+    for key in ("command_line_error", "engine_env_error", "cache_config_info_error"):
+        if b.get(key):
+            lines.append(f"- {key.replace('_', ' ')}: {b[key]}")
+    return lines
+
+
+def render_upstream(model: BundleModel) -> str:
+    """A body for a GitHub issue on vLLM: environment, flags, short metric table, two stacks."""
+    b = model.build
+    lines = [
+        "### Your current environment",
+        "",
+        "```text",
+        f"vLLM version (GET /version): {model.version or 'unknown'}",
+        f"model: {b.get('model') or model.model_name}",
+    ]
+    cache = b.get("cache_config_info")
+    if isinstance(cache, Mapping):
+        keys = (
+            "block_size",
+            "cache_dtype",
+            "enable_prefix_caching",
+            "num_gpu_blocks",
+            "kv_offloading_backend",
+            "kv_offloading_size",
+            "mamba_cache_mode",
+        )
+        lines.append(
+            "cache_config_info: " + ", ".join(f"{k}={cache[k]}" for k in keys if k in cache)
+        )
+    env = b.get("engine_env")
+    if isinstance(env, Mapping):
+        safe = redact_env({str(k): str(v) for k, v in env.items()})
+        lines += [f"{k}={v}" for k, v in safe.items()]
+    lines += ["```", "", "### Command", "", "```sh"]
+    argv = b.get("command_line")
+    lines.append(
+        " ".join(redact_argv([str(a) for a in argv]))
+        if isinstance(argv, list)
+        else "(not captured)"
+    )
+    lines += ["```", "", "### What happened", ""]
+    lines.append(
+        verdict_sentence(model).replace(
+            "wedgewatch captured this bundle", "A watchdog (wedgewatch) captured stacks"
+        )
+    )
+    lines += ["", "Metrics from the watchdog's flight recorder (0 = the capture at the wedge):", ""]
+    lines += (
+        _md_table(_points_table(model.points, _UPSTREAM_ROWS), _POINT_HEAD)
+        if model.points
+        else ["(no flight recorder)"]
+    )
+    if model.matches:
+        lines += [
+            "",
+            "Possibly related: " + ", ".join(r for m in model.matches for r in m.issue.refs[:1]),
+        ]
+    engine = next(
+        (v for v in reversed(model.stacks) if v.role == "engine_core" and v.threads), None
+    )
+    worker = next((v for v in reversed(model.stacks) if v.role == "worker" and v.threads), None)
+    for title, view in (("EngineCore", engine), ("one worker", worker)):
+        if view is None:
+            continue
+        lines += [
+            "",
+            f"<details><summary>py-spy stack: {title} ({view.round})</summary>",
+            "",
+            "```text",
+            _frames_text(view, threads=3),
+            "```",
+            "",
+            "</details>",
+        ]
+    triage = model.triage
+    if triage.get("summary"):
+        lines += ["", f"Watchdog triage: {triage.get('kind')}: {triage.get('summary')}"]
+    lines.append("")
+    return "\n".join(lines)
