@@ -407,9 +407,26 @@ async def _run(
         if traffic.task is not None:
             await asyncio.gather(traffic.task, return_exceptions=True)
     screen.lines(render_summary(story, settings, bundle_lines, log_path))
+    if checked_bundle is not None:
+        screen.lines(await asyncio.to_thread(write_demo_report, Path(checked_bundle)))
     if not story.complete:
         return 1
     return 0 if checked_bundle is not None else 1
+
+
+def write_demo_report(bundle: Path) -> list[str]:
+    """Write the bundle's report (wedgewatch report) and say where it is."""
+    from wedgewatch.report.commands import write_report  # noqa: PLC0415
+
+    try:
+        written = write_report(bundle)
+    except OSError as exc:
+        return [f"  report     not written: {exc.strerror or exc}"]
+    lines = [
+        f"  report     {written.paths[0]}  (open it in a browser; Markdown: {written.paths[1]})"
+    ]
+    lines.extend(f"             note: {note}" for note in written.notes)
+    return lines
 
 
 def _endpoint_notes(config: Config, server_url: str, seed: int) -> list[str]:

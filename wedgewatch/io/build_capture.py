@@ -88,12 +88,25 @@ def read_process_build(discovery: Discovery) -> dict[str, Any]:
     engines = discovery.pids(Role.ENGINE_CORE)
     if not engines:
         out["engine_env_error"] = "no EngineCore process found"
+        return out
+    environ = _environ(engines[0])
+    source = f"EngineCore pid {engines[0]}"
+    if isinstance(environ, dict) and not environ and root is not None:
+        # setproctitle (VLLM::EngineCore) overwrites the memory /proc/<pid>/environ reads;
+        # the engine inherited the API server's environment, so read that instead.
+        environ = _environ(root)
+        source = (
+            f"API server pid {root} (the EngineCore's /proc environ is overwritten by its "
+            "process title; it inherits this environment)"
+        )
+    if isinstance(environ, str):
+        out["engine_env_error"] = environ
     else:
-        environ = _environ(engines[0])
-        if isinstance(environ, str):
-            out["engine_env_error"] = environ
-        else:
-            out.update(engine_core_pid=engines[0], engine_env=redact_env(build_env(environ)))
+        out.update(
+            engine_core_pid=engines[0],
+            engine_env=redact_env(build_env(environ)),
+            engine_env_source=source,
+        )
     return out
 
 

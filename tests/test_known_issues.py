@@ -1,0 +1,174 @@
+"""Known upstream issues: the shipped file parses, and every entry matches the bundle it should."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from report_bundles import SIMPLE_ENV, TP2_OFFLOAD, make_bundle, reading  # noqa: E402
+
+from wedgewatch.core.known_issues import (  # noqa: E402
+    Facts,
+    SeenFrame,
+    match_issue,
+    parse_known_issues,
+    shipped_known_issues,
+    version_in,
+)
+from wedgewatch.report.model import read_bundle  # noqa: E402
+
+OFFLOAD = TP2_OFFLOAD  # with no VLLM_USE_SIMPLE_KV_OFFLOAD: vLLM's OffloadingConnector
+MTP = ("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}')
+STALLED = {"family": "admission_stall", "wedge": reading(capacity=5)}
+
+# entry id -> (bundle that must match, bundle that must not); make_bundle keyword arguments.
+KNOWN_ISSUE_EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "vllm-53868": (
+        {"flags": TP2_OFFLOAD, "env": SIMPLE_ENV},
+        {"flags": TP2_OFFLOAD, "env": {}},
+    ),
+    "vllm-simple-offload-stuck-transfer": (
+        {"flags": TP2_OFFLOAD, "env": SIMPLE_ENV, "family": "admission_stall",
+         "wedge": reading(capacity=29, kv=0.99)},
+        {"flags": TP2_OFFLOAD, "env": SIMPLE_ENV, "family": "admission_stall",
+         "wedge": reading(capacity=29, kv=0.3)},
+    ),
+    "vllm-57841": (
+        {"flags": OFFLOAD, "version": "0.30.0"},
+        {"flags": OFFLOAD, "version": "0.31.0"},
+    ),
+    "vllm-45406": (
+        {"flags": OFFLOAD},
+        {"flags": OFFLOAD, "env": SIMPLE_ENV},
+    ),
+    "vllm-44560": (
+        {"flags": OFFLOAD, "version": "0.25.2"},
+        {"flags": OFFLOAD, "version": "0.26.0"},
+    ),
+    "vllm-57104": (
+        {"flags": (*OFFLOAD, *MTP), "version": "0.30.0"},
+        {"flags": (*OFFLOAD, *MTP), "version": "0.31.0"},
+    ),
+    "vllm-49829": (
+        {"flags": OFFLOAD, "wedge": reading(deferred=4)},
+        {"flags": OFFLOAD, "wedge": reading(capacity=5, deferred=2)},
+    ),
+    "vllm-45414": (
+        {**STALLED},
+        {**STALLED, "flags": OFFLOAD},
+    ),
+    "vllm-53130": (
+        {"family": "output_stall", "version": "0.27.1", "wedge": reading(3, 19, 473)},
+        {"family": "output_stall", "version": "0.27.1", "wedge": reading(3, 19, 0)},
+    ),
+    "vllm-52520": (
+        {"family": "output_stall", "flags": ("--mamba-cache-mode", "align"),
+         "wedge": reading(1, 0, 0, preemptions=40)},
+        {"family": "output_stall", "wedge": reading(1, 0, 0, preemptions=40)},
+    ),
+    "vllm-46811": (
+        {"family": "progress_stall", "stacks": "collective_hang", "wedge": reading(running=2),
+         "rename_frames": {"EngineCore.step": "EngineCore.step_with_batch_queue"}},
+        {"family": "progress_stall", "stacks": "collective_hang", "wedge": reading(running=2)},
+    ),
+    "vllm-45094": (
+        {"family": "progress_stall", "stacks": "collective_hang", "wedge": reading(running=2)},
+        {"family": "progress_stall", "stacks": "scheduler_wedge", "wedge": reading(running=2)},
+    ),
+    "vllm-39863": (
+        {"stacks": "engine_dead"},
+        {"stacks": "scheduler_wedge"},
+    ),
+}  # fmt: skip
+
+
+def test_every_shipped_entry_has_examples() -> None:
+    """A new known_issues.toml entry without its two example bundles fails here."""
+    ids = [issue.id for issue in shipped_known_issues()]
+    assert sorted(ids) == sorted(KNOWN_ISSUE_EXAMPLES)
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("issue_id", sorted(KNOWN_ISSUE_EXAMPLES))
+def test_entry_matches_its_bundle_and_not_the_other(issue_id: str, tmp_path: Path) -> None:
+    """Each entry matches the bundle that has its signature and not the one that lacks a part."""
+    should, should_not = KNOWN_ISSUE_EXAMPLES[issue_id]
+    yes = read_bundle(make_bundle(tmp_path / "yes", **should))
+    no = read_bundle(make_bundle(tmp_path / "no", **should_not))
+    assert yes.problems == () and no.problems == ()
+    matched = {m.issue.id: m for m in yes.matches}
+    assert issue_id in matched, (yes.facts, [m.issue.id for m in yes.matches])
+    assert matched[issue_id].evidence  # says why
+    assert issue_id not in {m.issue.id for m in no.matches}
+
+
+def test_match_evidence_names_the_facts() -> None:
+    """The #53868 match carries the family, triage, flags and state that matched."""
+    issue = next(i for i in shipped_known_issues() if i.id == "vllm-53868")
+    facts = Facts(
+        "deferred_stall",
+        "scheduler_wedge",
+        "0.33.0",
+        {"simple_cpu_offload": "x with VLLM_USE_SIMPLE_KV_OFFLOAD=1", "running_zero": "r",
+         "waiting_deferred": "waiting deferred 3"},
+    )  # fmt: skip
+    match = match_issue(issue, facts)
+    assert match is not None
+    text = " ".join(match.evidence)
+    for part in ("deferred_stall", "scheduler_wedge", "VLLM_USE_SIMPLE_KV_OFFLOAD", "deferred 3"):
+        assert part in text
+
+
+def test_unknown_version_matches_and_says_so() -> None:
+    """A bundle without a version still matches a versioned entry, saying the range was not checked."""
+    issue = next(i for i in shipped_known_issues() if i.id == "vllm-45094")
+    facts = Facts("progress_stall", "collective_hang", None, {},
+                  (SeenFrame("worker", 5, "wedged", "Worker.all_reduce"),))  # fmt: skip
+    match = match_issue(issue, facts)
+    assert match is not None
+    issue57 = next(i for i in shipped_known_issues() if i.id == "vllm-57841")
+    facts57 = Facts("deferred_stall", "scheduler_wedge", None,
+                    {"offloading_connector": "o", "running_zero": "r", "waiting_deferred": "d"})  # fmt: skip
+    m57 = match_issue(issue57, facts57)
+    assert m57 is not None and any("not checked" in e for e in m57.evidence)
+
+
+@pytest.mark.parametrize(
+    ("version", "spec", "inside"),
+    [
+        ((0, 30, 0), "<0.31", True),
+        ((0, 31, 0), "<0.31", False),
+        ((0, 26), ">=0.26.0", True),
+        ((0, 33, 0), ">=0.26,<0.34", True),
+        ((0, 25, 9), ">=0.26", False),
+    ],
+)
+def test_version_ranges(version: tuple[int, ...], spec: str, inside: bool) -> None:
+    """Version ranges compare numerically with missing parts as zero."""
+    assert version_in(version, spec) is inside
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[issue]]\nid='a'\n", "url is required"),
+        ("[[issue]]\nid='a'\nurl='u'\ntitle='t'\nstatus='s'\naffected='a'\nworkaround='w'\n",
+         "a signature needs"),
+        ("[[issue]]\nid='a'\nurl='u'\ntitle='t'\nstatus='s'\naffected='a'\nworkaround='w'\n"
+         "families=['x']\nversions='~1'\n", "does not start with"),
+        ("[[issue]]\nid='a'\nbogus=1\n", "unknown key(s) bogus"),
+        ("[[issue]]\nid='a'\nurl='u'\ntitle='t'\nstatus='s'\naffected='a'\nworkaround='w'\n"
+         "frames=['nocolon']\n", "role:pattern"),
+        ("not toml [", "known_issues.toml"),
+    ],
+)  # fmt: skip
+def test_bad_entries_are_rejected_with_the_reason(text: str, message: str) -> None:
+    """A broken known-issues file names the entry and what is wrong."""
+    with pytest.raises(ValueError, match="known_issues.toml") as info:
+        parse_known_issues(text)
+    assert message in str(info.value)
