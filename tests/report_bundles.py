@@ -27,7 +27,7 @@ TP2_OFFLOAD = (
 SIMPLE_ENV = {"VLLM_USE_SIMPLE_KV_OFFLOAD": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
 
 
-def reading(
+def reading(  # noqa: PLR0917 (a reading reads best positionally: running, capacity, deferred)
     running: float = 0,
     capacity: float = 0,
     deferred: float = 0,
