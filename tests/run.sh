@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: creates (or reuses) .venv, installs wedgewatch
 # with its test tools, installs the real tools the tests use (Debian's prometheus, systemd
-# and nodejs packages) when they are missing, checks that kubectl can render the manifests,
+# nodejs and chromium packages) when they are missing, checks that kubectl can render the
+# manifests,
 # then runs the formatter check, the linter, mypy --strict and every test, slow ones included.
 # Extra arguments go to pytest (e.g. `bash tests/run.sh -m "not slow"` for a quick pass).
 set -euo pipefail
@@ -31,11 +32,12 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
 # Real tools the tests run: promtool and prometheus (rules, end to end), systemd-analyze
-# (unit verification), node (evaluates the polkit rule).
+# (unit verification), node (evaluates the polkit rule), chromium (renders the report).
 missing=()
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ "${#missing[@]}" -gt 0 ]; then
     need_root "${missing[*]}" "${missing[*]}"
     apt_install "${missing[@]}"

@@ -479,7 +479,7 @@ def build_model(
     points, marks = timeline(history, engine, wedge_at)
     origin = wedge_at if wedge_at is not None else None
     for event in remedy:
-        at = _num(event.get("at"))
+        at = _event_at(event, origin) if origin is not None else None
         if at is not None and origin is not None:
             label = "restart" if event.get("event") == "restart" else str(event.get("event"))
             marks = (*marks, (at - origin, label))
@@ -534,19 +534,38 @@ def _version(build: Mapping[str, Any], summary: Mapping[str, Any]) -> str | None
 
 
 def _wedge_at(summary: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> float | None:
-    """The monotonic instant of the verdict (the chart's zero)."""
-    verdict_at = _num(summary.get("verdict_at"))
+    """The instant of the wedge capture on the flight recorder's clock (the chart's zero).
+
+    The recorder stamps wall-clock time; older or test bundles may use the monotonic clock.
+    The first candidate within a day of the last reading wins.
+    """
+    last = next(
+        (t for t in (_num(h.get("timestamp")) for h in reversed(history)) if t is not None), None
+    )
     phases = summary.get("phases")
-    if isinstance(phases, Mapping):
-        wedged = phases.get("wedged")
-        if isinstance(wedged, Mapping) and _num(wedged.get("started_at")) is not None:
-            return _num(wedged.get("started_at"))
-    if verdict_at is not None:
-        return verdict_at
+    wedged = phases.get("wedged") if isinstance(phases, Mapping) else None
+    wedged = wedged if isinstance(wedged, Mapping) else {}
+    detail = summary.get("verdict_detail")
+    detail = detail if isinstance(detail, Mapping) else {}
+    candidates = [
+        _num(wedged.get("started_timestamp")),
+        _num(detail.get("verdict_timestamp")),
+        _num(wedged.get("started_at")),
+        _num(summary.get("verdict_at")),
+    ]
+    for candidate in candidates:
+        if candidate is not None and (last is None or abs(candidate - last) < 86400):
+            return candidate
     for entry in history:
         if entry.get("state") == "wedged":
             return _num(entry.get("timestamp"))
-    return None
+    return last
+
+
+def _event_at(event: Mapping[str, Any], origin: float) -> float | None:
+    """A remedy event's instant on the recorder's clock (wall `timestamp` or monotonic `at`)."""
+    options = [v for v in (_num(event.get("timestamp")), _num(event.get("at"))) if v is not None]
+    return min(options, key=lambda v: abs(v - origin)) if options else None
 
 
 # --------------------------------------------------------------------------- listing
