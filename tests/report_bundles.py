@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from wedgewatch.core.redact import redact_argv
-from wedgewatch.procs import Role
-from wedgewatch.triage import ProcessStacks, StackRound, parse_pyspy_json, triage
+from wedgewatch.core.triage import ProcessStacks, StackRound, parse_pyspy_json, triage
+from wedgewatch.io.procs import Role
 from wedgewatch.vllm.build_info import serve_flags
 
 STACKS = Path(__file__).parent / "fixtures" / "stacks"

@@ -266,6 +266,7 @@ async def test_suspect_then_wedged_bundle(
         "metrics_suspect.prom",
         "history.jsonl",
         "processes.json",
+        "build.json",
         "pyspy",
         *(f"pyspy/{s}.{ext}" for s in stems for ext in ("json", "txt")),
     }
@@ -294,6 +295,16 @@ async def test_suspect_then_wedged_bundle(
     }
     assert summary["wedgewatch_version"]
     assert summary["host"]
+    build = json.loads((bundle / "build.json").read_text())
+    assert build["api_server_pid"] == tree.api_pid
+    assert "standin_tree.py" in " ".join(build["command_line"])
+    assert build["engine_core_pid"] == tree.engine_pid
+    assert isinstance(build["engine_env"], dict)
+    # The stand-in's API server closes every connection: /version is recorded as failed.
+    assert build["version"]["status"] == "failed"
+    assert build["version"]["url"].endswith("/version")
+    assert summary["vllm_version"] is None
+    assert isinstance(summary["known_issues"], list)
     processes = json.loads((bundle / "processes.json").read_text())["processes"]
     engine = next(p for p in processes if p["role"] == "engine_core")
     assert engine["title"] == "VLLM::EngineCore"
