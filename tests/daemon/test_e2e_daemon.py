@@ -29,6 +29,9 @@ import psutil
 import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, zeros
 
+from wedgewatch.report.commands import write_report
+from wedgewatch.report.model import read_bundle
+from wedgewatch.report.render import NO_MATCH, verdict_sentence
 from wedgewatch.vllm.profiles import builtin_profiles
 from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import Exposition, parse
@@ -505,6 +508,20 @@ def test_sim_wedge_is_detected_captured_and_restarted(
         daemon.wait_for("restart_succeeded", timeout_seconds=120)
         closed = daemon.wait_for("episode_closed", timeout_seconds=30)
         assert closed["outcome"] == "restarted"
+        # What happened next is in the bundle, so its report can tell the whole story.
+        remedy = [json.loads(line) for line in (bundle / "remedy.jsonl").read_text().splitlines()]
+        assert [(e["event"], e.get("ok"), e.get("outcome")) for e in remedy] == [
+            ("restart", True, None),
+            ("episode_closed", None, "restarted"),
+        ]
+        model = read_bundle(bundle)
+        assert model.problems == ()
+        assert model.version is not None
+        assert model.version.startswith("0.33.0")  # GET /version of the simulator
+        assert model.build["flags"]["--kv-offloading-size"] == "60"
+        assert {"kv_offloading", "running_zero"} <= set(model.facts.features)
+        assert model.matches  # the tp2-offload wedge is a known upstream shape
+        assert "server back after the restart" in verdict_sentence(model)
         sim.wait_healthy(timeout_seconds=60)
         assert len(sim.serving_pids()) == 2  # the supervisor started a second server
         time.sleep(3)
@@ -573,6 +590,19 @@ def test_sim_faults_are_their_own_families(
             assert status[name]["last_scrape_error"].startswith(failure), status[name]
         assert status["hang"]["episode"]["triage"].startswith("collective_hang")
         assert status["api"]["episode"]["triage"].startswith("api_hang")
+        # Reports of real fault bundles: the collective hang is a known NCCL-hang shape; an
+        # API hang and a crashed server match nothing known and say so.
+        expected = {"hang": ("collective_hang", "vllm-45094"), "api": ("api_hang", None),
+                    "crash": ("no_stacks", None)}  # fmt: skip
+        for name, (kind, issue) in expected.items():
+            captured = daemon.events("evidence_captured", target=name, phase="wedged")[-1]
+            written = write_report(Path(captured["bundle"]))
+            html = written.paths[0].read_text()
+            assert f"<b>{kind}</b>" in html, name
+            if issue is None:
+                assert NO_MATCH in html, name
+            else:
+                assert issue.split("-")[1] in html, name
         assert daemon.stop() == 0
     finally:
         load.kill()

@@ -66,7 +66,7 @@ def test_verdict_names_target_engine_family_duration_and_outcome(tmp_path: Path)
         flags=TP2_OFFLOAD,
         env=SIMPLE_ENV,
         remedy=[{"event": "restart", "at": 1032.0, "ok": True, "detail": "d"},
-                {"event": "recovered", "at": 1040.0}],
+                {"event": "episode_closed", "outcome": "restarted", "at": 1040.0}],
     )  # fmt: skip
     model = read_bundle(bundle)
     write_report(bundle)
@@ -76,10 +76,10 @@ def test_verdict_names_target_engine_family_duration_and_outcome(tmp_path: Path)
         "engine 0",
         "deferred stall",
         "after 15 s",
-        "restarted, recovered",
+        "restarted, server back after the restart",
     ):
         assert part in html
-    assert {label for _t, label in model.marks} == {"suspect", "wedged", "restart", "recovered"}
+    assert {label for _t, label in model.marks} == {"suspect", "wedged", "restart", "back"}
 
 
 @pytest.mark.parametrize(

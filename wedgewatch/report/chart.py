@@ -18,6 +18,7 @@ _MARK_COLOURS = {
     "unreachable": "#6a1b9a",
     "restart": "#1565c0",
     "recovered": "#2e7d32",
+    "back": "#2e7d32",
 }
 
 

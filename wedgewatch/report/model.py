@@ -481,7 +481,13 @@ def build_model(
     for event in remedy:
         at = _event_at(event, origin) if origin is not None else None
         if at is not None and origin is not None:
-            label = "restart" if event.get("event") == "restart" else str(event.get("event"))
+            label = (
+                "restart"
+                if event.get("event") == "restart"
+                else {"restarted": "back", "recovered": "recovered"}.get(
+                    str(event.get("outcome")), "episode ended"
+                )
+            )
             marks = (*marks, (at - origin, label))
 
     stacks = _stacks(summary, files, problems)
@@ -588,18 +594,33 @@ class BundleRow:
     problem: str | None = None
 
 
+_CLOSED = {
+    "restarted": "server back after the restart",
+    "recovered": "recovered",
+    "restart_failed": "server not back after the restart",
+}
+
+
 def remedy_outcome(events: Sequence[Mapping[str, Any]]) -> str:
-    """`restarted, recovered` / `restart failed: ...` / `none recorded`."""
+    """What happened after the capture, from `remedy.jsonl`: `restarted, server back after
+    the restart`, `restart failed: ...`, `recovered without restart`, `none recorded`."""
     restarts = [e for e in events if e.get("event") == "restart"]
-    recovered = any(e.get("event") == "recovered" for e in events)
+    closed = [e for e in events if e.get("event") == "episode_closed"]
+    ending = (
+        _CLOSED.get(str(closed[-1].get("outcome")), str(closed[-1].get("outcome")))
+        if closed
+        else None
+    )
     if not restarts:
-        return "recovered without restart" if recovered else "none recorded"
+        if ending is None:
+            return "none recorded"
+        return "recovered without restart" if ending == "recovered" else ending
     last = restarts[-1]
     if last.get("ok") is True:
         text = "restarted" if len(restarts) == 1 else f"restarted x{len(restarts)}"
     else:
         text = f"restart failed: {str(last.get('detail') or '')[:60]}"
-    return f"{text}, recovered" if recovered else text
+    return f"{text}, {ending}" if ending else text
 
 
 def list_bundles(evidence_dir: Path) -> list[BundleRow]:
