@@ -116,7 +116,8 @@ def test_report_of_a_real_wedge_shows_verdict_match_and_chart(
         min(int(chart["bottom"]), HEIGHT) - 2,
     )
     region = image.crop(box)
-    pixels = list(region.getdata())
+    raw = region.tobytes()  # RGB triples, row by row
+    pixels = [(raw[i], raw[i + 1], raw[i + 2]) for i in range(0, len(raw), 3)]
     drawn = [p for p in pixels if min(p) < 235]
     assert len(drawn) > 0.02 * len(pixels), f"chart looks blank: {len(drawn)}/{len(pixels)}"
     # Lines in several colours (running, capacity, deferred, KV, tokens), not one grey blob.
