@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: creates (or reuses) .venv, installs wedgewatch
-# with its test tools, installs the real tools the tests use (Debian's prometheus, systemd
+# with its test tools, installs the real tools the tests use (Debian's prometheus, systemd,
 # nodejs and chromium packages) when they are missing, checks that kubectl can render the
 # manifests,
 # then runs the formatter check, the linter, mypy --strict and every test, slow ones included.

@@ -193,6 +193,13 @@ LAYERS = {
         "wedgewatch.config",
         "wedgewatch.daemon",
     },
+    "wedgewatch.report": {
+        "wedgewatch.vllm",
+        "wedgewatch.core",
+        "wedgewatch.io",
+        "wedgewatch.config",
+        "wedgewatch.report",
+    },
     "wedgewatch.sim": {"wedgewatch.sim"},
 }
 

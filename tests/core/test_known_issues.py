@@ -172,3 +172,26 @@ def test_bad_entries_are_rejected_with_the_reason(text: str, message: str) -> No
     with pytest.raises(ValueError, match=r"known_issues\.toml") as info:
         parse_known_issues(text)
     assert message in str(info.value)
+
+
+def test_capture_and_report_agree_on_the_matches(tmp_path: Path) -> None:
+    """The capture's summary (stacks in memory) and the report (stacks from disk) match alike."""
+    import json
+
+    from wedgewatch.core.triage import ProcessStacks, StackRound, parse_pyspy_json
+    from wedgewatch.io.bundles import known_issues_of
+    from wedgewatch.vllm.semantics import Role
+
+    bundle = make_bundle(tmp_path, flags=TP2_OFFLOAD, env=SIMPLE_ENV)
+    summary = json.loads((bundle / "summary.json").read_text())
+    processes = []
+    for record in summary["phases"]["wedged"]["stacks"]:
+        threads = parse_pyspy_json(json.loads((bundle / record["files"][0]).read_text()))
+        assert not isinstance(threads, str)
+        processes.append(
+            ProcessStacks(record["pid"], record["ppid"], Role(record["role"]), "", threads)
+        )
+    captured = known_issues_of(bundle, summary, [StackRound("wedged", tuple(processes))])
+    assert [m["id"] for m in captured] == [m.issue.id for m in read_bundle(bundle).matches]
+    assert [m["id"] for m in captured] == ["vllm-53868"]
+    assert captured[0]["evidence"]

@@ -521,6 +521,7 @@ def test_sim_wedge_is_detected_captured_and_restarted(
         assert model.build["flags"]["--kv-offloading-size"] == "60"
         assert {"kv_offloading", "running_zero"} <= set(model.facts.features)
         assert model.matches  # the tp2-offload wedge is a known upstream shape
+        assert [m["id"] for m in summary["known_issues"]] == [m.issue.id for m in model.matches]
         assert "server back after the restart" in verdict_sentence(model)
         sim.wait_healthy(timeout_seconds=60)
         assert len(sim.serving_pids()) == 2  # the supervisor started a second server

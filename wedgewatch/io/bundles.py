@@ -17,11 +17,13 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from wedgewatch.core.bundle_facts import bundle_facts, seen_frames
+from wedgewatch.core.known_issues import match_known_issues, shipped_known_issues
 from wedgewatch.core.redact import redact_command_line
 from wedgewatch.core.retention import StoredBundle, plan_retention
 from wedgewatch.core.triage import ProcessStacks, StackRound, parse_pyspy_json
@@ -311,3 +313,31 @@ def note_remedy(bundle: Path, record: Mapping[str, Any]) -> str | None:
     except OSError as exc:
         return f"{bundle}: cannot note the remedy: {exc.strerror or exc}"
     return None
+
+
+def known_issues_of(
+    bundle: Path, summary: Mapping[str, Any], rounds: Sequence[StackRound]
+) -> list[dict[str, object]]:
+    """The shipped known issues that match a bundle being written (JSON for its summary).
+
+    Reads the bundle's `build.json` and `history.jsonl` back (a missing or corrupt file
+    counts as empty); the stacks are the rounds in memory.
+    """
+    build: Any = {}
+    with contextlib.suppress(OSError, ValueError):
+        build = json.loads((bundle / "build.json").read_text(encoding="utf-8"))
+    history: list[dict[str, Any]] = []
+    with contextlib.suppress(OSError):
+        for line in (bundle / "history.jsonl").read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):
+                item = json.loads(line)
+                if isinstance(item, dict):
+                    history.append(item)
+    frames = seen_frames(
+        (r.label, str(p.role), p.pid, p.threads) for r in rounds for p in r.processes
+    )
+    workers = {p.pid for r in rounds for p in r.processes if p.role is Role.WORKER}
+    facts = bundle_facts(
+        summary, build if isinstance(build, dict) else {}, history, frames, workers=len(workers)
+    )
+    return [m.to_json() for m in match_known_issues(shipped_known_issues(), facts)]

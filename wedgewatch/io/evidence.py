@@ -51,6 +51,7 @@ from wedgewatch.io.bundles import (
     bundle_name,
     history_lines,
     json_bytes,
+    known_issues_of,
     load_first_round,
     make_bundle_dir,
     redact_pyspy_text,
@@ -70,7 +71,6 @@ from wedgewatch.io.procs import (
     read_readings,
 )
 from wedgewatch.io.pyspy import DumpStatus, PySpyRunner, StackDump, StackDumper
-from wedgewatch.report.model import known_issue_summary
 from wedgewatch.vllm.semantics import Role
 
 SCHEMA = "wedgewatch.evidence/1"
@@ -518,7 +518,7 @@ async def complete_bundle(
     since_verdict = _since(request, finished_at)
     if since_verdict is not None:
         summary["since_verdict_seconds"] = round(since_verdict, 4)
-    summary["known_issues"] = await asyncio.to_thread(known_issue_summary, bundle, summary)
+    summary["known_issues"] = await asyncio.to_thread(known_issues_of, bundle, summary, rounds)
     failures.extend(await _write_summary(bundle, summary))
     evicted, retention_failures = await _retention(deps, bundle.name)
     return BundleResult(
@@ -614,7 +614,7 @@ async def _new_bundle(request: CaptureRequest, deps: EvidenceDeps, phase: Phase)
     since_verdict = _since(request, finished_at)
     if since_verdict is not None:
         summary["since_verdict_seconds"] = round(since_verdict, 4)
-    summary["known_issues"] = await asyncio.to_thread(known_issue_summary, path, summary)
+    summary["known_issues"] = await asyncio.to_thread(known_issues_of, path, summary, [stack_round])
     failures.extend(await _write_summary(path, summary))
     evicted, retention_failures = await _retention(deps, path.name)
     return BundleResult(

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from wedgewatch.core.bundle_facts import bundle_facts, engine_entry, seen_frames
 from wedgewatch.core.known_issues import (
     Facts,
     KnownIssue,
     Match,
-    SeenFrame,
     match_known_issues,
     shipped_known_issues,
 )
@@ -34,7 +34,7 @@ from wedgewatch.core.triage import (
     parse_pyspy_json,
 )
 from wedgewatch.io.bundles import scan_bundles
-from wedgewatch.vllm.build_info import cache_config_labels, features
+from wedgewatch.vllm.build_info import cache_config_labels
 from wedgewatch.vllm.semantics import Role
 
 MAX_FILE_BYTES = 32 * 1024 * 1024
@@ -205,11 +205,6 @@ def read_bundle(
     return model
 
 
-def known_issue_summary(path: Path, summary: Mapping[str, Any]) -> list[dict[str, object]]:
-    """The shipped known issues that match a bundle, as JSON for its summary."""
-    return [m.to_json() for m in read_bundle(path, summary=summary).matches]
-
-
 def _with_problem(model: BundleModel, problem: str) -> BundleModel:
     return replace(model, problems=(problem, *model.problems))
 
@@ -265,19 +260,6 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
-def _engine_entry(entry: Mapping[str, Any], engine: str) -> Mapping[str, Any] | None:
-    engines = entry.get("engines")
-    if not isinstance(engines, list):
-        return None
-    chosen = None
-    for item in engines:
-        if isinstance(item, Mapping):
-            if str(item.get("engine")) == engine:
-                return item
-            chosen = chosen or item
-    return chosen
-
-
 def timeline(
     history: Sequence[Mapping[str, Any]], engine: str, wedge_at: float | None
 ) -> tuple[tuple[Point, ...], tuple[tuple[float, str], ...]]:
@@ -292,7 +274,7 @@ def timeline(
     marks: list[tuple[float, str]] = []
     last_state = None
     for entry, t in stamped_ok:
-        item = _engine_entry(entry, engine)
+        item = engine_entry(entry, engine)
         failure = entry.get("failure")
         failure_text = None
         if isinstance(failure, Mapping):
@@ -330,17 +312,6 @@ def timeline(
             )
         )
     return tuple(points), tuple(marks)
-
-
-def _wedge_reading(
-    history: Sequence[Mapping[str, Any]], engine: str
-) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
-    readings = [
-        r for r in (_engine_entry(h, engine) for h in history) if r is not None and "running" in r
-    ]
-    if not readings:
-        return None, None
-    return readings[-1], readings[0]
 
 
 def _highlight(view_threads: tuple[Thread, ...], role: str, pid: int) -> frozenset[tuple[int, int]]:
@@ -415,14 +386,6 @@ def _stacks(
     return tuple(sorted(views, key=lambda v: (v.round != "suspect", order.get(v.role, 3), v.pid)))
 
 
-def _seen_frames(stacks: Sequence[StackView]) -> tuple[SeenFrame, ...]:
-    out: list[SeenFrame] = []
-    for view in stacks:
-        for thread in view.threads or ():
-            out.extend(SeenFrame(view.role, view.pid, view.round, f.name) for f in thread.frames)
-    return tuple(out)
-
-
 def build_model(
     name: str,
     path: str,
@@ -491,24 +454,10 @@ def build_model(
             marks = (*marks, (at - origin, label))
 
     stacks = _stacks(summary, files, problems)
-    flags = build.get("flags")
-    env = build.get("engine_env")
-    reading, first = _wedge_reading(history, engine)
     workers = {v.pid for v in stacks if v.role == str(Role.WORKER)}
-    triage = summary.get("triage")
-    facts = Facts(
-        family=str(summary["family"]) if summary.get("family") else None,
-        triage_kind=str(triage.get("kind")) if isinstance(triage, Mapping) else None,
-        version=_version(build, summary),
-        features=features(
-            flags if isinstance(flags, Mapping) else {},
-            env if isinstance(env, Mapping) else {},
-            cache_config,
-            reading,
-            first_reading=first,
-            workers=len(workers),
-        ),
-        frames=_seen_frames(stacks),
+    frames = seen_frames((v.round, v.role, v.pid, v.threads) for v in stacks)
+    facts = bundle_facts(
+        summary, build, history, frames, workers=len(workers), cache_config=cache_config
     )
     known = shipped_known_issues() if issues is None else issues
     matches = match_known_issues(known, facts)
@@ -529,14 +478,6 @@ def build_model(
         metrics_files=metrics_files,
         files=sizes,
     )
-
-
-def _version(build: Mapping[str, Any], summary: Mapping[str, Any]) -> str | None:
-    v = build.get("version")
-    if isinstance(v, Mapping) and isinstance(v.get("version"), str):
-        return str(v["version"])
-    value = summary.get("vllm_version")
-    return str(value) if value else None
 
 
 def _wedge_at(summary: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> float | None:
