@@ -255,6 +255,20 @@ class Config(BaseModel):
         "finished requests do (`output_stall`, a livelock) before the engine is wedged.",
         gt=0,
     )
+    deferred_only_after_seconds: float = _setting(
+        600.0,
+        "detection",
+        "How long requests may sit deferred with nothing running and nothing waiting for "
+        "capacity (`deferred_only_stall`), every progress counter flat, before the engine is "
+        "wedged; 0 disables this family. Far longer than `stall_after_seconds` because a lone "
+        "deferral is routine: a streaming-input session idle between chunks "
+        "(`WAITING_FOR_STREAMING_REQ`), a P/D decode node waiting for remote KV, a grammar "
+        "compile. It can still be stuck (a KV-offload write that never lands, vLLM #49829), "
+        "so it is not ignored. Raise it, or set 0, for realtime streaming or P/D decode "
+        "nodes; with a capacity-blocked head behind the deferrals the wedge is "
+        "`deferred_stall` at `stall_after_seconds`.",
+        ge=0,
+    )
     unreachable_after_seconds: float = _setting(
         30.0,
         "detection",
@@ -285,6 +299,15 @@ class Config(BaseModel):
         "50 KB; anything past the cap is `too_large` and is not read further. Accepts units: "
         "`16MiB`.",
         ge=1024,
+    )
+    max_engines: int = _setting(
+        256,
+        "scraping",
+        "Most engines one `/metrics` body may name (a vLLM server has one per data-parallel "
+        "rank). A body naming more is a failed scrape with reason `too_many_engines`, so "
+        "thousands of engines under the byte cap never become thousands of readings, "
+        "detector states and flight-recorder entries.",
+        ge=1,
     )
 
     # -- targets ---------------------------------------------------------------------
@@ -325,6 +348,14 @@ class Config(BaseModel):
         "Length of the in-memory flight recorder of readings and verdicts per target, "
         "written into every evidence bundle.",
         gt=0,
+    )
+    history_max_bytes: int = _setting(
+        4 * MIB,
+        "daemon",
+        "Upper bound on the flight recorder of one target, counted as the JSON bytes its "
+        "entries take in a bundle; the oldest entries are dropped first, so a server with "
+        "many engines keeps less than `history_seconds`. Accepts units: `4MiB`.",
+        ge=1024,
     )
     log_level: Literal["debug", "info", "warning", "error"] = _setting(
         "info",
@@ -463,7 +494,7 @@ class Config(BaseModel):
         "as one JSON object.",
     )
 
-    @field_validator("max_body_bytes", "evidence_max_bytes", mode="before")
+    @field_validator("max_body_bytes", "evidence_max_bytes", "history_max_bytes", mode="before")
     @classmethod
     def _sizes(cls, value: object) -> object:
         return parse_byte_size(value)
@@ -534,6 +565,12 @@ class Config(BaseModel):
                     f"must be at least interval_seconds ({self.interval_seconds}): a stall "
                     "shorter than one scrape interval cannot be observed",
                 )
+        if 0 < self.deferred_only_after_seconds < self.interval_seconds:
+            raise FieldRuleError(
+                "deferred_only_after_seconds",
+                self.deferred_only_after_seconds,
+                f"must be 0 (disabled) or at least interval_seconds ({self.interval_seconds})",
+            )
         return self
 
     # -- narrowing -------------------------------------------------------------------
@@ -545,12 +582,15 @@ class Config(BaseModel):
             output_stall_after_seconds=self.output_stall_after_seconds,
             unreachable_after_seconds=self.unreachable_after_seconds,
             startup_timeout_seconds=self.startup_timeout_seconds,
+            deferred_only_after_seconds=self.deferred_only_after_seconds,
         )
 
     def scrape_limits(self) -> ScrapeLimits:
         """The scraper's slice of the configuration."""
         return ScrapeLimits(
-            timeout_seconds=self.scrape_timeout_seconds, max_body_bytes=self.max_body_bytes
+            timeout_seconds=self.scrape_timeout_seconds,
+            max_body_bytes=self.max_body_bytes,
+            max_engines=self.max_engines,
         )
 
 
