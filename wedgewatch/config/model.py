@@ -258,15 +258,10 @@ class Config(BaseModel):
     deferred_only_after_seconds: float = _setting(
         600.0,
         "detection",
-        "How long requests may sit deferred with nothing running and nothing waiting for "
-        "capacity (`deferred_only_stall`), every progress counter flat, before the engine is "
-        "wedged; 0 disables this family. Far longer than `stall_after_seconds` because a lone "
-        "deferral is routine: a streaming-input session idle between chunks "
-        "(`WAITING_FOR_STREAMING_REQ`), a P/D decode node waiting for remote KV, a grammar "
-        "compile. It can still be stuck (a KV-offload write that never lands, vLLM #49829), "
-        "so it is not ignored. Raise it, or set 0, for realtime streaming or P/D decode "
-        "nodes; with a capacity-blocked head behind the deferrals the wedge is "
-        "`deferred_stall` at `stall_after_seconds`.",
+        "Like `stall_after_seconds`, for requests deferred while nothing runs or waits for "
+        "capacity (`deferred_only_stall`); 0 disables it. Long because streaming-input "
+        "sessions, P/D decode nodes and grammar compiles defer for minutes; a lost KV-offload "
+        "write (vLLM #49829) never clears. docs/runbook.md says when to raise it.",
         ge=0,
     )
     unreachable_after_seconds: float = _setting(
@@ -303,10 +298,8 @@ class Config(BaseModel):
     max_engines: int = _setting(
         256,
         "scraping",
-        "Most engines one `/metrics` body may name (a vLLM server has one per data-parallel "
-        "rank). A body naming more is a failed scrape with reason `too_many_engines`, so "
-        "thousands of engines under the byte cap never become thousands of readings, "
-        "detector states and flight-recorder entries.",
+        "Most engines (data-parallel ranks) one body may name; more is a failed scrape "
+        "(`too_many_engines`), so a huge body never becomes thousands of readings.",
         ge=1,
     )
 
@@ -352,9 +345,8 @@ class Config(BaseModel):
     history_max_bytes: int = _setting(
         4 * MIB,
         "daemon",
-        "Upper bound on the flight recorder of one target, counted as the JSON bytes its "
-        "entries take in a bundle; the oldest entries are dropped first, so a server with "
-        "many engines keeps less than `history_seconds`. Accepts units: `4MiB`.",
+        "Bound on one target's flight recorder, as the JSON bytes it takes in a bundle; the "
+        "oldest entries go first. Accepts units: `4MiB`.",
         ge=1024,
     )
     log_level: Literal["debug", "info", "warning", "error"] = _setting(
