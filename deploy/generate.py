@@ -291,6 +291,7 @@ STATES: tuple[tuple[str, str], ...] = (
     ("suspect", "orange"),
     ("wedged", "red"),
     ("unreachable", "dark-red"),
+    ("unknown", "yellow"),
 )
 
 VLLM = 'job=~"$job", instance=~"$instance", model_name=~"$model_name", engine=~"$engine"'

@@ -40,7 +40,14 @@ POLICY = Policy(
     startup_timeout_seconds=900,
 )
 STATUSES = {"ok", "idle", "sleeping", "starting", "suspect", "wedged", "unreachable", "unknown"}
-FAMILIES = {"deferred_stall", "admission_stall", "progress_stall", "output_stall", "unreachable"}
+FAMILIES = {
+    "deferred_stall",
+    "deferred_only_stall",
+    "admission_stall",
+    "progress_stall",
+    "output_stall",
+    "unreachable",
+}
 HTML = b"<!doctype html><html><head><title>Welcome to nginx!</title></head></html>"
 
 
@@ -156,7 +163,8 @@ async def check(
 def test_one_shot_policy_caps_every_threshold_at_the_window() -> None:
     """Without history, a stall lasting the whole window is a wedge, and there is no grace."""
     capped = one_shot_policy(POLICY, 10.0)
-    assert capped == Policy(10.0, 10.0, 10.0, 10.0, 10.0)
+    # A lone deferral (streaming input, P/D decode) is routine for minutes: never capped.
+    assert capped == Policy(10.0, 10.0, 10.0, 10.0, 10.0, deferred_only_after_seconds=600.0)
     assert one_shot_policy(Policy(5.0, 120, 300, 30, None), 10.0).stall_after_seconds == 5.0
 
 
@@ -420,7 +428,7 @@ def assert_schema(document: Mapping[str, Any]) -> None:
             "waiting_by_reason",
             "stalled_seconds",
         }
-        assert engine["state"] in STATUSES - {"unknown"}
+        assert engine["state"] in STATUSES
         assert engine["family"] is None or engine["family"] in FAMILIES
         assert isinstance(engine["stalled_seconds"], float)
 
@@ -632,3 +640,112 @@ def test_cli_critical_only_turns_a_warning_into_0(tmp_path: Path) -> None:
         wedged = wedgewatch(*args, "--critical-only")
         assert json.loads(wedged.stdout)["status"] == "wedged"
         assert wedged.returncode == 2
+
+
+# -- issue #10: non-finite values, too many engines, one server, internal errors ------------------
+
+NAN_INF = (FIXTURES / "nan_inf.prom").read_bytes()
+
+
+async def test_non_finite_gauges_are_unknown_with_the_reason() -> None:
+    """A body whose queue gauges read Inf/NaN is UNKNOWN (exit 3), the error names the fields."""
+    report = await check(bodies(NAN_INF))
+    assert report.status == "unknown"
+    assert report.exit_code == 3
+    assert report.error is not None
+    assert "non-finite values (waiting, waiting (capacity))" in report.error
+    assert report.engines[0].state.value == "unknown"
+
+
+async def test_non_finite_gauges_in_probe_mode_save_a_strict_json_state(tmp_path: Path) -> None:
+    """Probe mode saves the state of a NaN/Inf reading as strict JSON and loads it again."""
+    state = tmp_path / "probe.json"
+    for _ in range(3):
+        report = await check(bodies(NAN_INF), window=0, state_file=state)
+        assert report.status == "unknown"
+        assert report.notes == ()  # the saved state was read back, not replaced
+
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    json.loads(state.read_text(), parse_constant=no_constants)
+
+
+async def test_too_many_engines_is_unknown_at_once() -> None:
+    """A body naming more engines than max_engines is not judged: UNKNOWN with that reason."""
+    many = tuple((EngineKey("m", str(i)), busy(0)) for i in range(300))
+    log: list[int] = []
+    report = await check(bodies(body(many)), log=log)
+    assert report.status == "unknown"
+    assert report.error is not None
+    assert report.error.startswith("not a vLLM metrics body: ")
+    assert "more than 256 engines" in report.error
+    assert log == [0]
+
+
+async def test_url_reaching_two_servers_is_unknown_not_a_restart() -> None:
+    """process_start_time_seconds alternating between two values: UNKNOWN, one server asked for."""
+    first, second = (
+        one(busy(0)),
+        one(busy(0)).replace(b"process_start_time_seconds 1.", b"process_start_time_seconds 2."),
+    )
+    assert first != second
+    report = await check(lambda n: httpx.Response(200, content=(first, second)[n % 2]))
+    assert report.status == "unknown"
+    assert report.error is not None
+    assert "the URL reaches more than one server; point wedgewatch at one pod or process" in (
+        report.error
+    )
+
+
+def _no_traceback(done: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_cli_nan_body_in_probe_mode_exits_3_never_a_traceback(tmp_path: Path) -> None:
+    """A real server with NaN/Inf gauges, exec-probe style: exit 3 every time, no traceback."""
+    state = tmp_path / "probe.json"
+    with ScriptedServer(always(Reply(body=NAN_INF))) as server:
+        for _ in range(2):  # the second run loads the state the first one saved
+            done = wedgewatch("check", server.url, "--for", "0", "--state-file", str(state))
+            _no_traceback(done)
+            assert done.returncode == 3, done.stdout + done.stderr
+            assert done.stdout.startswith(f"UNKNOWN: unknown - {server.url}, 1 engine, 1 scrape")
+            assert "note:" not in done.stdout  # the state file was read back fine
+        as_json = wedgewatch(
+            "check", server.url, "--for", "0", "--state-file", str(state), "--json"
+        )
+    _no_traceback(as_json)
+    assert as_json.returncode == 3
+    (line,) = as_json.stdout.splitlines()  # one JSON object on one line
+    document = json.loads(line)
+    assert document["status"] == "unknown"
+    assert "non-finite values" in document["error"]
+
+
+def test_cli_internal_error_is_one_unknown_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any failure inside check is UNKNOWN, exit 3, one line (one JSON object with --json)."""
+    from typer.testing import CliRunner
+
+    from wedgewatch import check as check_module
+    from wedgewatch.cli import app
+
+    async def broken(*_: object, **__: object) -> CheckReport:
+        raise RuntimeError("a bug\nover two lines")
+
+    monkeypatch.setattr(check_module, "run_check", broken)
+    runner = CliRunner()
+    text = runner.invoke(app, ["check", "http://127.0.0.1:9/", "--for", "0.1"])
+    assert text.exit_code == 3
+    assert text.output == (
+        "UNKNOWN: internal error in wedgewatch check (RuntimeError: a bug over two lines)\n"
+    )
+    as_json = runner.invoke(app, ["check", "http://127.0.0.1:9/", "--for", "0.1", "--json"])
+    assert as_json.exit_code == 3
+    (line,) = as_json.output.splitlines()
+    assert json.loads(line) == {
+        "status": "unknown",
+        "engines": [],
+        "error": "internal error in wedgewatch check (RuntimeError: a bug over two lines)",
+    }

@@ -153,6 +153,9 @@ def test_a_stall_that_clears_by_itself_is_not_the_story() -> None:
     [
         pytest.param("deferred_stall", ("stall_after_seconds", 10.0), id="deferred"),
         pytest.param("admission_stall", ("stall_after_seconds", 10.0), id="admission"),
+        pytest.param(
+            "deferred_only_stall", ("deferred_only_after_seconds", 600.0), id="deferred-only"
+        ),
         pytest.param("progress_stall", ("hang_after_seconds", 30.0), id="progress"),
         pytest.param("unreachable", ("unreachable_after_seconds", 10.0), id="unreachable"),
         pytest.param(None, None, id="none"),

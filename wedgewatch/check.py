@@ -12,6 +12,11 @@ Two modes:
   The configured thresholds and start-up grace apply. A corrupt, unreadable, foreign
   (another URL) or outdated state file is reported and replaced, never a crash.
 
+A body that is not vLLM's (`parse_error`, `too_many_engines`), a reading with non-finite
+values and a URL that reaches more than one server are UNKNOWN (exit 3) with the reason in
+`error`. Any internal error is UNKNOWN too: `wedgewatch check` prints one line (or one
+JSON object) and never a traceback.
+
 Exit codes follow the Nagios plugin conventions (`EXIT_CODES`). Time comes from an
 injected clock and sleep so the whole loop runs in tests without waiting.
 """
@@ -67,7 +72,10 @@ _STATUS_OF: dict[EngineState, Status] = {
     EngineState.SUSPECT: "suspect",
     EngineState.WEDGED: "wedged",
     EngineState.UNREACHABLE: "unreachable",
+    EngineState.UNKNOWN: "unknown",
 }
+# Scrape failures that say the body is not something the detector can judge: UNKNOWN at once.
+_NOT_JUDGEABLE = frozenset({"parse_error", "too_many_engines"})
 _NAGIOS_WORDS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
 
 STATE_FILE_VERSION = 1
@@ -133,13 +141,19 @@ class CheckReport:
 
 
 def one_shot_policy(policy: Policy, window_seconds: float) -> Policy:
-    """Cap every threshold at the window: a stall lasting the whole window is a wedge."""
+    """Cap every threshold at the window: a stall lasting the whole window is a wedge.
+
+    Except `deferred_only_after_seconds`: requests deferred with nothing waiting for capacity
+    are routine for minutes (streaming-input sessions, P/D decode nodes), so a short window
+    cannot call them wedged; it keeps its configured value (0 still disables it).
+    """
     return Policy(
         stall_after_seconds=min(policy.stall_after_seconds, window_seconds),
         hang_after_seconds=min(policy.hang_after_seconds, window_seconds),
         output_stall_after_seconds=min(policy.output_stall_after_seconds, window_seconds),
         unreachable_after_seconds=min(policy.unreachable_after_seconds, window_seconds),
         startup_timeout_seconds=window_seconds,
+        deferred_only_after_seconds=policy.deferred_only_after_seconds,
     )
 
 
@@ -236,7 +250,7 @@ async def _scrape_loop(
             state=verdict.state.value,
             failure=None if verdict.failure is None else verdict.failure.reason,
         )
-        if isinstance(observation, ScrapeFailed) and observation.reason == "parse_error":
+        if isinstance(observation, ScrapeFailed) and observation.reason in _NOT_JUDGEABLE:
             report = CheckReport(
                 status="unknown",
                 metrics_url=options.metrics_url,
@@ -263,6 +277,9 @@ def _report(
     error: str | None = None
     if verdict.failure is not None:
         error = f"{verdict.failure.reason}: {verdict.failure.detail}"
+    elif verdict.state is EngineState.UNKNOWN:
+        unknown = next(e for e in verdict.engines if e.state is EngineState.UNKNOWN)
+        error = f"{unknown.key.model_name} engine {unknown.key.engine}: {unknown.reason}"
     return CheckReport(
         status=_STATUS_OF[verdict.state],
         metrics_url=metrics_url,
@@ -398,11 +415,17 @@ def _engine_line(verdict: EngineVerdict, at: float | None) -> str:
             work += f" ({reasons})"
     if verdict.state in (EngineState.SUSPECT, EngineState.WEDGED, EngineState.UNREACHABLE):
         since = f"stalled {verdict.stalled_seconds:.1f} s"
-    elif at is not None and verdict.last_progress_at is not None:
+    elif (
+        verdict.state is not EngineState.UNKNOWN
+        and at is not None
+        and verdict.last_progress_at is not None
+    ):
         since = f"last progress {max(0.0, at - verdict.last_progress_at):.1f} s ago"
     else:
         since = ""
     parts = [f"{verdict.state.value:<11} {family:<15} {where}: {work}"]
     if since:
         parts.append(since)
+    if verdict.state is EngineState.UNKNOWN:
+        parts.append(verdict.reason)
     return "; ".join(parts)

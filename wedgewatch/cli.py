@@ -23,7 +23,7 @@ import typer
 
 # typer vendors click; usage errors and contexts are typer's own click classes.
 from typer._click.core import Context
-from typer._click.exceptions import UsageError
+from typer._click.exceptions import ClickException, UsageError
 from typer.core import TyperCommand
 
 from wedgewatch import __version__, check, config
@@ -274,10 +274,12 @@ class _NagiosCommand(TyperCommand):
     "stall_after_seconds",
     "hang_after_seconds",
     "output_stall_after_seconds",
+    "deferred_only_after_seconds",
     "unreachable_after_seconds",
     "startup_timeout_seconds",
     "scrape_timeout_seconds",
     "max_body_bytes",
+    "max_engines",
     "log_level",
 )
 def _check(
@@ -326,48 +328,65 @@ def _check(
     Scrapes URL every --interval-seconds for --for seconds, judging each engine like `run`.
 
     Exit 0: ok, idle, sleeping or starting. 1: suspect. 2: wedged or unreachable.
-    3: not a vLLM metrics body, or bad arguments.
+    3: unknown: not a vLLM metrics body, too many engines, non-finite values, a URL that
+    reaches more than one server, bad arguments, or an internal error.
     """
-    if not 0 <= window_seconds < float("inf"):
-        raise typer.BadParameter("must be a finite number of seconds", param_hint="--for")
-    if state_file is None and window_seconds == 0:
-        raise typer.BadParameter(
-            "--for 0 needs --state-file: a single scrape cannot show a stall",
-            param_hint="--for",
+    try:
+        if not 0 <= window_seconds < float("inf"):
+            raise typer.BadParameter("must be a finite number of seconds", param_hint="--for")
+        if state_file is None and window_seconds == 0:
+            raise typer.BadParameter(
+                "--for 0 needs --state-file: a single scrape cannot show a stall",
+                param_hint="--for",
+            )
+        try:
+            metrics_url = config.metrics_url_of(url)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{url!r} {exc}", param_hint="URL") from None
+        try:
+            loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
+        except config.ConfigError as exc:
+            if as_json:
+                error = "; ".join(exc.messages)
+                typer.echo(json.dumps({"status": "unknown", "engines": [], "error": error}))
+            raise _fail(exc.messages, check.EXIT_UNKNOWN) from None
+        settings = loaded.config
+        configure_logging(settings.log_level)
+        options = check.CheckOptions(
+            metrics_url=metrics_url,
+            window_seconds=window_seconds,
+            interval_seconds=settings.interval_seconds,
+            policy=settings.policy(),
+            limits=settings.scrape_limits(),
+            state_file=state_file,
         )
-    try:
-        metrics_url = config.metrics_url_of(url)
-    except ValueError as exc:
-        raise typer.BadParameter(f"{url!r} {exc}", param_hint="URL") from None
-    try:
-        loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
-    except config.ConfigError as exc:
+
+        async def run() -> check.CheckReport:
+            async with scrape.new_client() as client:
+                return await check.run_check(options, client=client)
+
+        report = asyncio.run(run())
         if as_json:
-            error = "; ".join(exc.messages)
-            typer.echo(json.dumps({"status": "unknown", "engines": [], "error": error}))
-        raise _fail(exc.messages, check.EXIT_UNKNOWN) from None
-    settings = loaded.config
-    configure_logging(settings.log_level)
-    options = check.CheckOptions(
-        metrics_url=metrics_url,
-        window_seconds=window_seconds,
-        interval_seconds=settings.interval_seconds,
-        policy=settings.policy(),
-        limits=settings.scrape_limits(),
-        state_file=state_file,
-    )
+            typer.echo(json.dumps(report.to_json()))
+        else:
+            typer.echo(report.render_text())
+        code = report.exit_code
+        raise typer.Exit(check.EXIT_OK if critical_only and code == check.EXIT_WARNING else code)
+    except (ClickException, typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # the Nagios contract: UNKNOWN, never a traceback
+        raise _internal_error(exc, as_json=as_json) from None
 
-    async def run() -> check.CheckReport:
-        async with scrape.new_client() as client:
-            return await check.run_check(options, client=client)
 
-    report = asyncio.run(run())
+def _internal_error(exc: BaseException, *, as_json: bool) -> typer.Exit:
+    """Any failure inside `check` that is not a verdict: one line (or one JSON object), exit 3."""
+    detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+    message = f"internal error in wedgewatch check ({detail})"
     if as_json:
-        typer.echo(json.dumps(report.to_json()))
+        typer.echo(json.dumps({"status": "unknown", "engines": [], "error": message}))
     else:
-        typer.echo(report.render_text())
-    code = report.exit_code
-    raise typer.Exit(check.EXIT_OK if critical_only and code == check.EXIT_WARNING else code)
+        typer.echo(f"UNKNOWN: {message}")
+    return typer.Exit(check.EXIT_UNKNOWN)
 
 
 # -- wedgewatch run / capture (the daemon; see wedgewatch/daemon/loop.py, docs/daemon.md)

@@ -83,6 +83,7 @@ def demo_settings(options: DemoOptions, *, listen_port: int) -> dict[str, Any]:
         "stall_after_seconds": stall,
         "hang_after_seconds": max(30.0, 2 * stall),
         "output_stall_after_seconds": max(60.0, 4 * stall),
+        "deferred_only_after_seconds": 600.0,
         "unreachable_after_seconds": max(10.0, stall),
         "startup_timeout_seconds": 120.0,
         "grace_seconds": 5.0,

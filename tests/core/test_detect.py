@@ -52,21 +52,29 @@ def reading(
     success: float = 0,
     preempt: float = 0,
     iters: float = 0,
+    kv: float | None = 0.25,
+    finished: dict[str, float] | None = None,
+    prefix: float | None = None,
 ) -> EngineReading:
-    """One engine's reading; `deferred=None` models old vLLM without waiting reasons."""
+    """One engine's reading; `deferred=None` models old vLLM without waiting reasons.
+
+    `finished` gives `request_success` by finished_reason (then `success` is their sum).
+    """
     by_reason = {} if deferred is None else {"deferred": deferred, "capacity": waiting - deferred}
     return EngineReading(
         key=key,
         running=running,
         waiting=waiting,
         waiting_by_reason=by_reason,
-        kv_cache_usage=0.25,
+        kv_cache_usage=kv,
         awake=awake,
         prompt_tokens=prompt,
         generation_tokens=gen,
-        request_success=success,
+        request_success=success if finished is None else sum(finished.values()),
         preemptions=preempt,
         iterations=iters,
+        finished_by_reason=finished or {},
+        prefix_cache_queries=prefix,
     )
 
 
@@ -116,6 +124,68 @@ def asleep(n: float, key: EngineKey = K0) -> EngineReading:
     return reading(
         key, waiting=3, deferred=0, awake=False, prompt=100 * n, gen=50 * n, success=n, iters=10 * n
     )
+
+
+def aborting(n: float, aborts: float, reason: str = "abort", key: EngineKey = K0) -> EngineReading:
+    """The deferred wedge while clients time out and retry: only abort (or error) finishes move."""
+    return reading(
+        key,
+        running=0,
+        waiting=3,
+        deferred=2,
+        prompt=100 * n,
+        gen=50 * n,
+        finished={"stop": n, reason: aborts},
+        iters=10 * n,
+    )
+
+
+def prefilling(
+    n: float, kv: float, key: EngineKey = K0, prefix: float | None = None
+) -> EngineReading:
+    """A long chunked prefill: one request running, counters where `busy(n)` left them, KV `kv`."""
+    return reading(
+        key,
+        running=1,
+        waiting=0,
+        deferred=0,
+        prompt=100 * n,
+        gen=50 * n,
+        success=n,
+        iters=10 * n,
+        kv=kv,
+        prefix=prefix,
+    )
+
+
+def deferred_only(n: float, key: EngineKey = K0, kv: float = 0.25) -> EngineReading:
+    """A streaming-input session idle between chunks: one deferred request, no capacity wait."""
+    return reading(
+        key,
+        running=0,
+        waiting=1,
+        deferred=1,
+        prompt=100 * n,
+        gen=50 * n,
+        success=n,
+        iters=10 * n,
+        kv=kv,
+    )
+
+
+def nan_gauges(n: float, key: EngineKey = K0, **bad: float) -> EngineReading:
+    """Counters as `busy(n)` left them, `running` NaN (or the fields given in `bad`)."""
+    fields: dict[str, Any] = {
+        "running": math.nan,
+        "waiting": 1,
+        "deferred": 0,
+        "prompt": 100 * n,
+        "gen": 50 * n,
+        "success": n,
+        "iters": 10 * n,
+    }
+    fields.update(bad)
+    return reading(key, **fields)
 
 
 def scraped(at: float, *readings: EngineReading, start: float | None = None) -> Scraped:
@@ -168,23 +238,46 @@ PRELUDES: dict[str, tuple[Observation, ...]] = {
     "idle_long": (scraped(0, busy(0)), scraped(10, idle(1)), scraped(1000, idle(1))),
     "sleeping": (scraped(0, busy(0)), scraped(10, asleep(1))),
     "sleeping_long": (scraped(0, busy(0)), scraped(10, asleep(1)), scraped(1000, asleep(1))),
-    "suspect_deferred": (*OK_, scraped(20, stuck(1))),
+    # The suspect_* preludes end past a quarter of the threshold: the suspect capture is taken.
+    "suspect_deferred": (*OK_, scraped(20, stuck(1)), scraped(30, stuck(1))),
     "wedged_deferred": (*OK_, scraped(20, stuck(1)), scraped(70, stuck(1))),
-    "suspect_admission": (*OK_, scraped(20, unadmitted(1))),
-    "suspect_progress": (*OK_, scraped(20, busy(1))),
+    "suspect_admission": (*OK_, scraped(20, unadmitted(1)), scraped(30, unadmitted(1))),
+    "suspect_progress": (*OK_, scraped(20, busy(1)), scraped(40, busy(1))),
     "wedged_progress": (*OK_, scraped(20, busy(1)), scraped(130, busy(1))),
-    "suspect_output": (*OK_, scraped(20, livelock(1, preempt=1))),  # last output at 10
+    "suspect_output": (  # last output at 10
+        *OK_,
+        scraped(20, livelock(1, preempt=1)),
+        scraped(90, livelock(1, preempt=2)),
+    ),
     "wedged_output": (*OK_, scraped(20, livelock(1, preempt=1)), scraped(310, livelock(1, 2))),
-    "suspect_unreachable": (*OK_, failed(20)),
+    "suspect_unreachable": (*OK_, failed(20), failed(28)),
     "unreachable": (*OK_, failed(20), failed(50)),
     "ok_started": (scraped(0, busy(0), start=1000.0), scraped(10, busy(1), start=1000.0)),
+    "prefilling": (*OK_, scraped(20, prefilling(1, 0.30)), scraped(25, prefilling(1, 0.35))),
+    "suspect_deferred_only": (*OK_, scraped(20, deferred_only(1))),
+    "unknown": (*OK_, scraped(20, nan_gauges(1))),
+    "two_servers": (  # the URL reached server 1000, then 2000 (read as a restart)
+        scraped(0, busy(0), start=1000.0),
+        scraped(10, busy(1), start=2000.0),
+    ),
+    "multi_server": (
+        scraped(0, busy(0), start=1000.0),
+        scraped(10, busy(1), start=2000.0),
+        scraped(20, busy(1), start=1000.0),
+    ),
     "dp_ok": (scraped(0, busy(0), busy(0, K1)), scraped(10, busy(1), busy(1, K1))),
     "dp_missing": (
         scraped(0, busy(0), busy(0, K1)),
         scraped(10, busy(1), busy(1, K1)),
         scraped(20, busy(2)),
+        scraped(28, busy(3)),
     ),
-    "dp_failing": (scraped(0, busy(0), busy(0, K1)), scraped(10, busy(1), busy(1, K1)), failed(20)),
+    "dp_failing": (
+        scraped(0, busy(0), busy(0, K1)),
+        scraped(10, busy(1), busy(1, K1)),
+        failed(20),
+        failed(28),
+    ),
     "dp_engine1_suspect": (
         scraped(0, busy(0), busy(0, K1)),
         scraped(10, busy(1), busy(1, K1)),
@@ -211,7 +304,7 @@ TABLE = [
         K0,
         S.SUSPECT,
         F.PROGRESS_STALL,
-        suspect(F.PROGRESS_STALL),
+        (),  # no capture at the first suspect sample (A1)
         id="ok+flat-running=suspect(progress)",
     ),
     pytest.param(
@@ -220,7 +313,7 @@ TABLE = [
         K0,
         S.SUSPECT,
         F.DEFERRED_STALL,
-        suspect(F.DEFERRED_STALL),
+        (),  # no capture at the first suspect sample (A1)
         id="ok+flat-deferred=suspect(deferred)",
     ),
     pytest.param(
@@ -229,7 +322,7 @@ TABLE = [
         K0,
         S.SUSPECT,
         F.ADMISSION_STALL,
-        suspect(F.ADMISSION_STALL),
+        (),  # no capture at the first suspect sample (A1)
         id="ok+flat-capacity=suspect(admission)",
     ),
     pytest.param(
@@ -238,7 +331,7 @@ TABLE = [
         K0,
         S.SUSPECT,
         F.ADMISSION_STALL,
-        suspect(F.ADMISSION_STALL),
+        (),  # no capture at the first suspect sample (A1)
         id="ok+flat-no-reasons(old-vllm)=suspect(admission)",
     ),
     pytest.param(
@@ -247,7 +340,7 @@ TABLE = [
         K0,
         S.SUSPECT,
         F.OUTPUT_STALL,
-        suspect(F.OUTPUT_STALL),
+        (),  # no capture at the first suspect sample (A1)
         id="ok+preemptions-only=suspect(output)",
     ),
     pytest.param("ok", scraped(20, idle(1)), K0, S.IDLE, None, (), id="ok+idle=idle"),
@@ -261,7 +354,7 @@ TABLE = [
         K0,
         S.SUSPECT,
         F.UNREACHABLE,
-        suspect(F.UNREACHABLE),
+        (),  # no capture at the first suspect sample (A1)
         id="ok+failure=suspect(unreachable)",
     ),
     pytest.param(
@@ -291,7 +384,7 @@ TABLE = [
         K0,
         S.SUSPECT,
         F.DEFERRED_STALL,
-        suspect(F.DEFERRED_STALL),
+        (),  # no capture at the first suspect sample (A1)
         id="idle+work-after-long-idle=suspect(clock-from-idle)",
     ),
     pytest.param(
@@ -303,7 +396,7 @@ TABLE = [
         K0,
         S.SUSPECT,
         F.UNREACHABLE,
-        suspect(F.UNREACHABLE),
+        (),  # no capture at the first suspect sample (A1)
         id="sleeping+failure=suspect(unreachable)",
     ),
     pytest.param(
@@ -312,7 +405,7 @@ TABLE = [
         K0,
         S.SUSPECT,
         F.DEFERRED_STALL,
-        suspect(F.DEFERRED_STALL),
+        (),  # no capture at the first suspect sample (A1)
         id="sleeping+woken-flat=suspect(clock-from-sleep)",
     ),
     # deferred stall
@@ -521,7 +614,7 @@ TABLE = [
     ),
     pytest.param(
         "suspect_output",
-        scraped(30, livelock(1, preempt=1)),
+        scraped(100, livelock(1, preempt=2)),
         K0,
         S.SUSPECT,
         F.OUTPUT_STALL,
@@ -608,7 +701,7 @@ TABLE = [
         K1,
         S.SUSPECT,
         F.UNREACHABLE,
-        suspect(F.UNREACHABLE, K1),
+        (),  # no capture at the first suspect sample (A1)
         id="dp+engine1-disappears=suspect(unreachable)",
     ),
     pytest.param(
@@ -644,7 +737,7 @@ TABLE = [
         K1,
         S.SUSPECT,
         F.UNREACHABLE,
-        suspect(F.UNREACHABLE, K0),
+        (),  # engine 0 enters suspect, stalled 0 s: its capture waits (A1)
         id="dp-missing+failure=suspect(engine0-enters-suspect)",
     ),
     pytest.param(
@@ -653,7 +746,7 @@ TABLE = [
         K1,
         S.UNREACHABLE,
         F.UNREACHABLE,
-        suspect(F.UNREACHABLE, K0) + wedged(F.UNREACHABLE, K1),
+        wedged(F.UNREACHABLE, K1),
         id="dp-missing+failure-30s-after-vanishing=unreachable",
     ),
     pytest.param(
@@ -700,6 +793,384 @@ TABLE = [
         None,
         (),
         id="ok+new-engine=ok(added)",
+    ),
+    # aborted and errored finishes are neither progress nor output
+    pytest.param(
+        "ok",
+        scraped(20, aborting(1, aborts=3)),
+        K0,
+        S.SUSPECT,
+        F.DEFERRED_STALL,
+        (),
+        id="ok+only-aborts-move=suspect(deferred)",
+    ),
+    pytest.param(
+        "ok",
+        scraped(20, aborting(1, aborts=3, reason="error")),
+        K0,
+        S.SUSPECT,
+        F.DEFERRED_STALL,
+        (),
+        id="ok+only-errors-move=suspect(deferred)",
+    ),
+    pytest.param(
+        "suspect_deferred",
+        scraped(70, aborting(1, aborts=40)),
+        K0,
+        S.WEDGED,
+        F.DEFERRED_STALL,
+        wedged(F.DEFERRED_STALL),
+        id="suspect(deferred)+aborts-60s=wedged",
+    ),
+    pytest.param(
+        "ok",
+        scraped(
+            20,
+            reading(
+                running=2,
+                waiting=1,
+                deferred=0,
+                prompt=100,
+                gen=50,
+                iters=10,
+                finished={"stop": 2, "abort": 0},
+            ),
+        ),
+        K0,
+        S.OK,
+        None,
+        (),
+        id="ok+a-stop-finish=ok",
+    ),
+    pytest.param(
+        "ok",
+        scraped(
+            20,
+            reading(
+                running=2,
+                waiting=1,
+                deferred=0,
+                prompt=100,
+                gen=50,
+                iters=10,
+                preempt=1,
+                finished={"stop": 1, "abort": 9},
+            ),
+        ),
+        K0,
+        S.SUSPECT,
+        F.OUTPUT_STALL,
+        (),
+        id="ok+preemptions-and-aborts=suspect(output,aborts-not-output)",
+    ),
+    # prefill progress: KV usage growth or prefix-cache queries while running > 0
+    pytest.param(
+        "ok",
+        scraped(20, prefilling(1, 0.5)),
+        K0,
+        S.OK,
+        None,
+        (),
+        id="ok+kv-grows-running=ok(prefill)",
+    ),
+    pytest.param(
+        "prefilling",
+        scraped(30, prefilling(1, 0.35)),
+        K0,
+        S.SUSPECT,
+        F.PROGRESS_STALL,
+        (),
+        id="prefilling+kv-flat=suspect(progress,clock-from-last-growth)",
+    ),
+    pytest.param(
+        "prefilling",
+        scraped(145, prefilling(1, 0.35)),
+        K0,
+        S.WEDGED,
+        F.PROGRESS_STALL,
+        wedged(F.PROGRESS_STALL),
+        id="prefilling+kv-flat-120s=wedged(progress)",
+    ),
+    pytest.param(
+        "suspect_progress",
+        scraped(129, prefilling(1, 0.9)),
+        K0,
+        S.OK,
+        None,
+        (),
+        id="suspect(progress)+kv-grows=ok",
+    ),
+    pytest.param(
+        "ok",
+        scraped(20, prefilling(1, 0.20)),
+        K0,
+        S.SUSPECT,
+        F.PROGRESS_STALL,
+        (),
+        id="ok+kv-shrinks=suspect(progress)",
+    ),
+    pytest.param(
+        "ok",
+        scraped(
+            20,
+            reading(
+                running=0, waiting=3, deferred=2, prompt=100, gen=50, success=1, iters=10, kv=0.9
+            ),
+        ),
+        K0,
+        S.SUSPECT,
+        F.DEFERRED_STALL,
+        (),
+        id="ok+kv-grows-running-0=suspect(deferred,never-prefill)",
+    ),
+    pytest.param(
+        "prefilling",
+        scraped(30, prefilling(1, 0.35, prefix=4096)),
+        K0,
+        S.SUSPECT,
+        F.PROGRESS_STALL,
+        (),
+        id="prefilling+prefix-queries-appear=suspect(no-base-to-compare)",
+    ),
+    pytest.param(
+        "ok",
+        scraped(
+            20,
+            reading(
+                running=0,
+                waiting=3,
+                deferred=0,
+                prompt=100,
+                gen=50,
+                success=1,
+                iters=10,
+                prefix=8192,
+            ),
+        ),
+        K0,
+        S.SUSPECT,
+        F.ADMISSION_STALL,
+        (),
+        id="ok+prefix-queries-running-0=suspect(admission,never-prefill)",
+    ),
+    pytest.param(
+        "suspect_output",
+        scraped(
+            310,
+            reading(
+                running=2,
+                waiting=1,
+                deferred=0,
+                prompt=100,
+                gen=50,
+                success=1,
+                preempt=2,
+                iters=10,
+                kv=0.99,
+            ),
+        ),
+        K0,
+        S.WEDGED,
+        F.OUTPUT_STALL,
+        wedged(F.OUTPUT_STALL),
+        id="suspect(output)+kv-grows-no-output-300s=wedged(prefill-never-output)",
+    ),
+    # deferred only (capacity 0): its own family and threshold
+    pytest.param(
+        "ok",
+        scraped(20, deferred_only(1)),
+        K0,
+        S.SUSPECT,
+        F.DEFERRED_ONLY_STALL,
+        (),
+        id="ok+flat-deferred-only=suspect(deferred_only)",
+    ),
+    pytest.param(
+        "suspect_deferred_only",
+        scraped(70, deferred_only(1)),
+        K0,
+        S.SUSPECT,
+        F.DEFERRED_ONLY_STALL,
+        (),
+        id="suspect(deferred_only)+60s=suspect(not-stall_after)",
+    ),
+    pytest.param(
+        "suspect_deferred_only",
+        scraped(160, deferred_only(1)),
+        K0,
+        S.SUSPECT,
+        F.DEFERRED_ONLY_STALL,
+        suspect(F.DEFERRED_ONLY_STALL),
+        id="suspect(deferred_only)+150s=suspect(capture-at-quarter)",
+    ),
+    pytest.param(
+        "suspect_deferred_only",
+        scraped(609, deferred_only(1)),
+        K0,
+        S.SUSPECT,
+        F.DEFERRED_ONLY_STALL,
+        suspect(F.DEFERRED_ONLY_STALL),
+        id="suspect(deferred_only)+599s=suspect",
+    ),
+    pytest.param(
+        "suspect_deferred_only",
+        scraped(610, deferred_only(1)),
+        K0,
+        S.WEDGED,
+        F.DEFERRED_ONLY_STALL,
+        wedged(F.DEFERRED_ONLY_STALL),
+        id="suspect(deferred_only)+600s=wedged(deferred_only)",
+    ),
+    pytest.param(
+        "suspect_deferred_only",
+        scraped(500, stuck(1)),
+        K0,
+        S.SUSPECT,
+        F.DEFERRED_STALL,
+        (),
+        id="suspect(deferred_only)+capacity-head-arrives=suspect(deferred,clock-restarts)",
+    ),
+    pytest.param(
+        "suspect_deferred_only",
+        scraped(500, busy(2)),
+        K0,
+        S.OK,
+        None,
+        (),
+        id="suspect(deferred_only)+progress=ok",
+    ),
+    # non-finite readings: unknown, neither work nor idle
+    pytest.param(
+        "ok", scraped(20, nan_gauges(1)), K0, S.UNKNOWN, None, (), id="ok+nan-running=unknown"
+    ),
+    pytest.param(
+        "ok",
+        scraped(20, nan_gauges(1, running=2, waiting=math.inf)),
+        K0,
+        S.UNKNOWN,
+        None,
+        (),
+        id="ok+inf-waiting=unknown",
+    ),
+    pytest.param(
+        "ok",
+        scraped(20, nan_gauges(1, running=0, waiting=0, deferred=None, gen=math.nan)),
+        K0,
+        S.UNKNOWN,
+        None,
+        (),
+        id="ok+nan-counter-no-work=unknown(not-idle)",
+    ),
+    pytest.param(
+        "ok",
+        scraped(20, nan_gauges(1, awake=False)),
+        K0,
+        S.SLEEPING,
+        None,
+        (),
+        id="ok+nan-gauge-asleep=sleeping",
+    ),
+    pytest.param(
+        "suspect_deferred",
+        scraped(40, nan_gauges(1)),
+        K0,
+        S.UNKNOWN,
+        None,
+        (),
+        id="suspect(deferred)+nan=unknown",
+    ),
+    pytest.param(
+        "wedged_deferred",
+        scraped(80, nan_gauges(1)),
+        K0,
+        S.WEDGED,
+        F.DEFERRED_STALL,
+        (),
+        id="wedged(deferred)+nan-flat=still-wedged(no-repeat)",
+    ),
+    pytest.param(
+        "wedged_deferred",
+        scraped(80, nan_gauges(2)),
+        K0,
+        S.UNKNOWN,
+        None,
+        (),
+        id="wedged(deferred)+nan-counters-moved=unknown",
+    ),
+    pytest.param("unknown", scraped(30, busy(2)), K0, S.OK, None, (), id="unknown+progress=ok"),
+    pytest.param(
+        "unknown",
+        scraped(30, stuck(1)),
+        K0,
+        S.SUSPECT,
+        F.DEFERRED_STALL,
+        suspect(F.DEFERRED_STALL),
+        id="unknown+flat=suspect(clock-kept-through-unknown)",
+    ),
+    pytest.param(
+        "unknown",
+        scraped(70, stuck(1)),
+        K0,
+        S.WEDGED,
+        F.DEFERRED_STALL,
+        wedged(F.DEFERRED_STALL),
+        id="unknown+flat-60s-since-progress=wedged",
+    ),
+    pytest.param("unknown", scraped(30, idle(1)), K0, S.IDLE, None, (), id="unknown+idle=idle"),
+    pytest.param(
+        "ok_started",
+        scraped(20, busy(2), start=math.nan),
+        K0,
+        S.OK,
+        None,
+        (),
+        id="ok+nan-process-start=ok(not-a-restart)",
+    ),
+    # more than one server behind the URL
+    pytest.param(
+        "two_servers",
+        scraped(20, busy(0), start=1000.0),
+        K0,
+        S.UNKNOWN,
+        None,
+        (),
+        id="two-servers+start-time-returns=unknown(multi-server)",
+    ),
+    pytest.param(
+        "multi_server",
+        scraped(30, stuck(0), start=2000.0),
+        K0,
+        S.UNKNOWN,
+        None,
+        (),
+        id="multi-server+flat-or-backwards=unknown(never-restart)",
+    ),
+    pytest.param(
+        "multi_server",
+        scraped(300, stuck(1), start=1000.0),
+        K0,
+        S.UNKNOWN,
+        None,
+        (),
+        id="multi-server+other-seen-within-300s=unknown",
+    ),
+    pytest.param(
+        "multi_server",
+        scraped(400, stuck(1), start=1000.0),
+        K0,
+        S.OK,
+        None,
+        (),
+        id="multi-server+one-start-time-for-300s=ok(baseline)",
+    ),
+    pytest.param(
+        "ok_started",
+        scraped(20, busy(2), start=3000.0),
+        K0,
+        S.OK,
+        None,
+        (),
+        id="ok+new-start-time=ok(restart-not-multi-server)",
     ),
 ]
 
@@ -752,7 +1223,7 @@ def test_missing_engine_is_reported_not_dropped() -> None:
     assert gone.missing
     assert gone.reading is None
     assert gone.reason == (
-        f"engine 1 of model {MODEL} disappeared from /metrics, unseen for 0s (threshold 30s)"
+        f"engine 1 of model {MODEL} disappeared from /metrics, unseen for 8s (threshold 30s)"
     )
     assert not engine(verdicts[-1], K0).missing
 
@@ -869,13 +1340,34 @@ def test_failure_after_seen_up_never_looks_like_starting_or_idle() -> None:
             S.WEDGED,
             id="wedged>unreachable",
         ),
+        pytest.param(
+            [scraped(0, busy(0), busy(0, K1)), scraped(10, busy(0), nan_gauges(1, K1))],
+            (S.SUSPECT, S.UNKNOWN),
+            S.UNKNOWN,
+            id="unknown>suspect",
+        ),
+        pytest.param(
+            [scraped(0, busy(0), busy(0, K1)), scraped(10, busy(0)), scraped(40, nan_gauges(1))],
+            (S.UNKNOWN, S.UNREACHABLE),
+            S.UNREACHABLE,
+            id="unreachable>unknown",
+        ),
     ],
 )
 def test_target_state_is_the_worst_engine(
     history: list[Observation], states: tuple[EngineState, EngineState], worst: EngineState
 ) -> None:
     """The documented severity order decides the target state of a DP server."""
-    assert SEVERITY == (S.WEDGED, S.UNREACHABLE, S.SUSPECT, S.STARTING, S.OK, S.SLEEPING, S.IDLE)
+    assert SEVERITY == (
+        S.WEDGED,
+        S.UNREACHABLE,
+        S.UNKNOWN,
+        S.SUSPECT,
+        S.STARTING,
+        S.OK,
+        S.SLEEPING,
+        S.IDLE,
+    )
     _, verdicts = run(history)
     assert (engine(verdicts[-1], K0).state, engine(verdicts[-1], K1).state) == states
     assert verdicts[-1].state is worst
@@ -896,7 +1388,7 @@ def actions_at(verdicts: Sequence[TargetVerdict]) -> dict[float, tuple[Action, .
 
 
 def test_deferred_wedge_suspect_at_first_flat_sample_wedged_exactly_at_threshold() -> None:
-    """OK while busy, SUSPECT at the first flat sample, WEDGED exactly when stalled 60 s."""
+    """OK while busy, SUSPECT at the first flat sample (captured at 15 s), WEDGED at 60 s."""
     history: list[Observation] = [scraped(t, busy(t)) for t in range(11)]  # progress until t=10
     history += [scraped(t, stuck(10)) for t in range(11, 101)]
     _, verdicts = run(history)
@@ -909,7 +1401,8 @@ def test_deferred_wedge_suspect_at_first_flat_sample_wedged_exactly_at_threshold
     assert engine(verdicts[70]).family is F.DEFERRED_STALL
     assert engine(verdicts[70]).last_progress_at == 10
     assert engine(verdicts[70]).since_at == 70
-    assert actions_at(verdicts) == {11: suspect(F.DEFERRED_STALL), 70: wedged(F.DEFERRED_STALL)}
+    # A1: the suspect capture waits for a quarter of the threshold (15 s), not the first sample.
+    assert actions_at(verdicts) == {25: suspect(F.DEFERRED_STALL), 70: wedged(F.DEFERRED_STALL)}
     assert engine(verdicts[52]).reason == (
         "running 0, waiting 3 (deferred 2, capacity 1), no progress for 42s (threshold 60s)"
     )
@@ -925,7 +1418,7 @@ def test_long_prefill_never_wedges_under_the_hang_threshold() -> None:
     assert S.WEDGED not in states
     assert states[1:101] == [S.SUSPECT] * 100
     assert states[-1] is S.OK
-    assert actions_at(verdicts) == {1: suspect(F.PROGRESS_STALL)}
+    assert actions_at(verdicts) == {30: suspect(F.PROGRESS_STALL)}
 
 
 def test_preemption_livelock_is_an_output_stall_after_300s() -> None:
@@ -946,7 +1439,7 @@ def test_preemption_livelock_is_an_output_stall_after_300s() -> None:
     assert states[1:300] == [S.SUSPECT] * 299
     assert states[300:] == [S.WEDGED] * 31
     assert engine(verdicts[300]).stalled_seconds == 300
-    assert actions_at(verdicts) == {1: suspect(F.OUTPUT_STALL), 300: wedged(F.OUTPUT_STALL)}
+    assert actions_at(verdicts) == {75: suspect(F.OUTPUT_STALL), 300: wedged(F.OUTPUT_STALL)}
 
 
 def test_frozen_metrics_with_running_requests_is_a_progress_stall_after_120s() -> None:
@@ -971,14 +1464,16 @@ def test_healthy_engine_whose_counters_all_move_never_becomes_suspect() -> None:
 
 def test_new_episode_after_recovery_emits_actions_again() -> None:
     """A wedge, a server restart, then a second wedge: each episode asks for its own actions."""
-    history: list[Observation] = [scraped(0, busy(5)), scraped(10, stuck(5)), scraped(70, stuck(5))]
-    history += [scraped(80, busy(0)), scraped(90, stuck(0)), scraped(150, stuck(0))]
+    history: list[Observation] = [scraped(0, busy(5)), scraped(10, stuck(5))]
+    history += [scraped(20, stuck(5)), scraped(70, stuck(5)), scraped(80, busy(0))]
+    history += [scraped(90, stuck(0)), scraped(100, stuck(0)), scraped(150, stuck(0))]
     _, verdicts = run(history)
-    assert states_of(verdicts) == [S.OK, S.SUSPECT, S.WEDGED, S.OK, S.SUSPECT, S.WEDGED]
+    first, second = [S.OK, S.SUSPECT, S.SUSPECT, S.WEDGED], [S.OK, S.SUSPECT, S.SUSPECT, S.WEDGED]
+    assert states_of(verdicts) == [*first, *second]
     assert actions_at(verdicts) == {
-        10: suspect(F.DEFERRED_STALL),
+        20: suspect(F.DEFERRED_STALL),
         70: wedged(F.DEFERRED_STALL),
-        90: suspect(F.DEFERRED_STALL),
+        100: suspect(F.DEFERRED_STALL),
         150: wedged(F.DEFERRED_STALL),
     }
 
@@ -995,8 +1490,9 @@ def test_stall_through_an_outage_counts_the_outage() -> None:
     _, verdicts = run(history)
     last = engine(verdicts[-1])
     assert (last.state, last.family, last.stalled_seconds) == (S.SUSPECT, F.DEFERRED_STALL, 45)
-    # One episode from t=10 on; the run of failures lasted 20 s < 30 s, so no restart.
-    assert actions_at(verdicts) == {10: suspect(F.DEFERRED_STALL)}
+    # One episode from t=10 on; the run of failures lasted 20 s < 30 s, so no restart. The
+    # suspect capture came at t=40, when the (unreachable) stall had lasted 20 s >= 30 s / 4.
+    assert actions_at(verdicts) == {40: suspect(F.UNREACHABLE)}
 
 
 def test_two_wedged_engines_capture_both_before_any_restart() -> None:
@@ -1036,7 +1532,7 @@ def test_two_wedged_engines_capture_both_before_any_restart() -> None:
         pytest.param(
             scraped(20, livelock(1, preempt=4)),
             "running 2, waiting 1 (deferred 0, capacity 1), counters move but no output "
-            "(generation tokens, finished requests) for 10s (threshold 300s)",
+            "(generation tokens, completed requests) for 10s (threshold 300s)",
             id="output-stall",
         ),
         pytest.param(
@@ -1194,7 +1690,7 @@ def _malformed(edit: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        ("version", r"state.version: expected 1, got 99"),
+        ("version", r"state.version: expected 2, got 99"),
         ("not-a-list", r"state.engines: expected a list, got dict"),
         ("missing-key", r"state.engines\[0\]: missing key 'last_output_at'"),
         ("unknown-key", r"state: unknown key\(s\) 'colour'"),
@@ -1205,7 +1701,7 @@ def _malformed(edit: str) -> dict[str, Any]:
             r"state.engines\[0\].family: 'deferred_stall' does not fit state 'ok'",
         ),
         ("stall-without-family", r"state.engines\[1\].family: None does not fit state 'suspect'"),
-        ("bool-as-number", r"state.engines\[0\].since_at: expected a number, got True"),
+        ("bool-as-number", r"state.engines\[0\].since_at: expected a finite number, got True"),
         ("string-as-number", r"state.engines\[1\].reading.running: expected a number, got '3'"),
         ("unsorted", r"state.engines\[1\]: engines must be sorted"),
         ("duplicate", r"state.engines\[1\]: engines must be sorted .* without duplicates"),
@@ -1272,7 +1768,7 @@ def test_real_dp2_body_judges_engines_separately() -> None:
         pytest.param("idle.prom", S.IDLE, id="idle"),
         pytest.param("sleeping.prom", S.SLEEPING, id="sleeping"),
         pytest.param("old_vllm_no_reason.prom", S.WEDGED, id="old-vllm-running-flat"),
-        pytest.param("nan_inf.prom", S.WEDGED, id="non-finite-gauges"),
+        pytest.param("nan_inf.prom", S.UNKNOWN, id="non-finite-gauges"),
     ],
 )
 def test_real_bodies_frozen_for_ten_minutes(name: str, state: EngineState) -> None:
@@ -1293,3 +1789,167 @@ def test_wedged_engine_stays_wedged_through_an_outage_until_unreachable() -> Non
     assert seen[0][1:] == (S.WEDGED, F.DEFERRED_STALL)
     assert all(state is S.WEDGED for at, state, _ in seen if at < 101)
     assert seen[-1][1:] == (S.UNREACHABLE, F.UNREACHABLE)
+
+
+# --------------------------------------------------------------------------------------------
+# Issue #10 traffic shapes, as the simulator end-to-end tests produce them (1 s samples)
+
+
+def test_wedge_under_clients_that_time_out_and_retry_is_wedged_at_stall_after_seconds() -> None:
+    """Aborts climb every few seconds during the wedge; it is still wedged at exactly 60 s."""
+    history: list[Observation] = [scraped(t, busy(t)) for t in range(11)]  # progress until t=10
+    # Each client gives up after 5 s and retries: the abort series moves, the queue churns.
+    history += [scraped(t, aborting(10, aborts=(t - 10) // 5)) for t in range(11, 101)]
+    _, verdicts = run(history)
+    states = states_of(verdicts)
+    assert states[11:70] == [S.SUSPECT] * 59  # never flips back to OK on an abort
+    assert states[70:] == [S.WEDGED] * 31
+    assert engine(verdicts[70]).family is F.DEFERRED_STALL
+    assert actions_at(verdicts) == {25: suspect(F.DEFERRED_STALL), 70: wedged(F.DEFERRED_STALL)}
+
+
+def test_prefill_three_times_hang_after_seconds_is_never_wedged() -> None:
+    """A 360 s chunked prefill (KV grows every chunk, no counter moves) is OK, then decodes."""
+    history: list[Observation] = [scraped(0, busy(0))]
+    # One chunk per 2 s: KV usage grows on every other sample, flat on the ones between.
+    history += [scraped(t, prefilling(0, kv=0.01 + 0.002 * (t // 2))) for t in range(1, 361)]
+    history += [scraped(361, busy(1))]  # the first token: every counter moves
+    _, verdicts = run(history)
+    states = states_of(verdicts)
+    assert S.WEDGED not in states
+    assert set(states[1:361]) <= {S.OK, S.SUSPECT}
+    assert max(engine(v).stalled_seconds for v in verdicts) <= 1
+    assert states[-1] is S.OK
+    assert actions_at(verdicts) == {}  # never long enough for even a suspect capture
+
+
+def test_collective_hang_with_every_gauge_frozen_is_still_wedged() -> None:
+    """A prefill whose KV usage stops growing (the GPU hung) is a progress_stall at 120 s."""
+    history: list[Observation] = [scraped(0, busy(0))]
+    history += [scraped(t, prefilling(0, kv=0.25 + 0.01 * t)) for t in range(1, 31)]
+    history += [scraped(t, prefilling(0, kv=0.55)) for t in range(31, 200)]
+    _, verdicts = run(history)
+    states = states_of(verdicts)
+    assert states[:31] == [S.OK] * 31
+    assert states[31:150] == [S.SUSPECT] * 119
+    assert states[150] is S.WEDGED
+    assert engine(verdicts[150]).family is F.PROGRESS_STALL
+
+
+def test_thirty_second_prefill_in_a_ten_second_check_window_is_never_wedged() -> None:
+    """`check --for 10` (thresholds capped at 10 s) over a prefill whose KV grows each second."""
+    from wedgewatch.check import one_shot_policy
+
+    policy = one_shot_policy(POLICY, 10.0)
+    for start in range(0, 21, 5):  # windows anywhere inside the 30 s prefill
+        window = [scraped(t, prefilling(0, kv=0.01 * t)) for t in range(start, start + 11)]
+        _, verdicts = run(window, policy)
+        assert {v.state for v in verdicts} == {S.OK}, start
+
+
+def test_streaming_session_deferred_alone_is_not_a_wedge_at_stall_after_seconds() -> None:
+    """A streaming-input session parked between chunks (deferred 1, capacity 0) for 10 min.
+
+    Chunks arrive every 5 minutes: never wedged. Left idle it is only wedged at
+    deferred_only_after_seconds (600 s), never at stall_after_seconds (60 s).
+    """
+    chunked: list[Observation] = []
+    n = 0
+    for t in range(601):
+        if t % 300 == 0:  # a chunk arrives and is prefilled: counters move
+            n += 1
+            chunked.append(scraped(t, busy(n)))
+        else:
+            chunked.append(scraped(t, deferred_only(n)))
+    _, verdicts = run(chunked)
+    assert S.WEDGED not in states_of(verdicts)
+    assert {engine(v).family for v in verdicts} <= {None, F.DEFERRED_ONLY_STALL}
+
+    idle_session = [scraped(0, busy(1))] + [scraped(t, deferred_only(1)) for t in range(1, 700)]
+    _, verdicts = run(idle_session)
+    states = states_of(verdicts)
+    assert states[1:600] == [S.SUSPECT] * 599
+    assert states[600] is S.WEDGED
+    assert actions_at(verdicts) == {
+        150: suspect(F.DEFERRED_ONLY_STALL),
+        600: wedged(F.DEFERRED_ONLY_STALL),
+    }
+
+
+def test_deferred_only_detection_can_be_disabled() -> None:
+    """deferred_only_after_seconds = 0: a lone deferral is OK forever; a blocked head wedges."""
+    policy = Policy(deferred_only_after_seconds=0)
+    history = [scraped(0, busy(1))] + [scraped(t, deferred_only(1)) for t in range(1, 3600, 10)]
+    _, verdicts = run(history, policy)
+    assert set(states_of(verdicts)) == {S.OK}
+    assert engine(verdicts[-1]).reason.endswith(
+        "only deferred requests, not judged (deferred_only_after_seconds = 0)"
+    )
+    # A request that then waits for capacity behind it gets stall_after_seconds from now on.
+    state, _ = run(history, policy)
+    _, later = run([scraped(3600, stuck(1)), scraped(3660, stuck(1))], policy, state)
+    assert [engine(v).state for v in later] == [S.SUSPECT, S.WEDGED]
+
+
+def test_nan_fault_never_crashes_and_the_state_always_saves() -> None:
+    """NaN and Inf gauges mid-load and mid-wedge: never an exception, always strict JSON."""
+    history: list[Observation] = [scraped(t, busy(t)) for t in range(5)]
+    history += [scraped(t, nan_gauges(t, waiting=math.inf)) for t in range(5, 10)]
+    history += [scraped(t, busy(t)) for t in range(10, 15)]
+    history += [scraped(t, stuck(15)) for t in range(15, 80)]
+    history += [scraped(t, nan_gauges(15, gen=math.nan)) for t in range(80, 90)]
+    history += [scraped(t, stuck(15)) for t in range(90, 95)]
+    state = new_state()
+    seen = []
+    for observation in history:
+        state, verdict = step(state, observation, POLICY)
+        text = json.dumps(dump_state(state), allow_nan=False)
+        assert dump_state(load_state(json.loads(text))) == json.loads(text)
+        seen.append(engine(verdict).state)
+    assert seen[5:10] == [S.UNKNOWN] * 5  # neither work nor idle
+    assert seen[10:15] == [S.OK] * 5
+    assert seen[75] is S.WEDGED  # 60 s after t=15
+    assert seen[80:95] == [S.WEDGED] * 15  # a NaN proves nothing about recovery
+
+
+def test_nan_counter_neither_hides_nor_fakes_progress() -> None:
+    """A counter that reads NaN for a while is compared with its last finite value afterwards."""
+    history = [
+        scraped(0, busy(1)),
+        scraped(10, nan_gauges(1, running=2, gen=math.nan)),  # unknown
+        scraped(20, busy(1)),  # flat against busy(1), not against NaN
+        scraped(30, nan_gauges(1, running=2, gen=math.nan)),
+        scraped(40, busy(2)),  # real progress since busy(1)
+    ]
+    _, verdicts = run(history)
+    assert states_of(verdicts) == [S.OK, S.UNKNOWN, S.SUSPECT, S.UNKNOWN, S.OK]
+    assert engine(verdicts[2]).stalled_seconds == 20
+    assert "non-finite values (generation tokens)" in engine(verdicts[1]).reason
+
+
+def test_load_balancer_alternating_servers_is_unknown_not_a_restart_loop() -> None:
+    """Scrapes alternate between two servers for an hour: unknown with the reason, no actions."""
+    history = [
+        scraped(t, busy(t if t % 2 else 0), start=1000.0 if t % 2 else 2000.0)
+        for t in range(0, 3600, 5)
+    ]
+    _, verdicts = run(history)
+    assert all(v.actions == () for v in verdicts)
+    assert {v.state for v in verdicts[2:]} == {S.UNKNOWN}
+    assert engine(verdicts[-1]).reason == (
+        "the URL reaches more than one server; point wedgewatch at one pod or process"
+    )
+    # Pointed at one server again: after the window without the other one, judged normally.
+    state, _ = run(history)
+    alone = [scraped(3600 + t, busy(5000 + t), start=1000.0) for t in range(0, 400, 5)]
+    _, later = run(alone, POLICY, state)
+    assert later[0].state is S.UNKNOWN  # server 2000 was seen 5 s ago
+    assert later[-1].state is S.OK
+
+
+def test_too_many_engines_is_a_scrape_failure_reason() -> None:
+    """`too_many_engines` is one of the closed set of scrape failure reasons."""
+    failure = ScrapeFailed(0, "too_many_engines", "body names more than 256 engines")
+    _, verdicts = run([scraped(0, busy(0)), failure])
+    assert verdicts[-1].failure == failure
+    assert engine(verdicts[-1]).family is F.UNREACHABLE

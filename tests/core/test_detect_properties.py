@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wedgewatch.core.detect import (
+    SUSPECT_CAPTURE_FRACTION,
     CaptureEvidence,
     Observation,
     Policy,
@@ -24,13 +26,19 @@ from wedgewatch.core.detect import (
 )
 from wedgewatch.core.detect_state import dump_state, load_state
 from wedgewatch.core.states import EngineState, Family
+from wedgewatch.vllm import semantics
 from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
 K0 = EngineKey("m", "0")
 K1 = EngineKey("m", "1")
 ENGINES = (K0, K1)
-FLAT_FAMILIES = {Family.DEFERRED_STALL, Family.ADMISSION_STALL, Family.PROGRESS_STALL}
+FLAT_FAMILIES = {
+    Family.DEFERRED_STALL,
+    Family.DEFERRED_ONLY_STALL,
+    Family.ADMISSION_STALL,
+    Family.PROGRESS_STALL,
+}
 STALL_FAMILIES = {*FLAT_FAMILIES, Family.OUTPUT_STALL}
 STALLED = {EngineState.SUSPECT, EngineState.WEDGED, EngineState.UNREACHABLE}
 
@@ -44,6 +52,7 @@ POLICIES = st.builds(
     output_stall_after_seconds=THRESHOLDS,
     unreachable_after_seconds=THRESHOLDS,
     startup_timeout_seconds=st.none() | THRESHOLDS,
+    deferred_only_after_seconds=st.sampled_from([0.0, 60.0, 600.0]),
 )
 # How an engine's counters change in one sample: mostly flat or all moving, so stalls happen.
 MOVES = ("flat", "flat", "all", "other", "output", "random", "reset")
@@ -65,6 +74,8 @@ class Shape:
     failures: bool = True
     missing: bool = True
     resets: bool = True
+    non_finite: bool = False  # some gauges and counters read NaN or +/-Inf
+    multi_server: bool = False  # the process start time alternates between two servers
 
 
 def move_counters(old: list[float], move: str, rng: random.Random) -> list[float]:
@@ -87,9 +98,13 @@ def make_history(seed: int, length: int, policy: Policy, shape: Shape) -> Histor
     rng = random.Random(seed)
     at = rng.choice([0.0, 12.25, 1e6])
     counters = {key: [0.0] * 5 for key in ENGINES}
+    server = 1000.0
     observations: list[Observation] = []
     for _ in range(length):
-        at += rng.choice(GAPS) if rng.random() < 0.7 else rng.uniform(0, 400)
+        if shape.multi_server:  # two servers seen within seconds of each other
+            at += rng.choice([0.5, 1.0, 5.0, 10.0])
+        else:
+            at += rng.choice(GAPS) if rng.random() < 0.7 else rng.uniform(0, 400)
         if shape.failures and rng.random() < 0.12:
             observations.append(ScrapeFailed(at, rng.choice(["timeout", "refused"]), "x"))
             continue
@@ -103,6 +118,12 @@ def make_history(seed: int, length: int, policy: Policy, shape: Shape) -> Histor
             running = 0.0 if shape.idle_only else float(rng.choice([0, 0, 1, 4]))
             waiting = 0.0 if shape.idle_only else float(rng.choice([0, 0, 2, 5]))
             deferred = float(rng.randint(0, int(waiting)))
+            if shape.non_finite and rng.random() < 0.3:
+                bad = rng.choice([math.nan, math.inf, -math.inf])
+                which = rng.randrange(3)
+                running, waiting = (bad, waiting) if which == 0 else (running, bad)
+                if which == 2:
+                    new = [*new[:1], bad, *new[2:]]
             readings[key] = EngineReading(
                 key=key,
                 running=running,
@@ -112,7 +133,7 @@ def make_history(seed: int, length: int, policy: Policy, shape: Shape) -> Histor
                     if rng.random() < 0.7
                     else {}
                 ),
-                kv_cache_usage=rng.choice([None, 0.5]),
+                kv_cache_usage=rng.choice([None, 0.5, 0.5, 0.6, 0.7, math.nan]),
                 awake=rng.choice([True, True, True, None, False]),
                 prompt_tokens=new[0],
                 generation_tokens=new[1],
@@ -120,7 +141,11 @@ def make_history(seed: int, length: int, policy: Policy, shape: Shape) -> Histor
                 preemptions=new[3],
                 iterations=new[4],
             )
-        start = rng.choice([None, 1000.0, 1000.0, 1000.0, 1000.0, 2000.0])
+        if shape.multi_server:
+            server = 3000.0 - server  # 1000, 2000, 1000, ...: two servers behind one URL
+        elif shape.resets and rng.random() < 0.1:
+            server += 1000.0  # a restart: a new start time that never comes back
+        start = server if shape.multi_server else rng.choice([None, server, server, server])
         observations.append(Scraped(at, Exposition(readings, start)))
     return History(tuple(observations), policy)
 
@@ -352,3 +377,123 @@ def test_transitions_list_every_state_change(history: History) -> None:
 def test_step_is_deterministic(history: History) -> None:
     """Judging the same history twice gives identical states and verdicts."""
     assert judge(history) == judge(history)
+
+
+# --------------------------------------------------------------------------------------------
+# Issue #10: aborts, prefill progress, non-finite readings, several servers, suspect capture
+
+
+def with_aborts(history: History, seed: int) -> History:
+    """The same history with abort and error finishes climbing on every reading."""
+    rng = random.Random(seed)
+    totals = {key: [0.0, 0.0] for key in ENGINES}
+    observations: list[Observation] = []
+    for observation in history.observations:
+        if not isinstance(observation, Scraped):
+            observations.append(observation)
+            continue
+        readings = {}
+        for key, reading in observation.exposition.engines.items():
+            aborts_errors = totals[key]
+            aborts_errors[0] += rng.choice([0, 0, 1, 7])
+            aborts_errors[1] += rng.choice([0, 0, 0, 2])
+            aborts, errors = aborts_errors
+            readings[key] = replace(
+                reading,
+                request_success=reading.request_success + aborts + errors,
+                finished_by_reason={
+                    "stop": reading.request_success,
+                    "abort": aborts,
+                    "error": errors,
+                },
+            )
+        exposition = Exposition(readings, observation.exposition.process_start_time_seconds)
+        observations.append(Scraped(observation.at, exposition))
+    return History(tuple(observations), history.policy)
+
+
+def outline(history: History) -> list[tuple[object, ...]]:
+    """Per step: the target state, each engine's state, family and stalled time, the actions."""
+    return [
+        (
+            verdict.state,
+            tuple((e.key, e.state, e.family, e.stalled_seconds) for e in verdict.engines),
+            verdict.actions,
+        )
+        for _, verdict in judge(history)
+    ]
+
+
+@settings(max_examples=300)
+@given(histories(), st.integers(0, 2**32 - 1))
+def test_aborts_and_errors_never_change_a_verdict(history: History, seed: int) -> None:
+    """Clients that abort (or requests that error) move nothing the detector counts."""
+    assert outline(with_aborts(history, seed)) == outline(history)
+
+
+@settings(max_examples=300)
+@given(histories(non_finite=True))
+def test_non_finite_readings_are_unknown_and_always_persist(history: History) -> None:
+    """A reading with a NaN/Inf gauge or counter is never work, idle or a new stall; state saves."""
+    for (state, verdict), observation in zip(judge(history), history.observations, strict=True):
+        text = json.dumps(dump_state(state), allow_nan=False)  # never fails on a NaN
+        assert dump_state(load_state(json.loads(text))) == json.loads(text)
+        if not isinstance(observation, Scraped):
+            continue
+        for judged in verdict.engines:
+            now = observation.exposition.engines.get(judged.key)
+            if now is None or not semantics.non_finite_fields(now) or now.awake is False:
+                continue
+            assert judged.state in {EngineState.UNKNOWN, EngineState.WEDGED}
+            assert verdict.actions == () or all(a.key != judged.key for a in verdict.actions)
+
+
+@settings(max_examples=300)
+@given(histories())
+def test_prefill_growth_is_never_a_flat_stall(history: History) -> None:
+    """A sample whose KV usage grew while requests run is never a flat-family stall."""
+    previous: dict[EngineKey, EngineReading] = {}
+    for (_, verdict), observation in zip(judge(history), history.observations, strict=True):
+        if not isinstance(observation, Scraped):
+            previous = {}
+            continue
+        for judged in verdict.engines:
+            now = observation.exposition.engines.get(judged.key)
+            before = previous.get(judged.key)
+            if now is None or before is None:
+                continue
+            if semantics.movement(before, now).prefill:
+                assert judged.family not in FLAT_FAMILIES
+        previous = dict(observation.exposition.engines)
+
+
+@settings(max_examples=300)
+@given(histories())
+def test_suspect_capture_waits_for_a_quarter_of_the_threshold(history: History) -> None:
+    """Every suspect capture comes when its stall has lasted a quarter of its threshold."""
+    for _, verdict in judge(history):
+        by_key = {e.key: e for e in verdict.engines}
+        for action in verdict.actions:
+            if isinstance(action, CaptureEvidence) and action.phase == "suspect":
+                judged = by_key[action.key]
+                assert judged.state is EngineState.SUSPECT
+                threshold = history.policy.threshold(action.family)
+                assert judged.stalled_seconds >= SUSPECT_CAPTURE_FRACTION * threshold
+
+
+@settings(max_examples=300)
+@given(histories(failures=False, multi_server=True))
+def test_two_servers_behind_one_url_are_unknown_never_restarted(history: History) -> None:
+    """Start times alternating between two servers: unknown from the first return, no actions."""
+    # The generator alternates 1000, 2000, ... every few seconds, well within the window.
+    returned = False
+    seen: list[float] = []
+    for (_, verdict), observation in zip(judge(history), history.observations, strict=True):
+        assert isinstance(observation, Scraped)
+        start = observation.exposition.process_start_time_seconds
+        if start is not None:
+            returned = returned or (bool(seen) and start != seen[-1] and start in seen)
+            seen.append(start)
+        if returned:
+            assert verdict.actions == ()
+            assert all(e.state is EngineState.UNKNOWN for e in verdict.engines)

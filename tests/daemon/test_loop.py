@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -94,6 +95,8 @@ class FakeServer:
             running, waiting, by_reason = 0.0, 0.0, {"capacity": 0.0, "deferred": 0.0}
         elif mode == "sleeping":
             awake = False
+        elif mode == "nan":  # a fault that writes non-finite gauges
+            running, waiting, by_reason = math.nan, math.inf, {"capacity": math.inf}
         else:
             raise AssertionError(mode)
         reading = EngineReading(
@@ -945,3 +948,39 @@ async def test_gave_up_webhook_body_is_the_documented_one(tmp_path: Path) -> Non
     assert body["reason"].startswith("budget_exhausted: 1 restarts within the last")
     assert body["bundle"].startswith("/evidence/")
     assert body["text"].startswith("wedgewatch on gpu-node-7: gave_up for sim (m engine 0)")
+
+
+async def test_nan_gauges_are_unknown_and_never_stop_the_state_from_saving(tmp_path: Path) -> None:
+    """A NaN/Inf fault mid-run: engine unknown, no stall, no restart, the state file saves."""
+    script = lambda t: "nan" if 20 <= t < 80 else "healthy"  # noqa: E731
+    world = make_world(tmp_path, script, until=120)
+    daemon, logs = await play(world)
+    assert [line["state"] for line in events(logs, "engine_unknown")] == ["unknown"]
+    assert events(logs, "stall_suspected") == []
+    assert world.restarter.requests == []
+    assert world.store.saves >= 2
+    saved = statefile.decode(statefile.encode(world.store.saved, T0_WALL))
+    assert isinstance(saved, statefile.SavedState)
+    assert daemon.snapshot.targets["sim"].state == "ok"
+
+
+def test_flight_recorder_is_bounded_in_bytes_and_entries() -> None:
+    """The recorder drops the oldest entries past either bound and always keeps the newest."""
+    from wedgewatch.daemon.report import FlightRecorder
+
+    entry = {"timestamp": 1000.0, "engines": [{"engine": str(i)} for i in range(50)]}
+    size = len(json.dumps(entry, sort_keys=True)) + 1
+    recorder = FlightRecorder(max_entries=1000, max_bytes=10 * size)
+    for n in range(100):
+        recorder.append({**entry, "timestamp": float(1000 + n)})  # every entry `size` bytes
+        assert recorder.size_bytes <= 10 * size
+    assert len(recorder) == 10
+    assert [e["timestamp"] for e in recorder.entries()] == [float(n) for n in range(1090, 1100)]
+    by_count = FlightRecorder(max_entries=3, max_bytes=10**9)
+    for n in range(5):
+        by_count.append({"timestamp": float(n)})
+    assert [e["timestamp"] for e in by_count.entries()] == [2.0, 3.0, 4.0]
+    huge = FlightRecorder(max_entries=10, max_bytes=1024)
+    huge.append(entry)
+    huge.append({**entry, "timestamp": 2.0})
+    assert [e["timestamp"] for e in huge.entries()] == [2.0]  # bigger than the bound, kept alone

@@ -15,9 +15,24 @@ from prometheus_client.parser import text_string_to_metric_families
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics, render
 
 GOLDEN = Path(__file__).parent / "golden" / "ownmetrics.prom"
-STATES = ("starting", "ok", "idle", "sleeping", "suspect", "wedged", "unreachable")
-FAMILIES = ("deferred_stall", "admission_stall", "progress_stall", "output_stall", "unreachable")
-REASONS = ("timeout", "refused", "http_status", "parse_error", "too_large", "connect_error")
+STATES = ("starting", "ok", "idle", "sleeping", "suspect", "wedged", "unreachable", "unknown")
+FAMILIES = (
+    "deferred_stall",
+    "deferred_only_stall",
+    "admission_stall",
+    "progress_stall",
+    "output_stall",
+    "unreachable",
+)
+REASONS = (
+    "timeout",
+    "refused",
+    "http_status",
+    "parse_error",
+    "too_large",
+    "connect_error",
+    "too_many_engines",
+)
 
 
 def _metrics() -> tuple[CollectorRegistry, OwnMetrics]:

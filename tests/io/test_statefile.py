@@ -359,3 +359,47 @@ def test_reset_restarts_command(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "reset the restart budget of target 'vllm-a'" in result.stdout
     assert statefile.load(path).state.targets["vllm-a"].restart_policy is None
+
+
+def test_detector_state_with_nan_and_inf_readings_saves_and_loads(tmp_path: Path) -> None:
+    """A detector that last saw NaN/Inf gauges and counters saves as strict JSON and loads back."""
+    import math
+
+    from wedgewatch.core.detect import Policy, Scraped, new_state, step
+    from wedgewatch.core.detect_state import dump_state, load_state
+    from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
+
+    key = EngineKey("m", "0")
+    bad = EngineReading(
+        key=key,
+        running=math.nan,
+        waiting=math.inf,
+        waiting_by_reason={"capacity": math.inf, "deferred": -math.inf},
+        kv_cache_usage=math.nan,
+        awake=None,
+        prompt_tokens=math.nan,
+        generation_tokens=1.0,
+        request_success=math.inf,
+        preemptions=0.0,
+        iterations=1.0,
+        finished_by_reason={"stop": math.inf, "abort": math.nan},
+        prefix_cache_queries=math.nan,
+    )
+    detector, _ = step(new_state(), Scraped(5.0, Exposition({key: bad}, math.nan)), Policy())
+    state = SavedState(targets={"t": TargetRecord(detector=dump_state(detector))})
+    path = statefile.state_path(tmp_path / "state")
+    assert isinstance(statefile.save(path, state, 1_700_000_000.0), statefile.Saved)
+
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    json.loads(path.read_text(), parse_constant=no_constants)
+    loaded = statefile.load(path)
+    assert loaded.problem is None
+    restored = loaded.state.targets["t"].detector
+    assert restored is not None
+    assert dump_state(load_state(restored)) == dump_state(detector)
+    reading = load_state(restored).engines[0].reading
+    assert math.isnan(reading.running)
+    assert reading.waiting == math.inf
+    assert reading.waiting_by_reason == {"capacity": math.inf, "deferred": -math.inf}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -10,7 +12,12 @@ from wedgewatch.vllm.semantics import (
     PROGRESS_COUNTERS,
     Role,
     classify_role,
+    completed_requests,
+    decode_float,
+    encode_float,
     is_engine_core_of,
+    movement,
+    non_finite_fields,
     output_moved,
     progress_counters,
     progress_moved,
@@ -55,7 +62,7 @@ def test_progress_counters_follow_their_names() -> None:
     assert dict(zip(PROGRESS_COUNTERS, counters, strict=True)) == {
         "prompt tokens": 1.0,
         "generation tokens": 2.0,
-        "finished requests": 3.0,
+        "completed requests": 3.0,
         "preemptions": 4.0,
         "iterations": 5.0,
     }
@@ -82,12 +89,98 @@ def test_what_counts_as_progress_and_output(
     assert output_moved(before, reading(**after)) is output
 
 
-def test_a_counter_that_stays_nan_did_not_move() -> None:
-    """NaN to NaN is no movement; NaN to a number is."""
+def test_a_non_finite_counter_never_moves() -> None:
+    """NaN to NaN, NaN to a number and a number to Inf are no movement: only finite values move."""
     stuck = reading(generation_tokens=NAN)
     assert not progress_moved(stuck, reading(generation_tokens=NAN))
     assert not output_moved(stuck, reading(generation_tokens=NAN))
-    assert output_moved(stuck, reading(generation_tokens=1.0))
+    assert not output_moved(stuck, reading(generation_tokens=1.0))
+    assert not output_moved(reading(), reading(generation_tokens=math.inf))
+
+
+def finished(**by_reason: float) -> EngineReading:
+    """A reading whose request_success is split by finished_reason."""
+    return replace(
+        reading(),
+        request_success=sum(by_reason.values()),
+        finished_by_reason={"stop": 0.0, "length": 0.0, "abort": 0.0, "error": 0.0, **by_reason},
+    )
+
+
+@pytest.mark.parametrize(
+    ("after", "counts"),
+    [
+        pytest.param({"stop": 1.0}, True, id="stop"),
+        pytest.param({"length": 1.0}, True, id="length"),
+        pytest.param({"repetition": 1.0}, True, id="repetition"),
+        pytest.param({"abort": 5.0}, False, id="abort-is-neither"),
+        pytest.param({"error": 5.0}, False, id="error-is-neither"),
+    ],
+)
+def test_aborted_and_errored_finishes_are_neither_progress_nor_output(
+    after: dict[str, float], counts: bool
+) -> None:
+    """request_success_total counts every finish; only the non-abort, non-error ones count."""
+    before = finished()
+    assert progress_moved(before, finished(**after)) is counts
+    assert output_moved(before, finished(**after)) is counts
+    assert completed_requests(finished(stop=2.0, abort=7.0, error=1.0)) == 2.0
+
+
+def gauges(running: float, kv: float | None, prefix: float | None = None) -> EngineReading:
+    """A reading with these gauges and every counter at 10."""
+    return replace(reading(), running=running, kv_cache_usage=kv, prefix_cache_queries=prefix)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "prefill"),
+    [
+        pytest.param(gauges(1, 0.2), gauges(1, 0.3), True, id="kv-grows-running"),
+        pytest.param(gauges(1, 0.3), gauges(1, 0.3), False, id="kv-flat"),
+        pytest.param(gauges(1, 0.3), gauges(1, 0.2), False, id="kv-shrinks"),
+        pytest.param(gauges(0, 0.2), gauges(0, 0.9), False, id="kv-grows-nothing-running"),
+        pytest.param(gauges(0, 0.2), gauges(2, 0.9), True, id="kv-grows-on-admission"),
+        pytest.param(gauges(1, None), gauges(1, 0.3), False, id="kv-appears"),
+        pytest.param(gauges(1, 0.2), gauges(1, NAN), False, id="kv-nan"),
+        pytest.param(gauges(1, 0.2, 100), gauges(1, 0.2, 900), True, id="prefix-queries-running"),
+        pytest.param(gauges(0, 0.2, 100), gauges(0, 0.2, 900), False, id="prefix-queries-idle"),
+        pytest.param(gauges(NAN, 0.2), gauges(NAN, 0.9), False, id="running-nan"),
+    ],
+)
+def test_prefill_progress_needs_running_requests(
+    before: EngineReading, after: EngineReading, prefill: bool
+) -> None:
+    """KV growth or prefix-cache queries count as prefill only while requests run; never output."""
+    moved = movement(before, after)
+    assert moved.prefill is prefill
+    assert not moved.output
+    assert not moved.progress
+
+
+@pytest.mark.parametrize(
+    ("value", "encoded"),
+    [
+        pytest.param(1.5, 1.5, id="finite"),
+        pytest.param(NAN, "NaN", id="nan"),
+        pytest.param(math.inf, "Infinity", id="inf"),
+        pytest.param(-math.inf, "-Infinity", id="minus-inf"),
+    ],
+)
+def test_non_finite_values_round_trip_through_strict_json(value: float, encoded: object) -> None:
+    """encode_float/decode_float carry NaN and Inf through JSON, which has no NaN."""
+    assert encode_float(value) == encoded
+    text = json.dumps(encode_float(value), allow_nan=False)
+    back = decode_float(json.loads(text), "x")
+    assert back == value or (math.isnan(back) and math.isnan(value))
+    with pytest.raises(ValueError, match="x: expected a number, got 'nan'"):
+        decode_float("nan", "x")
+
+
+def test_non_finite_fields_name_queue_gauges_and_counters() -> None:
+    """A NaN KV usage is not listed (it is optional); NaN queue gauges and counters are."""
+    bad = replace(reading(generation_tokens=NAN), running=math.inf, kv_cache_usage=NAN)
+    assert non_finite_fields(bad) == ("running", "generation tokens")
+    assert non_finite_fields(reading()) == ()
 
 
 @pytest.mark.parametrize(

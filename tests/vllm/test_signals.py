@@ -389,6 +389,29 @@ def test_request_success_is_summed_over_finished_reasons() -> None:
     """request_success adds up every finished_reason series of the engine."""
     extra = 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"} 2.5\n'
     assert _only(_parsed(_minimal() + extra)).request_success == 7.5
+    reading = _only(_parsed(_minimal() + extra))
+    assert reading.finished_by_reason == {"stop": 5.0, "abort": 2.5}
+
+
+def test_prefix_cache_queries_are_read_when_present() -> None:
+    """vllm:prefix_cache_queries_total is optional: its value, or None when absent."""
+    extra = 'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 4096.0\n'
+    assert _only(_parsed(_minimal() + extra)).prefix_cache_queries == 4096.0
+    assert _only(_parsed(_minimal())).prefix_cache_queries is None
+
+
+def test_more_engines_than_max_engines_is_a_too_many_engines_failure() -> None:
+    """A body naming more engines than allowed is refused while scanning, with its own reason."""
+    body = "".join(_minimal(labels=f'engine="{i}",model_name="m"') for i in range(5))
+    assert len(_parsed(body).engines) == 5
+    assert isinstance(parse(body, max_engines=5), Exposition)
+    failure = parse(body, max_engines=4)
+    assert isinstance(failure, ParseFailure)
+    assert failure.reason == "too_many_engines"
+    assert failure.message.startswith("body names more than 4 engines (max_engines)")
+    other = parse("garbage\n")
+    assert isinstance(other, ParseFailure)
+    assert other.reason == "parse_error"
 
 
 def test_engines_of_several_models_are_kept_apart() -> None:

@@ -255,6 +255,15 @@ class Config(BaseModel):
         "finished requests do (`output_stall`, a livelock) before the engine is wedged.",
         gt=0,
     )
+    deferred_only_after_seconds: float = _setting(
+        600.0,
+        "detection",
+        "Like `stall_after_seconds`, for requests deferred while nothing runs or waits for "
+        "capacity (`deferred_only_stall`); 0 disables it. Long because streaming-input "
+        "sessions, P/D decode nodes and grammar compiles defer for minutes; a lost KV-offload "
+        "write (vLLM #49829) never clears. docs/runbook.md says when to raise it.",
+        ge=0,
+    )
     unreachable_after_seconds: float = _setting(
         30.0,
         "detection",
@@ -285,6 +294,13 @@ class Config(BaseModel):
         "50 KB; anything past the cap is `too_large` and is not read further. Accepts units: "
         "`16MiB`.",
         ge=1024,
+    )
+    max_engines: int = _setting(
+        256,
+        "scraping",
+        "Most engines (data-parallel ranks) one body may name; more is a failed scrape "
+        "(`too_many_engines`), so a huge body never becomes thousands of readings.",
+        ge=1,
     )
 
     # -- targets ---------------------------------------------------------------------
@@ -325,6 +341,13 @@ class Config(BaseModel):
         "Length of the in-memory flight recorder of readings and verdicts per target, "
         "written into every evidence bundle.",
         gt=0,
+    )
+    history_max_bytes: int = _setting(
+        4 * MIB,
+        "daemon",
+        "Bound on one target's flight recorder, as the JSON bytes it takes in a bundle; the "
+        "oldest entries go first. Accepts units: `4MiB`.",
+        ge=1024,
     )
     log_level: Literal["debug", "info", "warning", "error"] = _setting(
         "info",
@@ -463,7 +486,7 @@ class Config(BaseModel):
         "as one JSON object.",
     )
 
-    @field_validator("max_body_bytes", "evidence_max_bytes", mode="before")
+    @field_validator("max_body_bytes", "evidence_max_bytes", "history_max_bytes", mode="before")
     @classmethod
     def _sizes(cls, value: object) -> object:
         return parse_byte_size(value)
@@ -534,6 +557,12 @@ class Config(BaseModel):
                     f"must be at least interval_seconds ({self.interval_seconds}): a stall "
                     "shorter than one scrape interval cannot be observed",
                 )
+        if 0 < self.deferred_only_after_seconds < self.interval_seconds:
+            raise FieldRuleError(
+                "deferred_only_after_seconds",
+                self.deferred_only_after_seconds,
+                f"must be 0 (disabled) or at least interval_seconds ({self.interval_seconds})",
+            )
         return self
 
     # -- narrowing -------------------------------------------------------------------
@@ -545,12 +574,15 @@ class Config(BaseModel):
             output_stall_after_seconds=self.output_stall_after_seconds,
             unreachable_after_seconds=self.unreachable_after_seconds,
             startup_timeout_seconds=self.startup_timeout_seconds,
+            deferred_only_after_seconds=self.deferred_only_after_seconds,
         )
 
     def scrape_limits(self) -> ScrapeLimits:
         """The scraper's slice of the configuration."""
         return ScrapeLimits(
-            timeout_seconds=self.scrape_timeout_seconds, max_body_bytes=self.max_body_bytes
+            timeout_seconds=self.scrape_timeout_seconds,
+            max_body_bytes=self.max_body_bytes,
+            max_engines=self.max_engines,
         )
 
 

@@ -7,14 +7,20 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 # RULES (the contract of this module; tests/core/test_detect.py checks them row by row)
 # =================================================================================
 #
-# Terms
-#   progress counters  `vllm.semantics.progress_counters`: prompt tokens, generation tokens,
-#                      finished requests, preemptions, iterations.
-#   progress moved     any progress counter differs from the previous good reading of the engine
-#                      (`vllm.semantics.progress_moved`).
-#   output moved       generation tokens or finished requests differ from the previous reading
-#                      (`vllm.semantics.output_moved`).
+# Terms (what a movement *means* is `wedgewatch.vllm.semantics`; this table only uses it)
+#   progress counters  prompt tokens, generation tokens, completed requests (every finished
+#                      reason except abort and error), preemptions, iterations.
+#   progress moved     a progress counter moved (both values finite and different) since the
+#                      previous good reading of the engine. Aborted and errored finishes are
+#                      never progress and never output.
+#   output moved       generation tokens or completed requests moved.
+#   prefill moved      running > 0 and KV usage grew or prefix-cache queries moved (a prefill
+#                      chunk allocated blocks, a request was admitted). Only ever seen with
+#                      running > 0; it counts like progress for the stall clock and is never
+#                      output.
 #   work present       running > 0 or waiting > 0.
+#   non-finite         a queue gauge (running, waiting, a waiting reason) or a progress counter
+#                      that is NaN or +/-Inf.
 #   stalled states     SUSPECT, WEDGED, UNREACHABLE. An *episode* runs from the step an engine
 #                      enters a stalled state until the step it leaves them.
 #   clocks             per engine: last_progress_at, last_output_at. "Reset" sets both to `at`.
@@ -24,39 +30,58 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #       has `engines == ()` and is STARTING, or UNREACHABLE once `startup_timeout_seconds`
 #       (when set) have passed since the first observation of that period. A failed scrape
 #       then sets `failure`; the detector emits no transition and no action (no engine).
-#   T2  Otherwise the target state is the worst engine state, in the order of
-#       `core.states.SEVERITY`:
-#       wedged > unreachable > suspect > starting > ok > sleeping > idle.
-#   T3  Restart of the watched server: some progress counter of an engine present in this
-#       and in the previous good scrape went backwards, or process_start_time_seconds changed.
-#       Every engine in the exposition is re-baselined (R1) and engines absent from it are
-#       dropped (a restart may change the data-parallel size). Never a stall on that step.
+#   T2  Otherwise the target state is the worst engine state, in the order of `SEVERITY`:
+#       wedged > unreachable > unknown > suspect > starting > ok > sleeping > idle.
+#   T3  Restart of the watched server: some counter of an engine present in this and in the
+#       previous good scrape went backwards (finite values only), or the finite
+#       process_start_time_seconds changed. Every engine in the exposition is re-baselined (R1)
+#       and engines absent from it are dropped (a restart may change the data-parallel size).
+#       Never a stall on that step. A non-finite process start time counts as absent.
 #   T4  `at` older than the previous observation means the clock was reset (host reboot under
 #       a persisted state): the detector forgets everything and starts over.
+#   T5  More than one server behind the URL: a process start time comes back to a value seen
+#       within the last MULTI_SERVER_WINDOW_SECONDS after another value was seen (A, B, A: a
+#       real restart never returns to an old start time). From that scrape, and for as long as
+#       more than one start time was seen within the window, every engine of the exposition is
+#       UNKNOWN (no family) with the reason MULTI_SERVER_REASON, baselined on its reading (R1
+#       clocks) with no transition to a stall and no action; engines absent are dropped. Never
+#       a restart, so a load balancer never causes a restart loop.
 #
 # One engine, on a good scrape that contains it
 #   R1  Baseline (first reading, reappearance after going missing, server restart): state from
-#       the gauges (R2, R3, else OK), never SUSPECT; clocks reset; the episode ends.
+#       the gauges (R2, N1, R3, else OK), never SUSPECT; clocks reset; the episode ends.
 #   R2  Asleep (awake is False): SLEEPING, clocks reset. A sleeping engine is never stalled,
 #       whatever its queues say.
+#   N1  Non-finite reading: UNKNOWN (no family), the reason names the non-finite fields. It is
+#       neither work nor idle: clocks are not reset, but counters and prefill that did move
+#       (finite on both sides) still move them, and a non-finite value never replaces the last
+#       finite one as the base of the next delta. An engine already WEDGED stays WEDGED (as in
+#       U1): a NaN proves nothing about recovery.
 #   R3  Idle (running == 0 and waiting == 0): IDLE, clocks reset. Idle never becomes a stall.
-#   R4  Work present: if progress moved, last_progress_at = at; if output moved,
+#   R4  Work present: if progress or prefill moved, last_progress_at = at; if output moved,
 #       last_output_at = at. Two kinds of stall are then candidates:
-#         flat    nothing moved this sample. Family by the gauges: running > 0 ->
-#                 progress_stall (threshold hang_after_seconds); running == 0 and
-#                 deferred > 0 -> deferred_stall, else admission_stall (both
-#                 stall_after_seconds). stalled_seconds = at - last_progress_at.
-#         output  since output last moved, some sample moved other counters while output
+#         flat    nothing moved this sample (neither progress nor prefill). Family by the
+#                 gauges, stalled_seconds = at - last_progress_at:
+#                   running > 0                      progress_stall       hang_after_seconds
+#                   running 0, deferred, capacity    deferred_stall       stall_after_seconds
+#                   running 0, deferred, capacity 0  deferred_only_stall  deferred_only_after_s.
+#                   running 0, no deferred           admission_stall      stall_after_seconds
+#                 deferred_only_after_seconds = 0 disables deferred_only_stall (no candidate).
+#                 Time spent deferred-only never counts towards another family: a flat sample
+#                 of another family right after a deferred-only sample restarts the clock.
+#         output  since output last moved, some sample moved progress counters while output
 #                 stayed flat (the engine works but emits nothing: preemption livelock).
-#                 Family output_stall, threshold output_stall_after_seconds,
-#                 stalled_seconds = at - last_output_at.
+#                 Prefill alone never makes this candidate. Family output_stall, threshold
+#                 output_stall_after_seconds, stalled_seconds = at - last_output_at.
 #       No candidate: OK. A candidate with stalled_seconds >= its threshold: WEDGED with that
 #       family (flat first). Otherwise SUSPECT: output_stall if the engine already is in
 #       output_stall and that candidate holds, else flat, else output.
 #       Consequences: the first flat sample with work present is SUSPECT; progress together
 #       with output returns to OK in one step; output_stall clears when output moves; a
-#       healthy engine whose counters all move is never SUSPECT; a family change (e.g. running
-#       drops to 0) keeps the clock and takes the threshold of the new family.
+#       healthy engine whose counters all move is never SUSPECT; clients that abort and retry
+#       during a wedge move nothing that counts; a long prefill whose KV usage grows is never
+#       a progress_stall; a family change (e.g. running drops to 0) keeps the clock and takes
+#       the threshold of the new family.
 #
 # One engine, unobserved
 #   U1  A failed scrape never counts as idle and never resets clocks. Every known engine is
@@ -72,7 +97,10 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #       stall that outlasts an outage includes the outage in stalled_seconds.
 #
 # Actions (at most one of each kind per episode; never repeated while a state persists)
-#   A1  Entering SUSPECT from a non-stalled state: CaptureEvidence(phase="suspect").
+#   A1  SUSPECT once stalled_seconds has reached SUSPECT_CAPTURE_FRACTION (a quarter) of the
+#       threshold of its family, the first time in the episode and only if the episode has not
+#       already acted (A2): CaptureEvidence(phase="suspect"). Not at the first flat sample: a
+#       suspect capture pauses the server's processes, and most short stalls clear by then.
 #   A2  Entering WEDGED or UNREACHABLE, the first time in the episode:
 #       CaptureEvidence(phase="wedged") then Restart. Leaving the stalled states ends the
 #       episode, so a later stall emits again.
@@ -85,27 +113,28 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Final
 
-from wedgewatch.core.states import (
-    ACTED_ON,
-    SCRAPE_FAILURE_REASONS,
-    SEVERITY,
-    STALLED,
-    THRESHOLD_SETTING,
-    EngineState,
-    Family,
-    ScrapeFailureReason,
+from wedgewatch.core.detect_types import (
+    Action,
+    CaptureEvidence,
+    EngineVerdict,
+    Observation,
+    Policy,
+    Restart,
+    Scraped,
+    ScrapeFailed,
+    TargetVerdict,
+    Transition,
 )
-from wedgewatch.vllm.semantics import (
-    PROGRESS_COUNTERS,
-    output_moved,
-    progress_counters,
-    progress_moved,
-)
+from wedgewatch.core.states import ACTED_ON, SEVERITY, STALLED, EngineState, Family
+from wedgewatch.vllm import semantics
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
 __all__ = [
+    "MULTI_SERVER_REASON",
+    "MULTI_SERVER_WINDOW_SECONDS",
+    "SUSPECT_CAPTURE_FRACTION",
     "Action",
     "CaptureEvidence",
     "EngineMemory",
@@ -122,140 +151,27 @@ __all__ = [
     "step",
 ]
 
-
-@dataclass(frozen=True, slots=True)
-class Scraped:
-    """A good scrape: the parsed exposition, observed at monotonic time `at`."""
-
-    at: float
-    exposition: Exposition
-
-
-@dataclass(frozen=True, slots=True)
-class ScrapeFailed:
-    """A scrape that produced no exposition, with a reason from a closed set."""
-
-    at: float
-    reason: ScrapeFailureReason
-    detail: str
-
-    def __post_init__(self) -> None:
-        """Reject a reason outside the closed set (a bug in the caller, not in the server)."""
-        if self.reason not in SCRAPE_FAILURE_REASONS:
-            allowed = ", ".join(sorted(SCRAPE_FAILURE_REASONS))
-            raise ValueError(f"ScrapeFailed.reason must be one of {allowed}, got {self.reason!r}")
-
-
-Observation = Scraped | ScrapeFailed
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """Thresholds of the detector, in seconds; `startup_timeout_seconds=None` waits forever."""
-
-    stall_after_seconds: float = 60.0
-    hang_after_seconds: float = 120.0
-    output_stall_after_seconds: float = 300.0
-    unreachable_after_seconds: float = 30.0
-    startup_timeout_seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        """Reject thresholds that are negative, NaN or infinite."""
-        for name in (
-            "stall_after_seconds",
-            "hang_after_seconds",
-            "output_stall_after_seconds",
-            "unreachable_after_seconds",
-            "startup_timeout_seconds",
-        ):
-            value = getattr(self, name)
-            if value is None and name == "startup_timeout_seconds":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"Policy.{name} must be a number of seconds, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"Policy.{name} must be finite and >= 0, got {value!r}")
-
-    def threshold(self, family: Family) -> float:
-        """The number of seconds after which a stall of `family` is WEDGED (or UNREACHABLE)."""
-        seconds: float = getattr(self, THRESHOLD_SETTING[family])
-        return seconds
-
-
-@dataclass(frozen=True, slots=True)
-class CaptureEvidence:
-    """Ask the shell to capture evidence about one engine (stacks, metrics, process state)."""
-
-    key: EngineKey
-    family: Family
-    phase: Literal["suspect", "wedged"]
-
-
-@dataclass(frozen=True, slots=True)
-class Restart:
-    """Ask the shell to restart the server that runs this engine (subject to its budget)."""
-
-    key: EngineKey
-    family: Family
-
-
-Action = CaptureEvidence | Restart
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """One engine changed state at `at`; `family` is the new state's stall family, if any."""
-
-    key: EngineKey
-    old: EngineState
-    new: EngineState
-    family: Family | None
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class EngineVerdict:
-    """The judgement of one engine at one step.
-
-    `since_at` is when the engine entered `state`; `reading` is what this step's scrape said
-    about the engine (None when the scrape failed or the engine was missing); `missing` is
-    True while the engine is absent from good scrapes; `reason` is one human sentence.
-    """
-
-    key: EngineKey
-    state: EngineState
-    family: Family | None
-    since_at: float
-    stalled_seconds: float
-    last_progress_at: float | None
-    reading: EngineReading | None
-    missing: bool
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class TargetVerdict:
-    """The judgement of one target at one step: its worst state and each engine's verdict.
-
-    `engines` is sorted by key and empty while no engine is known (rule T1); `failure` is the
-    observation when the scrape failed. Actions are ordered: every capture before any restart.
-    """
-
-    at: float
-    state: EngineState
-    engines: tuple[EngineVerdict, ...]
-    transitions: tuple[Transition, ...]
-    actions: tuple[Action, ...]
-    failure: ScrapeFailed | None
+#: Rule A1: the suspect capture waits until a stall has lasted this share of its threshold.
+SUSPECT_CAPTURE_FRACTION: Final = 0.25
+#: Rule T5: how long a process start time is remembered to tell a load balancer from a restart.
+MULTI_SERVER_WINDOW_SECONDS: Final = 300.0
+#: Rule T5: the reason of every engine of a URL that reaches more than one server.
+MULTI_SERVER_REASON: Final = (
+    "the URL reaches more than one server; point wedgewatch at one pod or process"
+)
+# Rule T5 keeps at most this many distinct start times (bounded state).
+MAX_START_TIMES: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
 class EngineMemory:
     """What the detector remembers about one engine between steps (O(1) per engine).
 
-    `reading` is the last good reading (the base of every delta); `output_pending` records
-    that other counters moved while output stayed flat since `last_output_at`; `acted` records
-    that this episode already asked for the wedged capture and the restart.
+    `reading` is the base of every delta: the last good reading, with any non-finite counter
+    or KV value replaced by the last finite one (rule N1); `output_pending` records that
+    other counters moved while output stayed flat since `last_output_at`; `captured` that this
+    episode already asked for the suspect capture (A1), `acted` for the wedged capture and the
+    restart (A2); `deferred_only` that the last judged sample was a deferred-only flat one.
     """
 
     key: EngineKey
@@ -268,6 +184,8 @@ class EngineMemory:
     reading: EngineReading
     missing_since: float | None
     acted: bool
+    captured: bool = False
+    deferred_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +194,9 @@ class TargetState:
 
     `engines` is sorted by key. `starting_since` is the first observation while no engine is
     known; `failing_since` the first failure of the current run of failures; `last_at` the
-    latest observation; `process_start_time_seconds` the latest one the server reported.
+    latest observation; `process_start_time_seconds` the latest finite one the server
+    reported; `start_times` the distinct start times seen within MULTI_SERVER_WINDOW_SECONDS
+    as (value, last seen at), newest last; `multi_server_since` when rule T5 began to hold.
     """
 
     engines: tuple[EngineMemory, ...] = ()
@@ -284,6 +204,8 @@ class TargetState:
     failing_since: float | None = None
     last_at: float | None = None
     process_start_time_seconds: float | None = None
+    start_times: tuple[tuple[float, float], ...] = ()
+    multi_server_since: float | None = None
 
     @classmethod
     def initial(cls) -> TargetState:
@@ -322,6 +244,7 @@ class _Outcome:
     """Accumulates one step's engines, verdicts, transitions and actions (local to `step`)."""
 
     at: float
+    policy: Policy
     memories: list[EngineMemory] = field(default_factory=list)
     verdicts: list[EngineVerdict] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
@@ -341,23 +264,36 @@ class _Outcome:
         old_state = old.state if old is not None else EngineState.STARTING
         was_stalled = old_state in STALLED
         acted = old.acted if old is not None and was_stalled else False
+        captured = old.captured if old is not None and was_stalled else False
         family = judgement.family
         if judgement.state in STALLED and family is not None:
-            if judgement.state is EngineState.SUSPECT and not was_stalled:
+            if (
+                judgement.state is EngineState.SUSPECT
+                and not captured
+                and not acted
+                and judgement.stalled_seconds
+                >= SUSPECT_CAPTURE_FRACTION * self.policy.threshold(family)
+            ):
                 self.captures.append(CaptureEvidence(key, family, "suspect"))
+                captured = True
             if judgement.state in ACTED_ON and not acted:
                 self.captures.append(CaptureEvidence(key, family, "wedged"))
                 self.restarts.append(Restart(key, family))
                 acted = True
         else:
-            acted = False
+            acted = captured = False
         if old is not None and old_state is judgement.state:
             since_at = old.since_at
         else:
             since_at = at
             self.transitions.append(Transition(key, old_state, judgement.state, family, at))
         memory = replace(
-            memory, state=judgement.state, family=family, since_at=since_at, acted=acted
+            memory,
+            state=judgement.state,
+            family=family,
+            since_at=since_at,
+            acted=acted,
+            captured=captured,
         )
         self.memories.append(memory)
         self.verdicts.append(
@@ -404,7 +340,7 @@ def _step_failed(
 ) -> tuple[TargetState, TargetVerdict]:
     at = failure.at
     failing_since = state.failing_since if state.failing_since is not None else at
-    out = _Outcome(at)
+    out = _Outcome(at, policy)
     what = f"no good scrape of /metrics (last failure: {failure.reason}: {failure.detail})"
     for old in state.engines:
         since = (
@@ -422,39 +358,79 @@ def _step_scraped(
     at = scraped.at
     exposition = scraped.exposition
     known = {m.key: m for m in state.engines}
-    restart = _restart_cause(state, known, exposition)
-    out = _Outcome(at)
-    keys = set(exposition.engines) if restart is not None else set(known) | set(exposition.engines)
-    for key in sorted(keys):
-        old = known.get(key)
-        reading = exposition.engines.get(key)
-        if reading is None:
-            if old is None:  # unreachable: keys come from `known` or the exposition
-                continue
-            memory, judgement = _missing(old, at, state.failing_since, policy)
-        elif old is None:
-            memory, judgement = _baseline(key, reading, at, "first reading (baseline)")
-        elif restart is not None:
-            memory, judgement = _baseline(
-                key, reading, at, f"server restarted ({restart}); new baseline"
-            )
-        elif old.missing_since is not None:
-            memory, judgement = _baseline(
-                key, reading, at, "engine reappeared in /metrics; new baseline"
-            )
-        else:
-            memory, judgement = _judge_reading(old, reading, at, policy)
-        out.record(old, memory, judgement, reading)
-    process_start = exposition.process_start_time_seconds
+    start = semantics.process_start(exposition.process_start_time_seconds)
+    start_times, multi_server_since = _track_start_times(state, start, at)
+    out = _Outcome(at, policy)
+    if multi_server_since is not None:
+        for key in sorted(exposition.engines):
+            shown = exposition.engines[key]
+            memory, _ = _baseline(key, shown, at, "")
+            judgement = _Judgement(EngineState.UNKNOWN, None, 0.0, MULTI_SERVER_REASON)
+            out.record(known.get(key), memory, judgement, shown)
+    else:
+        restart = _restart_cause(state, known, exposition, start)
+        keys = (
+            set(exposition.engines) if restart is not None else set(known) | set(exposition.engines)
+        )
+        for key in sorted(keys):
+            old = known.get(key)
+            reading = exposition.engines.get(key)
+            if reading is None:
+                if old is None:  # unreachable: keys come from `known` or the exposition
+                    continue
+                memory, judgement = _missing(old, at, state.failing_since, policy)
+            elif old is None:
+                memory, judgement = _baseline(key, reading, at, "first reading (baseline)")
+            elif restart is not None:
+                memory, judgement = _baseline(
+                    key, reading, at, f"server restarted ({restart}); new baseline"
+                )
+            elif old.missing_since is not None or (
+                old.state is EngineState.UNKNOWN and state.multi_server_since is not None
+            ):
+                why = (
+                    "engine reappeared in /metrics"
+                    if old.missing_since is not None
+                    else "one server behind the URL again"
+                )
+                memory, judgement = _baseline(key, reading, at, f"{why}; new baseline")
+            else:
+                memory, judgement = _judge_reading(old, reading, at, policy)
+            out.record(old, memory, judgement, reading)
     new = replace(
         state,
         failing_since=None,
         last_at=at,
-        process_start_time_seconds=(
-            process_start if process_start is not None else state.process_start_time_seconds
-        ),
+        process_start_time_seconds=start if start is not None else state.process_start_time_seconds,
+        start_times=start_times,
+        multi_server_since=multi_server_since,
     )
     return _finish(new, out, policy, None)
+
+
+def _track_start_times(
+    state: TargetState, start: float | None, at: float
+) -> tuple[tuple[tuple[float, float], ...], float | None]:
+    """Rule T5: the start times seen within the window, and since when T5 holds (or None)."""
+    horizon = at - MULTI_SERVER_WINDOW_SECONDS
+    recent = [(value, seen) for value, seen in state.start_times if seen >= horizon]
+    since = state.multi_server_since
+    if start is None:
+        if since is not None and len({value for value, _ in recent}) <= 1:
+            since = None
+        return tuple(recent), since
+    previous = state.process_start_time_seconds
+    returned = (
+        previous is not None and start != previous and any(value == start for value, _ in recent)
+    )
+    recent = [(value, seen) for value, seen in recent if value != start]
+    recent.append((start, at))
+    recent = recent[-MAX_START_TIMES:]
+    if returned and since is None:
+        since = at
+    elif since is not None and len(recent) <= 1:
+        since = None
+    return tuple(recent), since
 
 
 def _finish(
@@ -476,33 +452,35 @@ def _finish(
 
 
 def _restart_cause(
-    state: TargetState, known: Mapping[EngineKey, EngineMemory], exposition: Exposition
+    state: TargetState,
+    known: Mapping[EngineKey, EngineMemory],
+    exposition: Exposition,
+    start: float | None,
 ) -> str | None:
     """Rule T3: why this exposition comes from a restarted server, or None."""
     for key in sorted(exposition.engines):
         old = known.get(key)
         if old is None or old.missing_since is not None:
             continue
-        new_counters = progress_counters(exposition.engines[key])
-        for name, before, now in zip(
-            PROGRESS_COUNTERS, progress_counters(old.reading), new_counters, strict=True
-        ):
-            if now < before:
-                return (
-                    f"{name} of engine {key.engine} of model {key.model_name} went backwards "
-                    f"from {_num(before)} to {_num(now)}"
-                )
+        evidence = semantics.restart_evidence(old.reading, exposition.engines[key])
+        if evidence is not None:
+            name, before, now = evidence
+            return (
+                f"{name} of engine {key.engine} of model {key.model_name} went backwards "
+                f"from {_num(before)} to {_num(now)}"
+            )
     before_start = state.process_start_time_seconds
-    now_start = exposition.process_start_time_seconds
-    if before_start is not None and now_start is not None and now_start != before_start:
-        return f"process start time changed from {_num(before_start)} to {_num(now_start)}"
+    if before_start is not None and start is not None and start != before_start:
+        return f"process start time changed from {_num(before_start)} to {_num(start)}"
     return None
 
 
 def _gauge_state(reading: EngineReading) -> EngineState | None:
-    """Rules R2 and R3: SLEEPING or IDLE from the gauges alone, else None (work present)."""
+    """Rules R2, N1 and R3: SLEEPING, UNKNOWN or IDLE from the gauges alone, else None."""
     if reading.awake is False:
         return EngineState.SLEEPING
+    if semantics.non_finite_fields(reading):
+        return EngineState.UNKNOWN
     if reading.running == 0 and reading.waiting == 0:
         return EngineState.IDLE
     return None
@@ -531,37 +509,45 @@ def _baseline(
 def _judge_reading(
     old: EngineMemory, reading: EngineReading, at: float, policy: Policy
 ) -> tuple[EngineMemory, _Judgement]:
-    """Rules R2-R4: judge a good reading against the engine's previous one."""
+    """Rules R2-R4 and N1: judge a good reading against the engine's previous one."""
     calm = _gauge_state(reading)
+    if calm is EngineState.UNKNOWN:
+        return _judge_non_finite(old, reading, at)
     if calm is not None:
         memory = replace(
-            old, reading=reading, last_progress_at=at, last_output_at=at, output_pending=False
+            old,
+            reading=semantics.keep_finite(old.reading, reading),
+            last_progress_at=at,
+            last_output_at=at,
+            output_pending=False,
+            deferred_only=False,
         )
         return memory, _Judgement(calm, None, 0.0, _describe_calm(calm, reading))
 
-    before = old.reading
-    moved = progress_moved(before, reading)
-    emitted = output_moved(before, reading)
-    last_progress_at = at if moved else old.last_progress_at
-    last_output_at = at if emitted else old.last_output_at
-    output_pending = not emitted and (old.output_pending or moved)
+    moved = semantics.movement(old.reading, reading)
+    working = moved.progress or moved.prefill
+    last_progress_at = at if working else old.last_progress_at
+    last_output_at = at if moved.output else old.last_output_at
+    output_pending = not moved.output and (old.output_pending or moved.progress)
+
+    flat: _Stall | None = None
+    deferred_only = False
+    if not working:
+        family = _flat_family(reading)
+        deferred_only = family is Family.DEFERRED_ONLY_STALL
+        if old.deferred_only and not deferred_only:
+            last_progress_at = at  # deferred-only time never counts towards another family
+        threshold = policy.threshold(family)
+        if not (deferred_only and threshold == 0):
+            flat = _Stall(family, at - last_progress_at, threshold)
     memory = replace(
         old,
-        reading=reading,
+        reading=semantics.keep_finite(old.reading, reading),
         last_progress_at=last_progress_at,
         last_output_at=last_output_at,
         output_pending=output_pending,
+        deferred_only=deferred_only,
     )
-
-    flat: _Stall | None = None
-    if not moved:
-        if reading.running > 0:
-            family = Family.PROGRESS_STALL
-        elif reading.deferred > 0:
-            family = Family.DEFERRED_STALL
-        else:
-            family = Family.ADMISSION_STALL
-        flat = _Stall(family, at - last_progress_at, policy.threshold(family))
     output: _Stall | None = None
     if output_pending:
         output = _Stall(Family.OUTPUT_STALL, at - last_output_at, policy.output_stall_after_seconds)
@@ -569,7 +555,13 @@ def _judge_reading(
     work = _describe_work(reading)
     candidates = [s for s in (flat, output) if s is not None]  # flat first
     if not candidates:
-        return memory, _Judgement(EngineState.OK, None, 0.0, f"{work}, progressing")
+        if not working and deferred_only:
+            what = "only deferred requests, not judged (deferred_only_after_seconds = 0)"
+        elif moved.prefill and not moved.progress:
+            what = "prefilling (KV cache usage or prefix-cache queries moved)"
+        else:
+            what = "progressing"
+        return memory, _Judgement(EngineState.OK, None, 0.0, f"{work}, {what}")
     over = [s for s in candidates if s.stalled_seconds >= s.threshold]
     if over:
         chosen, state = over[0], EngineState.WEDGED
@@ -578,13 +570,54 @@ def _judge_reading(
     else:
         chosen, state = candidates[0], EngineState.SUSPECT
     if chosen.family is Family.OUTPUT_STALL:
-        what = "counters move but no output (generation tokens, finished requests)"
+        what = "counters move but no output (generation tokens, completed requests)"
     else:
         what = "no progress"
     reason = (
         f"{work}, {what} for {_num(chosen.stalled_seconds)}s (threshold {_num(chosen.threshold)}s)"
     )
     return memory, _Judgement(state, chosen.family, chosen.stalled_seconds, reason)
+
+
+def _flat_family(reading: EngineReading) -> Family:
+    """Rule R4: the family of a flat sample, from the queue gauges."""
+    if reading.running > 0:
+        return Family.PROGRESS_STALL
+    if reading.deferred > 0:
+        return Family.DEFERRED_STALL if reading.capacity > 0 else Family.DEFERRED_ONLY_STALL
+    return Family.ADMISSION_STALL
+
+
+def _judge_non_finite(
+    old: EngineMemory, reading: EngineReading, at: float
+) -> tuple[EngineMemory, _Judgement]:
+    """Rule N1: a non-finite reading is UNKNOWN; what did move still moves the clocks."""
+    moved = semantics.movement(old.reading, reading)
+    working = moved.progress or moved.prefill
+    memory = replace(
+        old,
+        reading=semantics.keep_finite(old.reading, reading),
+        last_progress_at=at if working else old.last_progress_at,
+        last_output_at=at if moved.output else old.last_output_at,
+        output_pending=not moved.output and (old.output_pending or moved.progress),
+        deferred_only=False,
+    )
+    fields = ", ".join(semantics.non_finite_fields(reading))
+    reason = (
+        f"the server reported non-finite values ({fields}): neither work nor idle, not judged "
+        "until they read finite again"
+    )
+    if old.state is EngineState.WEDGED and not working:
+        quiet_since = (
+            memory.last_output_at if old.family is Family.OUTPUT_STALL else memory.last_progress_at
+        )
+        return memory, _Judgement(
+            EngineState.WEDGED,
+            old.family,
+            at - quiet_since,
+            f"still wedged ({old.family}); {reason}",
+        )
+    return memory, _Judgement(EngineState.UNKNOWN, None, 0.0, reason)
 
 
 def _missing(
@@ -638,4 +671,7 @@ def _describe_calm(state: EngineState, reading: EngineReading) -> str:
         return f"asleep, stall detection paused ({_describe_work(reading)})"
     if state is EngineState.IDLE:
         return "idle, nothing running or waiting"
+    if state is EngineState.UNKNOWN:
+        fields = ", ".join(semantics.non_finite_fields(reading))
+        return f"non-finite values ({fields}): neither work nor idle"
     return _describe_work(reading)

@@ -4,18 +4,24 @@ The daemon persists a target's `TargetState` across a restart of wedgewatch, and
 `wedgewatch check` keeps it between runs. `load_state` accepts only what `dump_state`
 writes (this format version, every field typed, engines sorted) and raises ValueError
 naming the first malformed field, so a damaged file is a clear message, never a crash.
+JSON has no NaN: non-finite reading values are written as "NaN", "Infinity" and
+"-Infinity" (`vllm.semantics.encode_float`) and read back as floats.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from wedgewatch.core.detect import EngineMemory, TargetState
+from wedgewatch.core.detect import MAX_START_TIMES, EngineMemory, TargetState
 from wedgewatch.core.states import STALLED, EngineState, Family
+from wedgewatch.vllm import semantics
 from wedgewatch.vllm.signals import EngineKey, EngineReading
 
-_FORMAT_VERSION = 1
+# Version 2: completed requests by finished reason, prefix-cache queries, the suspect capture
+# and deferred-only flags, start times (T5), and non-finite readings encoded as strings.
+_FORMAT_VERSION = 2
 _READING_FLOATS = (
     "running",
     "waiting",
@@ -28,28 +34,40 @@ _READING_FLOATS = (
 
 
 def dump_state(state: TargetState) -> dict[str, Any]:
-    """The state as a JSON-safe dict (dicts, lists, str, float, bool, None); see `load_state`."""
+    """The state as a JSON-safe dict (dicts, lists, str, float, bool, None); see `load_state`.
+
+    JSON has no NaN: a non-finite reading value is written as "NaN", "Infinity" or
+    "-Infinity" (`semantics.encode_float`), so `json.dumps(..., allow_nan=False)` never fails.
+    """
     return {
         "version": _FORMAT_VERSION,
         "starting_since": state.starting_since,
         "failing_since": state.failing_since,
         "last_at": state.last_at,
         "process_start_time_seconds": state.process_start_time_seconds,
+        "start_times": [[value, seen] for value, seen in state.start_times],
+        "multi_server_since": state.multi_server_since,
         "engines": [_dump_memory(m) for m in state.engines],
     }
+
+
+def _dump_optional(value: float | None) -> float | str | None:
+    return None if value is None else semantics.encode_float(value)
 
 
 def _dump_memory(memory: EngineMemory) -> dict[str, Any]:
     reading = memory.reading
     dumped_reading: dict[str, Any] = {
-        name: float(getattr(reading, name)) for name in _READING_FLOATS
+        name: semantics.encode_float(getattr(reading, name)) for name in _READING_FLOATS
     }
     dumped_reading["waiting_by_reason"] = {
-        str(k): float(v) for k, v in sorted(reading.waiting_by_reason.items())
+        str(k): semantics.encode_float(v) for k, v in sorted(reading.waiting_by_reason.items())
     }
-    dumped_reading["kv_cache_usage"] = (
-        None if reading.kv_cache_usage is None else float(reading.kv_cache_usage)
-    )
+    dumped_reading["finished_by_reason"] = {
+        str(k): semantics.encode_float(v) for k, v in sorted(reading.finished_by_reason.items())
+    }
+    dumped_reading["kv_cache_usage"] = _dump_optional(reading.kv_cache_usage)
+    dumped_reading["prefix_cache_queries"] = _dump_optional(reading.prefix_cache_queries)
     dumped_reading["awake"] = reading.awake
     return {
         "model_name": memory.key.model_name,
@@ -62,6 +80,8 @@ def _dump_memory(memory: EngineMemory) -> dict[str, Any]:
         "output_pending": memory.output_pending,
         "missing_since": memory.missing_since,
         "acted": memory.acted,
+        "captured": memory.captured,
+        "deferred_only": memory.deferred_only,
         "reading": dumped_reading,
     }
 
@@ -76,8 +96,11 @@ def load_state(data: Mapping[str, Any]) -> TargetState:
     failing_since = fields.optional_number("failing_since")
     last_at = fields.optional_number("last_at")
     process_start = fields.optional_number("process_start_time_seconds")
+    raw_starts = fields.get("start_times")
+    multi_server_since = fields.optional_number("multi_server_since")
     raw_engines = fields.get("engines")
     fields.done()
+    start_times = _load_start_times(raw_starts)
     if not isinstance(raw_engines, list):
         raise ValueError(f"state.engines: expected a list, got {type(raw_engines).__name__}")
     engines = tuple(_load_memory(raw, f"state.engines[{i}]") for i, raw in enumerate(raw_engines))
@@ -94,7 +117,28 @@ def load_state(data: Mapping[str, Any]) -> TargetState:
         failing_since=failing_since,
         last_at=last_at,
         process_start_time_seconds=process_start,
+        start_times=start_times,
+        multi_server_since=multi_server_since,
     )
+
+
+def _load_start_times(raw: object) -> tuple[tuple[float, float], ...]:
+    if not isinstance(raw, list) or len(raw) > MAX_START_TIMES:
+        raise ValueError(
+            f"state.start_times: expected a list of at most {MAX_START_TIMES} [value, seen_at] "
+            f"pairs, got {raw!r}"
+        )
+    pairs = []
+    for i, pair in enumerate(raw):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError(f"state.start_times[{i}]: expected [value, seen_at], got {pair!r}")
+        pairs.append(
+            (
+                _float(pair[0], f"state.start_times[{i}][0]"),
+                _float(pair[1], f"state.start_times[{i}][1]"),
+            )
+        )
+    return tuple(pairs)
 
 
 def _load_memory(raw: object, path: str) -> EngineMemory:
@@ -120,6 +164,8 @@ def _load_memory(raw: object, path: str) -> EngineMemory:
         output_pending=fields.flag("output_pending"),
         missing_since=fields.optional_number("missing_since"),
         acted=fields.flag("acted"),
+        captured=fields.flag("captured"),
+        deferred_only=fields.flag("deferred_only"),
         reading=_load_reading(fields.get("reading"), key, f"{path}.reading"),
     )
     fields.done()
@@ -128,18 +174,11 @@ def _load_memory(raw: object, path: str) -> EngineMemory:
 
 def _load_reading(raw: object, key: EngineKey, path: str) -> EngineReading:
     fields = _Fields(raw, path)
-    values = {name: fields.number(name) for name in _READING_FLOATS}
-    by_reason_raw = fields.get("waiting_by_reason")
-    if not isinstance(by_reason_raw, dict):
-        raise ValueError(
-            f"{path}.waiting_by_reason: expected an object, got {type(by_reason_raw).__name__}"
-        )
-    by_reason: dict[str, float] = {}
-    for reason, value in by_reason_raw.items():
-        if not isinstance(reason, str):
-            raise ValueError(f"{path}.waiting_by_reason: keys must be strings, got {reason!r}")
-        by_reason[reason] = _float(value, f"{path}.waiting_by_reason.{reason}")
-    kv_cache_usage = fields.optional_number("kv_cache_usage")
+    values = {name: fields.value(name) for name in _READING_FLOATS}
+    by_reason = fields.value_map("waiting_by_reason")
+    finished = fields.value_map("finished_by_reason")
+    kv_cache_usage = fields.optional_value("kv_cache_usage")
+    prefix_cache_queries = fields.optional_value("prefix_cache_queries")
     awake = fields.get("awake")
     if awake is not None and not isinstance(awake, bool):
         raise ValueError(f"{path}.awake: expected true, false or null, got {awake!r}")
@@ -156,6 +195,8 @@ def _load_reading(raw: object, key: EngineKey, path: str) -> EngineReading:
         request_success=values["request_success"],
         preemptions=values["preemptions"],
         iterations=values["iterations"],
+        finished_by_reason=finished,
+        prefix_cache_queries=prefix_cache_queries,
     )
 
 
@@ -185,6 +226,26 @@ class _Fields:
         value = self.get(name)
         return None if value is None else _float(value, f"{self._path}.{name}")
 
+    def value(self, name: str) -> float:
+        """A reading value: a number, or "NaN", "Infinity", "-Infinity"."""
+        return semantics.decode_float(self.get(name), f"{self._path}.{name}")
+
+    def optional_value(self, name: str) -> float | None:
+        value = self.get(name)
+        return None if value is None else semantics.decode_float(value, f"{self._path}.{name}")
+
+    def value_map(self, name: str) -> dict[str, float]:
+        raw = self.get(name)
+        path = f"{self._path}.{name}"
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected an object, got {type(raw).__name__}")
+        result: dict[str, float] = {}
+        for key, value in raw.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{path}: keys must be strings, got {key!r}")
+            result[key] = semantics.decode_float(value, f"{path}.{key}")
+        return result
+
     def flag(self, name: str) -> bool:
         value = self.get(name)
         if not isinstance(value, bool):
@@ -207,8 +268,9 @@ class _Fields:
 
 
 def _float(value: object, path: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{path}: expected a number, got {value!r}")
+    """A time or a start time: always a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{path}: expected a finite number, got {value!r}")
     return float(value)
 
 

@@ -13,7 +13,8 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 # Terms
 #   stalled      an engine state in SUSPECT, WEDGED, UNREACHABLE (detector rule A1/A2 terms).
 #   acted on     a target state in WEDGED, UNREACHABLE: the states a restart is for.
-#   calm         the verdict has engines and none of them is stalled.
+#   calm         the verdict has engines and every one is ok, idle or sleeping (an unknown
+#                engine, NaN readings or several servers behind the URL, is not calm).
 #   episode      one per target: from the first stalled engine until all engines are calm
 #                (or a restart resolves). It holds at most one evidence bundle and asks for
 #                at most one restart; a remedy that failed is retried inside it.
@@ -422,7 +423,8 @@ class _Run:
             )
             return
         restart_phases = (restart_policy.Phase.RESTARTING, restart_policy.Phase.STARTING)
-        calm = bool(verdict.engines) and not stalled
+        # Unknown (non-finite values, several servers) is not calm: the episode stays open.
+        calm = bool(verdict.engines) and all(e.state in CALM for e in verdict.engines)
         if episode is not None and calm and self.state.policy.phase not in restart_phases:
             self.close("recovered")  # E2
 

@@ -22,12 +22,14 @@ class EngineState(StrEnum):
     SUSPECT = "suspect"
     WEDGED = "wedged"
     UNREACHABLE = "unreachable"
+    UNKNOWN = "unknown"  # non-finite readings, or a URL that reaches more than one server
 
 
 class Family(StrEnum):
     """The kind of stall behind a SUSPECT, WEDGED or UNREACHABLE engine."""
 
     DEFERRED_STALL = "deferred_stall"
+    DEFERRED_ONLY_STALL = "deferred_only_stall"
     ADMISSION_STALL = "admission_stall"
     PROGRESS_STALL = "progress_stall"
     OUTPUT_STALL = "output_stall"
@@ -38,6 +40,7 @@ class Family(StrEnum):
 SEVERITY: tuple[EngineState, ...] = (
     EngineState.WEDGED,
     EngineState.UNREACHABLE,
+    EngineState.UNKNOWN,
     EngineState.SUSPECT,
     EngineState.STARTING,
     EngineState.OK,
@@ -57,6 +60,7 @@ CALM: frozenset[EngineState] = frozenset({EngineState.OK, EngineState.IDLE, Engi
 #: The setting whose number of seconds turns a stall of each family into WEDGED (UNREACHABLE).
 THRESHOLD_SETTING: Mapping[Family, str] = {
     Family.DEFERRED_STALL: "stall_after_seconds",
+    Family.DEFERRED_ONLY_STALL: "deferred_only_after_seconds",
     Family.ADMISSION_STALL: "stall_after_seconds",
     Family.PROGRESS_STALL: "hang_after_seconds",
     Family.OUTPUT_STALL: "output_stall_after_seconds",
@@ -65,6 +69,12 @@ THRESHOLD_SETTING: Mapping[Family, str] = {
 
 #: Why a scrape produced no exposition: a closed set.
 ScrapeFailureReason = Literal[
-    "timeout", "refused", "connect_error", "http_status", "parse_error", "too_large"
+    "timeout",
+    "refused",
+    "connect_error",
+    "http_status",
+    "parse_error",
+    "too_large",
+    "too_many_engines",
 ]
 SCRAPE_FAILURE_REASONS: tuple[ScrapeFailureReason, ...] = get_args(ScrapeFailureReason)

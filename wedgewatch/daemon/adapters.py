@@ -100,17 +100,18 @@ class HttpScraper:
         if isinstance(result, FetchFailed):
             failed = ScrapeFailed(at=at, reason=result.reason, detail=result.detail)
             return ScrapeResult(failed, None, result.elapsed_seconds)
+        max_engines = self._limits.max_engines
         if len(result.body) >= _THREAD_PARSE_BYTES:
-            parsed = await asyncio.to_thread(signals.parse, result.body)
+            parsed = await asyncio.to_thread(signals.parse, result.body, max_engines=max_engines)
         else:
-            parsed = signals.parse(result.body)
+            parsed = signals.parse(result.body, max_engines=max_engines)
         duration = self._clock.monotonic() - at
         if isinstance(parsed, signals.ParseFailure):
             detail = f"{url}: {parsed.message}"
             content_type = result.content_type or "none"
             if not content_type.lower().startswith("text/plain"):
                 detail += f" (Content-Type: {content_type}; expected text/plain)"
-            return ScrapeResult(ScrapeFailed(at, "parse_error", detail), None, duration)
+            return ScrapeResult(ScrapeFailed(at, parsed.reason, detail), None, duration)
         return ScrapeResult(Scraped(at, parsed), result.body, duration)
 
     async def aclose(self) -> None:

@@ -7,6 +7,7 @@ notifications. Also the pure summaries the evidence bundle and the flight record
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ from wedgewatch.core.episode import Episode, Report
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, THRESHOLD_SETTING, EngineState, Family
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.roles import Notifier
+from wedgewatch.io.bundles import history_lines
 
 log = structlog.get_logger("wedgewatch.daemon")
 
@@ -148,6 +150,8 @@ class Reporter:
                     fields["stalled_for_seconds"] = round(now_at - episode.opened_at, 3)
                 log.info("engine_recovered", **fields)
                 self.notify("engine_recovered", target, fields, now)
+            elif new is EngineState.UNKNOWN:
+                log.warning("engine_unknown", **fields)
             elif old is EngineState.STARTING:
                 log.info("engine_discovered", **fields)
             elif EngineState.SLEEPING in (old, new):
@@ -214,6 +218,44 @@ def engine_samples(verdict: TargetVerdict, now_at: float, now: float) -> list[En
     ]
 
 
+class FlightRecorder:
+    """The recent history of one target, bounded by entry count and by bytes.
+
+    `max_entries` follows from `history_seconds`; `max_bytes` (`history_max_bytes`) counts
+    each entry as the JSON line it becomes in an evidence bundle, so a body with many
+    engines keeps fewer seconds instead of growing without bound. Oldest entries go first.
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self._entries: deque[tuple[Mapping[str, Any], int]] = deque()
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    def append(self, entry: Mapping[str, Any]) -> None:
+        """Keep `entry`, dropping the oldest entries past either bound."""
+        size = len(history_lines((entry,)))
+        self._entries.append((entry, size))
+        self._bytes += size
+        while len(self._entries) > 1 and (  # the newest entry is always kept
+            len(self._entries) > self._max_entries or self._bytes > self._max_bytes
+        ):
+            _, dropped = self._entries.popleft()
+            self._bytes -= dropped
+
+    def entries(self) -> tuple[Mapping[str, Any], ...]:
+        """The kept entries, oldest first."""
+        return tuple(entry for entry, _ in self._entries)
+
+    @property
+    def size_bytes(self) -> int:
+        """The JSON bytes of the kept entries."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def history_entry(
     verdict: TargetVerdict, now: float, failure: ScrapeFailed | None
 ) -> Mapping[str, Any]:
@@ -242,6 +284,8 @@ def history_entry(
                 prompt_tokens=r.prompt_tokens,
                 generation_tokens=r.generation_tokens,
                 request_success=r.request_success,
+                finished_by_reason=dict(r.finished_by_reason),
+                prefix_cache_queries=r.prefix_cache_queries,
                 preemptions=r.preemptions,
                 iterations=r.iterations,
             )

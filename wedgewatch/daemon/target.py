@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ from wedgewatch.core.detect import (
 from wedgewatch.core.detect import step as detect_step
 from wedgewatch.core.states import EngineState
 from wedgewatch.daemon.publish import target_record, target_snapshot
-from wedgewatch.daemon.report import Reporter, engine_samples, history_entry
+from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
 from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
 from wedgewatch.daemon.server import TargetSnapshot
 from wedgewatch.io import bundles, restarters, statefile
@@ -102,7 +101,7 @@ class TargetRunner:
         self.host = host
         self.detector = TargetState.initial()
         self.core = core.EpisodeState()
-        self.history: deque[Mapping[str, Any]] = deque(maxlen=history_len)
+        self.history = FlightRecorder(history_len, config.history_max_bytes)
         self.queue: asyncio.Queue[_Job] = asyncio.Queue()
         self.worker: asyncio.Task[None] | None = None
         self.busy: str | None = None  # "capture", "resolve" or "restart" while a job runs
@@ -296,7 +295,7 @@ class TargetRunner:
             episode_id=episode_id,
             bundle=episode.bundle if episode else None,
             metrics_body=job.body,
-            history=tuple(self.history),
+            history=self.history.entries(),
             verdict=job.verdict,
             verdict_at=effect.verdict_at,
         )

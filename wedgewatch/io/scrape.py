@@ -44,6 +44,7 @@ class ScrapeLimits:
 
     timeout_seconds: float
     max_body_bytes: int
+    max_engines: int = signals.DEFAULT_MAX_ENGINES
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +278,7 @@ async def observe(
     )
     if isinstance(result, FetchFailed):
         return ScrapeFailed(at=at, reason=result.reason, detail=result.detail)
-    parsed = signals.parse(result.body)
+    parsed = signals.parse(result.body, max_engines=limits.max_engines)
     if isinstance(parsed, signals.ParseFailure):
-        return ScrapeFailed(at=at, reason="parse_error", detail=f"{url}: {parsed.message}")
+        return ScrapeFailed(at=at, reason=parsed.reason, detail=f"{url}: {parsed.message}")
     return Scraped(at=at, exposition=parsed)

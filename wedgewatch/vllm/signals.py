@@ -18,15 +18,19 @@ sample name                                   needed?   becomes
 `vllm:engine_sleep_state{sleep_state=awake}`  optional  `awake` (None if absent or NaN)
 `vllm:prompt_tokens_total`                    required  `prompt_tokens`
 `vllm:generation_tokens_total`                required  `generation_tokens`
-`vllm:request_success_total`                  required  `request_success` (sum over reasons)
+`vllm:request_success_total`                  required  `request_success` (sum over reasons),
+                                                        `finished_by_reason` (each reason)
+`vllm:prefix_cache_queries_total`             optional  `prefix_cache_queries` (None if absent)
 `vllm:num_preemptions_total`                  required  `preemptions`
 `vllm:iteration_tokens_total_count`           required  `iterations` (per-step heartbeat)
 `process_start_time_seconds`                  optional  `process_start_time_seconds`
 ============================================  ========  =================================
 
 `waiting_by_reason` keeps every `reason` label by name (vLLM prints `capacity` and
-`deferred`). `vllm:iteration_tokens_total` is a histogram family despite its name; its
-`_count` sample is the number of engine steps that emitted tokens.
+`deferred`), and `finished_by_reason` every `finished_reason` (`stop`, `length`, `abort`,
+`error`, `repetition`): what each one means for progress is `wedgewatch.vllm.semantics`'
+business, not this module's. `vllm:iteration_tokens_total` is a histogram family despite its
+name; its `_count` sample is the number of engine steps that emitted tokens.
 
 Every per-engine sample is keyed by its `model_name` and `engine` labels; the order of labels
 is not relied on. A sample without an `engine` label belongs to engine "0" (vLLM V0 printed
@@ -53,6 +57,9 @@ Decisions, all returned as a `ParseFailure` with a specific message, never raise
   picking one would be arbitrary, and summing `request_success_total` would double count.
 * **Not vLLM at all** (empty, binary, HTML, JSON, OpenMetrics-escaped names, or valid
   Prometheus text without `vllm:num_requests_running`) is a failure saying which.
+* **Bounded.** A body naming more than `max_engines` engines (default 256; a server has one
+  per data-parallel rank) is a failure with reason `too_many_engines`, found while scanning,
+  so thousands of engines under the byte cap never become thousands of readings.
 * **Values** are taken as printed, including NaN and +/-Inf; `awake` is the `awake` series
   == 1, and None when that series is NaN (unknown must not read as "sleeping", which
   would silence the detector).
@@ -69,8 +76,8 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field
+from typing import Final, Literal
 
 from prometheus_client.parser import _parse_sample as _library_parse_sample
 
@@ -98,6 +105,8 @@ class EngineReading:
     request_success: float
     preemptions: float
     iterations: float
+    finished_by_reason: Mapping[str, float] = field(default_factory=dict)
+    prefix_cache_queries: float | None = None
 
     @property
     def deferred(self) -> float:
@@ -125,7 +134,11 @@ class ParseFailure:
     """A body that is not vLLM's exposition, with a specific reason."""
 
     message: str
+    reason: Literal["parse_error", "too_many_engines"] = "parse_error"
 
+
+#: Most engines one body may name (`parse(max_engines=...)`, setting `max_engines`).
+DEFAULT_MAX_ENGINES: Final = 256
 
 RUNNING: Final = "vllm:num_requests_running"
 WAITING: Final = "vllm:num_requests_waiting"
@@ -137,6 +150,7 @@ GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
 REQUEST_SUCCESS: Final = "vllm:request_success_total"
 PREEMPTIONS: Final = "vllm:num_preemptions_total"
 ITERATIONS: Final = "vllm:iteration_tokens_total_count"
+PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries_total"
 PROCESS_START: Final = "process_start_time_seconds"
 
 #: Every sample name `parse` reads; all other lines are skipped unread.
@@ -151,6 +165,7 @@ READ_NAMES: Final = (
     REQUEST_SUCCESS,
     PREEMPTIONS,
     ITERATIONS,
+    PREFIX_CACHE_QUERIES,
     PROCESS_START,
 )
 
@@ -203,15 +218,20 @@ class _Malformed(Exception):
     """A needed line that cannot be read; the message says why."""
 
 
+class _TooManyEngines(Exception):
+    """The body names more engines than allowed."""
+
+
 class _Engine:
     """Mutable accumulator for one engine while the body is scanned."""
 
-    __slots__ = ("seen", "values", "waiting_by_reason")
+    __slots__ = ("finished_by_reason", "seen", "values", "waiting_by_reason")
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
         self.values: dict[str, float] = {}
         self.waiting_by_reason: dict[str, float] = {}
+        self.finished_by_reason: dict[str, float] = {}
 
 
 #: (model_name, engine) while scanning; EngineKey objects are built once per engine at the end.
@@ -226,7 +246,9 @@ class _Scan:
     process_start_time_seconds: float | None
 
 
-def parse(body: bytes | str) -> Exposition | ParseFailure:
+def parse(
+    body: bytes | str, *, max_engines: int = DEFAULT_MAX_ENGINES
+) -> Exposition | ParseFailure:
     """Read every engine's signals from a full vLLM `/metrics` body, or say why it cannot."""
     if isinstance(body, bytes):
         decoded = _decode(body)
@@ -237,7 +259,7 @@ def parse(body: bytes | str) -> Exposition | ParseFailure:
         text = body
     if not text.strip():
         return ParseFailure("body is empty")
-    scan = _scan(text)
+    scan = _scan(text, max_engines)
     if isinstance(scan, ParseFailure):
         return scan
     if not any(RUNNING in engine.seen for engine in scan.engines.values()):
@@ -266,7 +288,7 @@ def _decode(body: bytes) -> str | ParseFailure:
         )
 
 
-def _scan(text: str) -> _Scan | ParseFailure:
+def _scan(text: str, max_engines: int) -> _Scan | ParseFailure:
     """Read every needed sample line of the body; skip all others unread."""
     scanned = "\n" + text
     engines: dict[_EngineId, _Engine] = {}
@@ -275,9 +297,15 @@ def _scan(text: str) -> _Scan | ParseFailure:
         name = "vllm:" + match.group(1)
         try:
             labels, value = _read_sample(name, match.group(2))
-            _record(engines, seen, name, labels, value)
+            _record(engines, seen, name, labels, value, max_engines=max_engines)
         except _Malformed as error:
             return _malformed(text, scanned, match.start(), str(error))
+        except _TooManyEngines:
+            return ParseFailure(
+                f"body names more than {max_engines} engines (max_engines); a vLLM server has "
+                "one per data-parallel rank: is this an aggregated or hostile body?",
+                reason="too_many_engines",
+            )
     process_start: float | None = None
     position = scanned.find(_PROCESS_START_PREFIX)
     while position != -1:
@@ -339,6 +367,8 @@ def _record(
     name: str,
     labels: dict[str, str],
     value: float,
+    *,
+    max_engines: int,
 ) -> None:
     """Fold one per-engine sample into its engine's accumulator.
 
@@ -361,6 +391,8 @@ def _record(
     seen.add(slot)
     engine = engines.get(engine_id)
     if engine is None:
+        if len(engines) >= max_engines:
+            raise _TooManyEngines
         engine = engines[engine_id] = _Engine()
     if series is None:
         engine.values[name] = value
@@ -368,6 +400,7 @@ def _record(
         engine.waiting_by_reason[series] = value
     elif name == REQUEST_SUCCESS:
         engine.values[name] = engine.values.get(name, 0.0) + value
+        engine.finished_by_reason[series] = value
     elif series == "awake":  # SLEEP_STATE; the sleep-level series do not decide `awake`
         engine.values[name] = value
     engine.seen.add(name)
@@ -396,6 +429,8 @@ def _reading(key: EngineKey, engine: _Engine) -> EngineReading | ParseFailure:
         request_success=values[REQUEST_SUCCESS],
         preemptions=values[PREEMPTIONS],
         iterations=values[ITERATIONS],
+        finished_by_reason=engine.finished_by_reason,
+        prefix_cache_queries=values.get(PREFIX_CACHE_QUERIES),
     )
 
 
