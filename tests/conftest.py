@@ -14,10 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
+
+# Property tests judge behaviour, not speed: on a loaded 2-core CI machine one example can
+# take longer than hypothesis's default 200 ms deadline, which would fail a correct test.
+settings.register_profile("wedgewatch", deadline=None)
+settings.load_profile("wedgewatch")
 
 
 @pytest.fixture
