@@ -25,7 +25,7 @@ VLLM_IMPORT_DEPS=(
     numpy packaging regex pydantic cbor2 psutil pyzmq urllib3 transformers aiohttp requests
     openai-harmony pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo
     prometheus_client fastapi partial_json_parser xgrammar llguidance einops
-    httpx  # wedgewatch.sim.load (the plans) imports it
+    openai httpx  # httpx: wedgewatch.sim.load (the plans) imports it
 )
 probe='
 import vllm, vllm.config, vllm.v1.core.sched.scheduler, vllm.v1.core.sched.async_scheduler

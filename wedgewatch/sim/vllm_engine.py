@@ -139,6 +139,7 @@ class _ModelConfigStandIn:
         self.dtype = "bfloat16"
         self.use_mla = False
         self.skip_tokenizer_init = True
+        self.supports_multimodal_inputs = False
 
     def get_num_layers(self, _parallel_config: object = None) -> int:
         return NUM_LAYERS

@@ -1,0 +1,71 @@
+"""vLLM's own scheduler on a CPU (wedgewatch/sim/vllm_engine.py), in the venvs tests/run.sh builds.
+
+Each test runs `python -m wedgewatch.sim.vllm_engine` with the python of a venv holding a real
+vLLM (`.venv-vllm-<version>/`, built by `bash wedgewatch/sim/install-vllm.sh VERSION DIR`), on
+the `agentic-burst` plan of seed 16 under the tp2-offload configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def vllm_python(version: str) -> Path:
+    """The python of the venv holding vLLM `version`, or skip saying how to build it."""
+    for candidate in (
+        ROOT / f".venv-vllm-{version}" / "bin" / "python",
+        ROOT / ".vllm-venvs" / f"v{version}" / "bin" / "python",
+    ):
+        if candidate.exists():
+            return candidate
+    pytest.skip(
+        f"no vLLM {version} venv; build it with "
+        f"`bash wedgewatch/sim/install-vllm.sh {version} .venv-vllm-{version}`"
+    )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def run_real(version: str, *flags: str) -> list[dict[str, object]]:
+    """Run the real-scheduler harness; its JSON lines (one per seed, then the total)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="ERROR")
+    done = subprocess.run(
+        [str(vllm_python(version)), "-m", "wedgewatch.sim.vllm_engine", *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+    assert done.returncode == 0
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+def test_vllm_0_30_0_wedges_with_a_blockless_preempted_request_ahead_of_a_parked_load() -> None:
+    """vLLM 0.30.0's real async scheduler (full-ISL off) wedges seed 16 the measured way."""
+    lines = run_real(
+        "0.30.0", "--seeds", "16", "--no-full-isl", "--max-seconds", "20", "--duration", "12"
+    )
+    result = lines[0]
+    assert result["vllm"] == "0.30.0"
+    assert result["wedged"] is True
+    state = result["end_state"]
+    assert isinstance(state, dict)
+    assert state["running"] == 0
+    assert state["waiting"] > 0
+    assert state["kv_usage"] < 0.5
+    skipped = state["skipped_waiting"]
+    statuses = [status for _rid, status, _computed in skipped]
+    assert statuses[0] == "PREEMPTED"
+    assert skipped[0][2] == 0
+    assert "WAITING_FOR_REMOTE_KVS" in statuses or "WAITING" in statuses[1:]
