@@ -69,3 +69,29 @@ def test_vllm_0_30_0_wedges_with_a_blockless_preempted_request_ahead_of_a_parked
     assert statuses[0] == "PREEMPTED"
     assert skipped[0][2] == 0
     assert "WAITING_FOR_REMOTE_KVS" in statuses or "WAITING" in statuses[1:]
+
+
+@pytest.mark.slow
+def test_an_unemulated_connector_is_refused_rather_than_faked_as_a_wedge() -> None:
+    """With VLLM_USE_SIMPLE_KV_OFFLOAD the harness names the connector it cannot emulate."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="ERROR")
+    done = subprocess.run(
+        [
+            str(vllm_python("0.30.0")),
+            "-m",
+            "wedgewatch.sim.vllm_engine",
+            "--seeds",
+            "1",
+            "--simple-offload",
+            "--max-seconds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "SimpleCPUOffloadConnector" in done.stderr
+    assert '"wedged"' not in done.stdout

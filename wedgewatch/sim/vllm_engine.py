@@ -48,6 +48,8 @@ head size 128, K and V, bf16); 60 GiB of CPU tier is then 15 360 blocks of 16 to
 NUM_LAYERS = 64
 HEAD_SIZE = 128
 NUM_KV_HEADS_TOTAL = 8
+EMULATED_CONNECTORS = ("OffloadingConnector", "none")
+"""Connectors whose worker side this module emulates (``SimpleCPUOffloadConnector``: not yet)."""
 TOKEN_ID = 1000
 """The token the emulated model samples (never EOS: requests end at ``max_tokens``)."""
 
@@ -260,6 +262,12 @@ class RealEngine:
         )
         self.connector: Any = self.scheduler.connector
         self.connector_name = type(self.connector).__name__ if self.connector else "none"
+        if self.connector_name not in EMULATED_CONNECTORS:
+            raise NotImplementedError(
+                f"vLLM picked {self.connector_name}, whose worker side is not emulated yet "
+                f"(emulated: {', '.join(EMULATED_CONNECTORS)}); without it its transfers "
+                "would never complete and every run would look wedged"
+            )
         self._workers = _ConnectorWorkers(settings, self.connector_name)
         self.batch_queue: deque[tuple[Any, Any]] = deque()
         self.batch_queue_size = 2 if settings.async_scheduling else 1
@@ -527,7 +535,11 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         started = time.monotonic()
         plan = plan_requests(args.profile, seed, args.duration)
-        result = run_plan(settings, plan, seed, max_seconds=args.max_seconds)
+        try:
+            result = run_plan(settings, plan, seed, max_seconds=args.max_seconds)
+        except NotImplementedError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return 2
         wedged += result.wedged
         line = asdict(result) | {
             "vllm": vllm.__version__,
