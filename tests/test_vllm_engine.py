@@ -95,3 +95,19 @@ def test_an_unemulated_connector_is_refused_rather_than_faked_as_a_wedge() -> No
     assert done.returncode == 2
     assert "SimpleCPUOffloadConnector" in done.stderr
     assert '"wedged"' not in done.stdout
+
+
+@pytest.mark.slow
+def test_vllm_0_33_0_serves_the_same_plan_to_the_end() -> None:
+    """vLLM 0.33.0's real scheduler finishes every request of the plan 0.30.0 wedges on."""
+    lines = run_real(
+        "0.33.0", "--seeds", "16", "--no-full-isl", "--max-seconds", "40", "--duration", "12"
+    )
+    result = lines[0]
+    assert result["vllm"] == "0.33.0"
+    assert result["wedged"] is False
+    assert result["finished"] == result["requests"] == 61
+    state = result["end_state"]
+    assert isinstance(state, dict)
+    assert "kv_holding_waiting" in state
+    assert "skipped_waiting" not in state
