@@ -111,3 +111,22 @@ def test_vllm_0_33_0_serves_the_same_plan_to_the_end() -> None:
     assert isinstance(state, dict)
     assert "kv_holding_waiting" in state
     assert "skipped_waiting" not in state
+
+
+@pytest.mark.slow
+def test_vllm_0_30_0_sync_scheduling_serves_the_plan_to_the_end() -> None:
+    """Sync scheduling flushes a preempted request's stores first, so 0.30.0 never wedges."""
+    lines = run_real(
+        "0.30.0",
+        "--seeds",
+        "16",
+        "--sync",
+        "--no-full-isl",
+        "--max-seconds",
+        "40",
+        "--duration",
+        "12",
+    )
+    result = lines[0]
+    assert result["wedged"] is False
+    assert result["finished"] == result["requests"] == 61

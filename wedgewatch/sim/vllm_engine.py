@@ -392,16 +392,21 @@ class _ConnectorWorkers:
         )
 
         completed: dict[int, int] = {}
-        # handle_preemptions: flushed stores complete now (the worker waits for them).
-        for job_id in meta.jobs_to_flush or ():
+        # handle_preemptions: flushed stores complete now, wherever they are (the worker
+        # submits them and waits for them before the forward).
+        flushed = set(meta.jobs_to_flush or ())
+        for job_id in flushed:
             if meta.store_jobs.pop(job_id, None) is not None:
                 completed[job_id] = self.ranks
+        if flushed:
             for entry in self._store_pipe:
-                if entry[0] == job_id:
-                    entry[1] = 0
-            for index, (deferred_id, _blocks) in enumerate(self._deferred_stores):
-                if deferred_id == job_id:
-                    self._deferred_stores[index] = (job_id, 0)
+                if entry[0] in flushed:
+                    completed[entry[0]] = self.ranks
+            for job_id, _blocks in self._deferred_stores:
+                if job_id in flushed:
+                    completed[job_id] = self.ranks
+            self._store_pipe = deque(e for e in self._store_pipe if e[0] not in flushed)
+            self._deferred_stores = [d for d in self._deferred_stores if d[0] not in flushed]
         # start_kv_transfers: last step's stores enter the pipe; this step's loads start.
         for job_id, blocks in self._deferred_stores:
             self._store_pipe.append([job_id, blocks])
