@@ -32,3 +32,9 @@ def umask_zero() -> Iterator[None]:
     old = os.umask(0)
     yield
     os.umask(old)
+
+
+# The suite ends by checking that no process it started is still alive (tests/leakcheck.py).
+from leakcheck import pytest_configure, pytest_sessionfinish  # noqa: E402
+
+__all__ = ["pytest_configure", "pytest_sessionfinish"]

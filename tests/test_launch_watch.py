@@ -9,6 +9,7 @@ the real simulator through the `vllm` shim and wedges it with agentic-burst traf
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -214,6 +215,7 @@ def test_without_watch_the_launcher_becomes_the_server(tmp_path: Path) -> None:
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**clean, "CUDA_VISIBLE_DEVICES": "0,1"},
+            start_new_session=True,
         )
     try:
         wait_until((state / "start-0.json").exists, 30, "the server start")
@@ -229,9 +231,9 @@ def test_without_watch_the_launcher_becomes_the_server(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 7
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the server and anything it started
+        proc.wait(timeout=30)
     assert '"event": "server_exec"' in log.read_text()
 
 

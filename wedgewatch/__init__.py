@@ -1,8 +1,5 @@
 """wedgewatch: a watchdog for vLLM servers that wedge while /health stays green."""
 
-from importlib.metadata import PackageNotFoundError, version
+from wedgewatch._version import __version__
 
-try:
-    __version__ = version("wedgewatch")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+__all__ = ["__version__"]

@@ -1,5 +1,5 @@
 """`python -m wedgewatch` is the same as the `wedgewatch` command."""
 
-from wedgewatch.cli import main
+from wedgewatch.entry import main
 
 main()

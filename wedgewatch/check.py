@@ -29,14 +29,15 @@ import json
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-import structlog
 
+from wedgewatch.check_settings import CheckSettings
+from wedgewatch.core import probe_policy
 from wedgewatch.core.detect import (
     EngineVerdict,
     Policy,
@@ -46,6 +47,16 @@ from wedgewatch.core.detect import (
     step,
 )
 from wedgewatch.core.detect_state import dump_state, load_state
+from wedgewatch.core.restart_policy import (
+    Phase,
+    PolicyEvent,
+    PolicyRecord,
+    PolicyState,
+    RestartPolicy,
+    from_record,
+    record_tick,
+    to_record,
+)
 from wedgewatch.core.states import EngineState
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.scrape import ScrapeLimits, observe
@@ -78,12 +89,29 @@ _STATUS_OF: dict[EngineState, Status] = {
 _NOT_JUDGEABLE = frozenset({"parse_error", "too_many_engines"})
 _NAGIOS_WORDS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
 
-STATE_FILE_VERSION = 1
+STATE_FILE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # version 1 held the detector only
+_HEALTHY: frozenset[Status] = frozenset({"ok", "idle", "sleeping"})
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
-log = structlog.get_logger("wedgewatch.check")
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+_log_level = ["info"]
+
+
+def set_log_level(level: str) -> None:
+    """Log at `level` and above; structlog is imported only when something is logged."""
+    _log_level[:] = [level if level in _LEVELS else "info"]
+
+
+def _log(level: str, event: str, **fields: Any) -> None:
+    """One log event; the probe path pays for importing structlog only when it logs."""
+    if _LEVELS[level] < _LEVELS[_log_level[0]]:
+        return
+    from wedgewatch.logsetup import get_logger  # noqa: PLC0415 - kept off the probe path
+
+    getattr(get_logger("wedgewatch.check", _log_level[0]), level)(event, **fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +124,9 @@ class CheckOptions:
     policy: Policy
     limits: ScrapeLimits
     state_file: Path | None = None
+    restart: RestartPolicy | None = None  # probe mode: the restart budget applies
+    probe_respects_budget: bool = True
+    settings_cache: Mapping[str, Any] | None = None  # kept in the state file (see `entry`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,19 +140,31 @@ class CheckReport:
     notes: tuple[str, ...]
     scrapes: int
     at: float | None
+    restart_policy: probe_policy.ProbeVerdict | None = None  # probe mode only
+    events: tuple[PolicyEvent, ...] = ()
 
     @property
     def exit_code(self) -> int:
-        """The Nagios exit code of `status`."""
-        return EXIT_CODES[self.status]
+        """The Nagios exit code of `status`; WARNING for a wedge the budget will not restart."""
+        code = EXIT_CODES[self.status]
+        if code == EXIT_CRITICAL and self.restart_policy is not None and self.restart_policy.ok:
+            return EXIT_WARNING
+        return code
 
     def to_json(self) -> dict[str, Any]:
-        """`{"status", "engines": [...], "error"}`, the documented `--json` schema."""
-        return {
+        """`{"status", "engines": [...], "error"}`, the documented `--json` schema.
+
+        In probe mode also `gave_up` and `restart_policy` (the probe verdict's decision).
+        """
+        document: dict[str, Any] = {
             "status": self.status,
             "engines": [_engine_json(verdict) for verdict in self.engines],
             "error": self.error,
         }
+        if self.restart_policy is not None:
+            document["gave_up"] = self.restart_policy.gave_up
+            document["restart_policy"] = self.restart_policy.to_json()
+        return document
 
     def render_text(self) -> str:
         """A Nagios-style summary line, then one line per engine, then the notes."""
@@ -136,6 +179,12 @@ class CheckReport:
         lines.extend(_engine_line(verdict, self.at) for verdict in self.engines)
         if self.error:
             lines.append(f"error: {self.error}")
+        verdict = self.restart_policy
+        if verdict is not None and verdict.decision != "healthy":
+            lines.append(
+                f"restart policy: {verdict.decision}"
+                + (f": {verdict.detail}" if verdict.detail else "")
+            )
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
@@ -170,6 +219,7 @@ async def run_check(
     client: httpx.AsyncClient,
     clock: Clock = time.monotonic,
     sleep: Sleep = asyncio.sleep,
+    wall: Clock = time.time,
 ) -> CheckReport:
     """Scrape `options.metrics_url` for the window, judge every scrape, and report."""
     notes: list[str] = []
@@ -189,7 +239,7 @@ async def run_check(
     try:
         lock = _lock_beside(path)
     except OSError as exc:
-        log.error("state_file_unusable", path=str(path), error=str(exc))
+        _log("error", "state_file_unusable", path=str(path), error=str(exc))
         return CheckReport(
             status="unknown",
             metrics_url=options.metrics_url,
@@ -200,24 +250,113 @@ async def run_check(
             at=None,
         )
     try:
-        state = _load_state_file(options, clock(), notes)
-        report, state = await _scrape_loop(
+        saved = _load_state_file(options, clock(), wall(), notes)
+        report, detector = await _scrape_loop(
             options,
             policy=options.policy,
-            state=state,
+            state=saved.detector,
             notes=notes,
             client=client,
             clock=clock,
             sleep=sleep,
         )
+        at, timestamp = clock(), wall()
+        saved = replace(saved, detector=detector)
+        if options.restart is not None and report.status != "unknown":
+            report, saved = _apply_restart_policy(
+                options, options.restart, report, saved=saved, at=at, timestamp=timestamp
+            )
         try:
-            _save_state_file(path, options.metrics_url, state)
+            _save_state_file(path, options, saved, at, timestamp)
         except OSError as exc:
-            log.error("state_file_unwritable", path=str(path), error=str(exc))
+            _log("error", "state_file_unwritable", path=str(path), error=str(exc))
             return replace(report, status="unknown", error=f"cannot write state file {path}: {exc}")
+        for event in report.events:
+            _log(
+                "error" if event.kind == "gave_up" else "info",
+                str(event.kind),
+                url=options.metrics_url,
+                reason=event.reason,
+                detail=event.detail,
+            )
         return report
     finally:
         os.close(lock)
+
+
+def _apply_restart_policy(
+    options: CheckOptions,
+    restart: RestartPolicy,
+    report: CheckReport,
+    *,
+    saved: _Saved,
+    at: float,
+    timestamp: float,
+) -> tuple[CheckReport, _Saved]:
+    """The probe rule of `core.probe_policy`, from and into the state file."""
+    events: list[PolicyEvent] = []
+    memory, result = probe_policy.observe_server(
+        saved.probe,
+        saved.restart,
+        restart,
+        probe_policy.ServerMark.of(saved.detector),
+        scraped=report.error is None,
+        target_state=report.status,
+        at=at,
+        timestamp=timestamp,
+    )
+    events += result.events
+    result = record_tick(result.state, restart, at, timestamp, healthy=report.status in _HEALTHY)
+    events += result.events
+    verdict, result = probe_policy.probe_verdict(
+        result.state,
+        restart,
+        report.status,
+        at,
+        timestamp,
+        respects_budget=options.probe_respects_budget,
+    )
+    events += result.events
+    if not verdict.ok:  # this run's exit status is the failing answer the kubelet gets
+        memory = probe_policy.served_failure(memory, probe_policy.ServerMark.of(saved.detector), at)
+    saved = replace(saved, restart=result.state, probe=memory)
+    return replace(report, restart_policy=verdict, events=tuple(events)), saved
+
+
+def options_for(
+    metrics_url: str,
+    settings: CheckSettings,
+    *,
+    window_seconds: float,
+    state_file: Path | None,
+    settings_cache: Mapping[str, Any] | None = None,
+) -> CheckOptions:
+    """The options of one run; the restart budget applies in probe mode only."""
+    return CheckOptions(
+        metrics_url=metrics_url,
+        window_seconds=window_seconds,
+        interval_seconds=settings.interval_seconds,
+        policy=settings.policy,
+        limits=settings.limits,
+        state_file=state_file,
+        restart=settings.restart if state_file is not None else None,
+        probe_respects_budget=settings.probe_respects_budget,
+        settings_cache=settings_cache,
+    )
+
+
+def execute(options: CheckOptions, *, as_json: bool, critical_only: bool) -> int:
+    """Run one check, print its report to stdout, and return the exit status."""
+    from wedgewatch.io.scrape import new_client  # noqa: PLC0415 - with its httpx client
+
+    async def run() -> CheckReport:
+        async with new_client() as client:
+            return await run_check(options, client=client)
+
+    report = asyncio.run(run())
+    print(json.dumps(report.to_json()) if as_json else report.render_text(), flush=True)
+    code = report.exit_code
+    return EXIT_OK if critical_only and code == EXIT_WARNING else code
 
 
 async def _scrape_loop(
@@ -244,7 +383,8 @@ async def _scrape_loop(
         observation = await observe(client, options.metrics_url, options.limits, clock=clock)
         state, verdict = step(state, observation, policy)
         scrapes += 1
-        log.debug(
+        _log(
+            "debug",
             "check_scraped",
             url=options.metrics_url,
             state=verdict.state.value,
@@ -311,21 +451,36 @@ def _lock_beside(path: Path) -> int:
     return fd
 
 
-def _load_state_file(options: CheckOptions, now: float, notes: list[str]) -> TargetState:
-    """The detector state saved by the previous check, or a fresh one with a note why."""
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    """What the state file carries from one check to the next."""
+
+    detector: TargetState = field(default_factory=TargetState.initial)
+    restart: PolicyState = field(default_factory=PolicyState)
+    probe: probe_policy.ProbeMemory = field(default_factory=probe_policy.ProbeMemory)
+
+
+def _load_state_file(
+    options: CheckOptions, now: float, timestamp: float, notes: list[str]
+) -> _Saved:
+    """The state saved by the previous check, or a fresh one with a note why.
+
+    The restart policy and the served probe failures survive any gap between runs (a
+    container restart takes a model load); the detector's history only a short one.
+    """
     path = options.state_file
     assert path is not None  # noqa: S101 - only called in probe mode
 
-    def fresh(why: str) -> TargetState:
+    def fresh(why: str, kept: _Saved | None = None) -> _Saved:
         note = f"state file {path} {why}; starting a new history"
         notes.append(note)
-        log.warning("state_file_replaced", path=str(path), reason=why)
-        return TargetState.initial()
+        _log("warning", "state_file_replaced", path=str(path), reason=why)
+        return kept if kept is not None else _Saved()
 
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return TargetState.initial()
+        return _Saved()
     except OSError as exc:
         return fresh(f"cannot be read ({exc.strerror or exc})")
     try:
@@ -334,34 +489,103 @@ def _load_state_file(options: CheckOptions, now: float, notes: list[str]) -> Tar
         return fresh(f"is not valid JSON ({exc})")
     if not isinstance(data, dict):
         return fresh("does not hold a JSON object")
-    if data.get("version") != STATE_FILE_VERSION:
+    if data.get("version") not in _READABLE_VERSIONS:
         return fresh(f"has version {data.get('version')!r}, expected {STATE_FILE_VERSION}")
     if data.get("metrics_url") != options.metrics_url:
         return fresh(f"belongs to {data.get('metrics_url')!r}, not {options.metrics_url}")
+    kept = _Saved()
+    if options.restart is not None:
+        restart = _policy_from_json(data.get("restart_policy"), options.restart, now, timestamp)
+        if restart is None:
+            return fresh("holds a malformed restart_policy")
+        kept = _Saved(
+            restart=restart,
+            probe=probe_policy.memory_from_json(data.get("probe"), now, timestamp),
+        )
     try:
         state = load_state(data.get("detector"))  # type: ignore[arg-type]  # checked by load_state
     except (ValueError, TypeError, AttributeError) as exc:
-        return fresh(f"is malformed ({exc})")
+        return fresh(f"is malformed ({exc})", kept)
     if state.last_at is not None:
         age = now - state.last_at
         limit = _max_state_age(options.policy)
         if age < 0:
-            return fresh("is from before this boot (the monotonic clock went backwards)")
+            return fresh("is from before this boot (the monotonic clock went backwards)", kept)
         if age > limit:
             return fresh(
-                f"is {age:.0f} s old, older than the shortest wedge threshold ({limit:g} s)"
+                f"is {age:.0f} s old, older than the shortest wedge threshold ({limit:g} s)",
+                kept,
             )
+    return replace(kept, detector=state)
+
+
+def _policy_from_json(
+    raw: object, policy: RestartPolicy, at: float, timestamp: float
+) -> PolicyState | None:
+    """The restart policy kept in the file (None when absent: a fresh one), or None if bad."""
+    if raw is None:
+        return PolicyState()
+    try:
+        assert isinstance(raw, dict)  # noqa: S101 - caught below as malformed
+        record = PolicyRecord(
+            phase=Phase(raw["phase"]),
+            restart_timestamps=tuple(float(t) for t in raw["restart_timestamps"]),
+            consecutive=int(raw["consecutive"]),
+            not_before_timestamp=_optional_float(raw.get("not_before_timestamp")),
+            phase_since_timestamp=_optional_float(raw.get("phase_since_timestamp")),
+        )
+        healthy_since = _optional_float(raw.get("healthy_since_timestamp"))
+    except (AssertionError, KeyError, TypeError, ValueError):
+        return None
+    if not all(math.isfinite(t) for t in record.restart_timestamps):
+        return None
+    state = from_record(record, policy, at, timestamp)
+    if healthy_since is not None and healthy_since <= timestamp:
+        # A check is a new process every run: unlike the daemon's, its stretch of health
+        # must survive between runs, or gave_up and the backoff could never clear.
+        state = replace(state, healthy_since_at=at - (timestamp - healthy_since))
     return state
 
 
-def _save_state_file(path: Path, metrics_url: str, state: TargetState) -> None:
-    """Write the state atomically (io.atomic.write_atomic: temporary file, fsync, rename)."""
-    payload = {
-        "version": STATE_FILE_VERSION,
-        "metrics_url": metrics_url,
-        "saved_timestamp": time.time(),
-        "detector": dump_state(state),
+def _optional_float(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _policy_to_json(state: PolicyState, at: float, timestamp: float) -> dict[str, Any]:
+    record = to_record(state, at, timestamp)
+    return {
+        "phase": record.phase.value,
+        "restart_timestamps": list(record.restart_timestamps),
+        "consecutive": record.consecutive,
+        "not_before_timestamp": record.not_before_timestamp,
+        "phase_since_timestamp": record.phase_since_timestamp,
+        "healthy_since_timestamp": None
+        if state.healthy_since_at is None
+        else timestamp - (at - state.healthy_since_at),
     }
+
+
+def _save_state_file(
+    path: Path, options: CheckOptions, saved: _Saved, at: float, timestamp: float
+) -> None:
+    """Write the state atomically (io.atomic.write_atomic: temporary file, fsync, rename)."""
+    payload: dict[str, Any] = {
+        "version": STATE_FILE_VERSION,
+        "metrics_url": options.metrics_url,
+        "saved_timestamp": timestamp,
+        "detector": dump_state(saved.detector),
+    }
+    if options.restart is not None:
+        payload["restart_policy"] = _policy_to_json(saved.restart, at, timestamp)
+        payload["probe"] = probe_policy.memory_to_json(saved.probe, at, timestamp)
+    if options.settings_cache is not None:
+        payload["settings"] = dict(options.settings_cache)
     write_atomic(
         path,
         json.dumps(payload, allow_nan=False, separators=(",", ":")).encode(),

@@ -10,7 +10,6 @@ import asyncio
 import functools
 import inspect
 import json
-import logging
 import os
 import shlex
 import sys
@@ -18,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import structlog
 import typer
 
 # typer vendors click; usage errors and contexts are typer's own click classes.
@@ -26,10 +24,9 @@ from typer._click.core import Context
 from typer._click.exceptions import ClickException, UsageError
 from typer.core import TyperCommand
 
-from wedgewatch import __version__, check, config
+from wedgewatch import __version__, check, check_settings, config
 from wedgewatch.config import SETTINGS, Config
-from wedgewatch.daemon import loop as daemon
-from wedgewatch.io import scrape
+from wedgewatch.logsetup import configure_logging
 from wedgewatch.report import cli as report_cli
 from wedgewatch.sim.cli import sim_app
 
@@ -59,31 +56,6 @@ def _root(
 
 
 # -- logging (configured once, here) ---------------------------------------------------
-
-
-def configure_logging(level: str = "info") -> None:
-    """structlog to stderr: a console renderer on a terminal, JSON lines otherwise.
-
-    JSON lines carry a `log.exception` traceback as text in the `exception` field (the
-    console renderer prints it itself).
-    """
-    renderers: list[Any] = (
-        [structlog.dev.ConsoleRenderer()]
-        if sys.stderr.isatty()
-        else [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
-    )
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            *renderers,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=False,
-    )
 
 
 # -- config flags: one typer option per Config field, generated from the model ---------
@@ -269,19 +241,7 @@ class _NagiosCommand(TyperCommand):
 
 
 @app.command("check", cls=_NagiosCommand)
-@with_config_flags(
-    "interval_seconds",
-    "stall_after_seconds",
-    "hang_after_seconds",
-    "output_stall_after_seconds",
-    "deferred_only_after_seconds",
-    "unreachable_after_seconds",
-    "startup_timeout_seconds",
-    "scrape_timeout_seconds",
-    "max_body_bytes",
-    "max_engines",
-    "log_level",
-)
+@with_config_flags(*check_settings.CHECK_FLAG_SETTINGS)
 def _check(
     url: Annotated[
         str,
@@ -350,28 +310,22 @@ def _check(
                 error = "; ".join(exc.messages)
                 typer.echo(json.dumps({"status": "unknown", "engines": [], "error": error}))
             raise _fail(exc.messages, check.EXIT_UNKNOWN) from None
-        settings = loaded.config
+        settings = check_settings.CheckSettings.from_config(loaded.config)
         configure_logging(settings.log_level)
-        options = check.CheckOptions(
-            metrics_url=metrics_url,
+        check.set_log_level(settings.log_level)
+        cache = None
+        if state_file is not None:
+            key = check_settings.settings_key(url, config_file, os.environ, flags)
+            if key is not None:
+                cache = {"key": key, "metrics_url": metrics_url, "values": settings.to_json()}
+        options = check.options_for(
+            metrics_url,
+            settings,
             window_seconds=window_seconds,
-            interval_seconds=settings.interval_seconds,
-            policy=settings.policy(),
-            limits=settings.scrape_limits(),
             state_file=state_file,
+            settings_cache=cache,
         )
-
-        async def run() -> check.CheckReport:
-            async with scrape.new_client() as client:
-                return await check.run_check(options, client=client)
-
-        report = asyncio.run(run())
-        if as_json:
-            typer.echo(json.dumps(report.to_json()))
-        else:
-            typer.echo(report.render_text())
-        code = report.exit_code
-        raise typer.Exit(check.EXIT_OK if critical_only and code == check.EXIT_WARNING else code)
+        raise typer.Exit(check.execute(options, as_json=as_json, critical_only=critical_only))
     except (ClickException, typer.Exit, typer.Abort):
         raise
     except Exception as exc:  # the Nagios contract: UNKNOWN, never a traceback
@@ -411,6 +365,8 @@ def _run(
     if not loaded.config.targets:
         raise _fail(["no targets to watch: give --target URL or [[targets]] in --config"], 2)
     configure_logging(loaded.config.log_level)
+    from wedgewatch.daemon import loop as daemon  # noqa: PLC0415 - heavy: only for `run`
+
     raise typer.Exit(daemon.serve(loaded.config))
 
 
@@ -479,6 +435,8 @@ def _capture(
         except ValueError as exc:
             raise typer.BadParameter(f"{target_url!r} {exc}", param_hint="--target") from None
     configure_logging(settings.log_level)
+    from wedgewatch.daemon import loop as daemon  # noqa: PLC0415 - heavy: only for `capture`
+
     result = asyncio.run(
         daemon.capture_on_demand(settings, url=target_url, pid=pid, pid_file=pid_file, name=name)
     )

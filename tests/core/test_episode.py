@@ -35,6 +35,7 @@ from wedgewatch.core.episode import (
     RunRestart,
     Step,
 )
+from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.restart_policy import (
     FailureReason,
     Phase,
@@ -582,3 +583,49 @@ def test_what_survives_a_wedgewatch_restart_round_trips(
     assert new.phase == (Phase.STARTING if old.phase is Phase.RESTARTING else old.phase)
     if old.not_before_at is not None:
         assert new.not_before_at == pytest.approx(old.not_before_at)
+
+
+# ---------------------------------------------------------------------------------------------
+# Q1, Q2: the liveness probe (core.probe_policy) inside the episode core
+
+
+MARK_A = ServerMark(process_start_time_seconds=100.0, progress={"m|0": 50.0})
+MARK_B = ServerMark(process_start_time_seconds=200.0, progress={"m|0": 0.0})
+
+
+def test_q2_a_served_probe_failure_is_remembered_and_persisted() -> None:
+    """Q2: ProbeServed keeps the server it judged, and asks for a save."""
+    result = core.step(core.EpisodeState(), core.ProbeServed(MARK_A), OBSERVE, AT, WALL + AT)
+    assert result.state.probe.failures == 1
+    assert result.state.probe.server == MARK_A
+    assert core.Persist() in result.effects
+
+
+def test_q1_a_new_server_after_a_served_failure_counts_and_the_budget_ends_in_gave_up() -> None:
+    """Q1: 503 verdict, served, new server -> counted (probe_restart); spent -> 200 gave_up."""
+    tight = replace(OBSERVE, restart_policy=RestartPolicy(restart_budget=1))
+    state = core.step(core.EpisodeState(), core.Observed(WEDGED_QUIET, good=True, mark=MARK_A),
+                      tight, AT, WALL + AT).state  # fmt: skip
+    assert state.probe_answer is not None
+    assert not state.probe_answer.ok
+    state = core.step(state, core.ProbeServed(MARK_A), tight, AT + 1, WALL + AT + 1).state
+    result = core.step(state, core.Observed(OK_V, good=True, mark=MARK_B), tight, AT + 60,
+                       WALL + AT + 60)  # fmt: skip
+    reports = [e for e in result.effects if isinstance(e, core.Report)]
+    assert any(r.event == "restart_succeeded" and r.fields["reason"] == "probe_restart"
+               for r in reports)  # fmt: skip
+    assert result.state.policy.restarts_at == (AT + 1,)
+    wedged_again = core.step(result.state, core.Observed(WEDGED_QUIET, good=True, mark=MARK_B),
+                             tight, AT + 200, WALL + AT + 200)  # fmt: skip
+    answer = wedged_again.state.probe_answer
+    assert answer is not None
+    assert answer.ok
+    assert answer.gave_up
+    assert wedged_again.state.policy.phase is Phase.GAVE_UP
+
+
+def test_q1_without_a_mark_the_probe_verdict_is_not_kept() -> None:
+    """Q1 runs only when the shell passes the server's mark (the check has its own shell)."""
+    result = core.step(core.EpisodeState(), core.Observed(WEDGED_QUIET, good=True), OBSERVE,
+                       AT, WALL + AT)  # fmt: skip
+    assert result.state.probe_answer is None

@@ -129,10 +129,10 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
         return daemon
 
     yield start
-    for daemon in started:
-        if daemon.proc.poll() is None:
-            daemon.proc.kill()
-            daemon.proc.wait(timeout=30)
+    for daemon in started:  # each leads its own session: kill the whole group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(daemon.proc.pid, signal.SIGKILL)
+        daemon.proc.wait(timeout=30)
 
 
 # -- bad input -----------------------------------------------------------------------------------
@@ -243,7 +243,11 @@ def test_restart_budget_holds_across_kill_9(
         assert restarts.read_text().count("restarted") == 2
         status = second.get("/status").json()["targets"][0]
         assert status["gave_up"] is True
-        assert second.get("/probe").status_code == 503
+        # The budget binds a liveness probe too (probe_respects_budget): it passes, saying so.
+        probe = second.get("/probe")
+        assert probe.status_code == 200
+        assert probe.json()["gave_up"] is True
+        assert probe.json()["restart_policy"]["decision"] == "gave_up"
         assert second.stop() == 0
 
 

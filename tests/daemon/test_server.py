@@ -9,6 +9,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from wedgewatch.core.probe_policy import ProbeVerdict
 from wedgewatch.daemon.ownmetrics import OwnMetrics
 from wedgewatch.daemon.server import (
     EngineSnapshot,
@@ -242,3 +243,28 @@ async def test_http_server_reports_a_busy_port() -> None:
             await second.start()
     finally:
         await first.stop()
+
+
+async def test_probe_follows_the_budget_verdict_and_reports_each_sent_503() -> None:
+    """A kept probe verdict decides the code; every 503 sent is reported, a 200 never is."""
+    restart = ProbeVerdict(False, "restart", "a restart is allowed", False, 0, 3)
+    gave_up = ProbeVerdict(True, "gave_up", "3 restarts within the last 3600 s", True, 3, 0)
+    wedged = _target("a", "wedged", _engine("wedged"))
+    failed: list[str] = []
+    snapshots = [_snapshot(replace(wedged, probe=restart))]
+    app = make_app(lambda: snapshots[-1], CollectorRegistry(), lambda: 101.0, failed.append)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://wedgewatch") as client:
+        first = await client.get("/probe")
+        assert first.status_code == 503
+        assert first.json()["restart_policy"]["decision"] == "restart"
+        assert failed == ["a"]
+        snapshots.append(_snapshot(replace(wedged, probe=gave_up, gave_up=True)))
+        second = await client.get("/probe")
+        assert second.status_code == 200
+        body = second.json()
+        assert body["gave_up"] is True
+        assert body["state"] == "wedged"
+        assert body["restart_policy"]["decision"] == "gave_up"
+        assert "3 restarts" in body["restart_policy"]["detail"]
+        assert failed == ["a"]

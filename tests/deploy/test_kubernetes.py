@@ -427,10 +427,14 @@ def test_exec_probe_runs_check_with_a_state_file() -> None:
     assert command[:3] == ["wedgewatch", "check", "http://127.0.0.1:8000"]
     assert {"--for=0", "--critical-only"} <= set(command)
     (state_file,) = [a.split("=", 1)[1] for a in command if a.startswith("--state-file=")]
-    assert state_file.startswith("/tmp/")
     (config_file,) = [a.split("=", 1)[1] for a in command if a.startswith("--config=")]
     mounts = {m["mountPath"]: m["name"] for m in vllm["volumeMounts"]}
     assert mounts[str(Path(config_file).parent)] == "config"
+    # The state file outlives a container restart (the restart budget counts restarts): it
+    # is on a pod volume, not in the container's own file system.
+    volume = mounts[str(Path(state_file).parent)]
+    volumes = {v["name"]: v for v in _pod("exec-probe")["volumes"]}
+    assert "emptyDir" in volumes[volume]
     # Runs must come well within the shortest wedge threshold, or the state file is stale.
     assert probe["periodSeconds"] * 2 < _sidecar_config()["stall_after_seconds"]
     assert probe["timeoutSeconds"] > 5  # one scrape (scrape_timeout_seconds) plus start-up

@@ -297,6 +297,29 @@ def test_a_killed_engine_ends_the_server_and_an_orphaned_engine_ends_itself(
         assert not alive, alive
 
 
+def test_an_orphaned_engine_hung_in_a_collective_ends_itself_within_seconds(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of a wedged server: its EngineCore and TP workers (stuck in ncclAllReduce) exit."""
+    with running(tmp_path, "hung-orphan", ["-tp", "2", "--fault", "collective-hang@0"]) as sim:
+        load = LoadProcess(sim.url, ["--profile", "steady", "--duration", "60"], tmp_path / "l.log")
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and "ncclAllReduce" not in sim.log():
+                time.sleep(0.2)
+            assert "ncclAllReduce" in sim.log(), sim.log()[-2000:]
+            tree = sim.tree()
+            assert len(tree) == 3
+            os.kill(sim.proc.pid, signal.SIGKILL)
+            sim.proc.wait(timeout=10)
+            started = time.monotonic()
+            _, alive = psutil.wait_procs(tree, timeout=10)
+            assert not alive, alive
+            assert time.monotonic() - started < 10
+        finally:
+            load.stop()
+
+
 def test_api_hang_keeps_the_port_open_but_never_answers(tmp_path: Path) -> None:
     """TCP connects succeed, HTTP never answers."""
     with running(tmp_path, "api", ["--fault", "api-hang@2"]) as sim:

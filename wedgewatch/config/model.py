@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from wedgewatch.core.detect import Policy
+from wedgewatch.core.restart_policy import RestartPolicy
 from wedgewatch.io.scrape import ScrapeLimits
 from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles
 
@@ -439,6 +440,12 @@ class Config(BaseModel):
         "Upper bound of the doubled restart back-off (at least `restart_backoff_seconds`).",
         ge=0,
     )
+    probe_respects_budget: bool = _setting(
+        True,
+        "remedy",
+        "Whether `/probe` and `check --state-file` fail for a wedge only while the restart "
+        "budget and back-off allow a restart (then pass with `gave_up`); off: always fail.",
+    )
     systemd_unit: str = _setting(
         "vllm.service",
         "remedy",
@@ -575,6 +582,16 @@ class Config(BaseModel):
             unreachable_after_seconds=self.unreachable_after_seconds,
             startup_timeout_seconds=self.startup_timeout_seconds,
             deferred_only_after_seconds=self.deferred_only_after_seconds,
+        )
+
+    def restart_policy(self) -> RestartPolicy:
+        """The restart policy's slice of the configuration."""
+        return RestartPolicy(
+            restart_budget=self.restart_budget,
+            restart_budget_window_seconds=self.restart_budget_window_seconds,
+            restart_backoff_seconds=self.restart_backoff_seconds,
+            restart_backoff_max_seconds=self.restart_backoff_max_seconds,
+            startup_timeout_seconds=self.startup_timeout_seconds,
         )
 
     def scrape_limits(self) -> ScrapeLimits:

@@ -65,6 +65,10 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  episode is still the one asked for, the episode's bundle and
 #                                  triage. Failures change nothing else (never block R2).
 #   OperatorReset              O1  policy.reset (budget_reset or gave_up_cleared).
+#   Observed (last)            Q1  the liveness probe (core.probe_policy R2-R4, P1-P3): count a
+#                                  proven probe restart (restart_succeeded, probe_restart), then
+#                                  keep what /probe answers until the next scrape.
+#   ProbeServed(mark)          Q2  /probe sent a 503 about the server `mark` (R1); Persist soon.
 #
 # Policy events (P*), whatever input caused them
 #   Every event is Reported (log line + webhook) with the target's state and the episode's
@@ -91,7 +95,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from wedgewatch.core import restart_policy
+from wedgewatch.core import probe_policy, restart_policy
 from wedgewatch.core.detect import CaptureEvidence, TargetVerdict
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState
 from wedgewatch.vllm.signals import EngineKey
@@ -110,6 +114,7 @@ __all__ = [
     "Observed",
     "OperatorReset",
     "Persist",
+    "ProbeServed",
     "QueueRestart",
     "Report",
     "ResetDetector",
@@ -146,6 +151,7 @@ class Rules:
     remedy: str
     can_restart: bool  # a restarter exists for this target (false for remedy "none")
     restart_policy: restart_policy.RestartPolicy
+    probe_respects_budget: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +182,8 @@ class EpisodeState:
     last_bundle: str | None = None
     restarts: int = 0  # restarts run by this process (for /status)
     ignore_before_at: float | None = None  # S0: scrapes begun before this saw the old server
+    probe: probe_policy.ProbeMemory = field(default_factory=probe_policy.ProbeMemory)
+    probe_answer: probe_policy.ProbeVerdict | None = None  # Q1: what /probe answers now
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,6 +197,7 @@ class Observed:
     verdict: TargetVerdict
     good: bool
     worker_idle: bool = True  # no capture or restart runs for the target right now
+    mark: probe_policy.ServerMark | None = None  # the server the detector read last (Q1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +232,14 @@ class OperatorReset:
     """An operator asked to reset the target's restart budget."""
 
 
-Input = Observed | CaptureDone | RestartDue | RestartDone | OperatorReset
+@dataclass(frozen=True, slots=True)
+class ProbeServed:
+    """/probe sent a failing answer about the server `mark` (Q2)."""
+
+    mark: probe_policy.ServerMark
+
+
+Input = Observed | CaptureDone | RestartDue | RestartDone | OperatorReset | ProbeServed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,6 +351,10 @@ def step(state: EpisodeState, event: Input, rules: Rules, at: float, timestamp: 
         run.restart_due(event)
     elif isinstance(event, RestartDone):
         run.restart_done(event)
+    elif isinstance(event, ProbeServed):  # Q2
+        memory = probe_policy.served_failure(state.probe, event.mark, at)
+        run.state = replace(run.state, probe=memory)
+        run.effects.append(Persist())
     else:
         run.policy_step(restart_policy.reset(state.policy, at, timestamp))
     return Step(run.state, tuple(run.effects))
@@ -397,6 +417,25 @@ class _Run:
         )
         if event.worker_idle:
             self.retry_restart(verdict)
+        if event.mark is not None:
+            self.probe(event, event.mark)
+
+    def probe(self, event: Observed, mark: probe_policy.ServerMark) -> None:  # Q1
+        rules, target = self.rules, str(event.verdict.state)
+        memory, result = probe_policy.observe_server(
+            self.state.probe, self.state.policy, rules.restart_policy, mark,
+            scraped=event.good, target_state=target, at=self.at, timestamp=self.timestamp,
+        )  # fmt: skip
+        if memory != self.state.probe:
+            self.state = replace(self.state, probe=memory)
+            self.effects.append(Persist())
+        self.policy_step(result)
+        answer, result = probe_policy.probe_verdict(
+            self.state.policy, rules.restart_policy, target, self.at, self.timestamp,
+            respects_budget=rules.probe_respects_budget,
+        )  # fmt: skip
+        self.policy_step(result)
+        self.state = replace(self.state, probe_answer=answer)
 
     def track_episode(self, verdict: TargetVerdict) -> None:
         stalled = [e for e in verdict.engines if e.state in STALLED]

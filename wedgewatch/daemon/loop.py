@@ -117,13 +117,7 @@ class Daemon:
         self.config = config
         self.deps = deps
         self.policy = config.policy()
-        self.restart_policy = restart_policy.RestartPolicy(
-            restart_budget=config.restart_budget,
-            restart_budget_window_seconds=config.restart_budget_window_seconds,
-            restart_backoff_seconds=config.restart_backoff_seconds,
-            restart_backoff_max_seconds=config.restart_backoff_max_seconds,
-            startup_timeout_seconds=config.startup_timeout_seconds,
-        )
+        self.restart_policy = config.restart_policy()
         self.metrics = OwnMetrics(
             deps.registry,
             version=__version__,
@@ -154,6 +148,7 @@ class Daemon:
                     remedy=config.remedy,
                     can_restart=t.name in deps.restarters,
                     restart_policy=self.restart_policy,
+                    probe_respects_budget=config.probe_respects_budget,
                 ),
                 reporter=reporter,
                 timeouts=self.timeouts,
@@ -215,6 +210,12 @@ class Daemon:
     def jobs_pending(self) -> int:
         """Evidence captures and restarts queued or running, over all targets."""
         return sum(rt.queue.qsize() + (rt.busy is not None) for rt in self._targets.values())
+
+    def probe_failed(self, name: str) -> None:
+        """/probe sent a 503 about target `name` (rule Q2 of the episode core)."""
+        rt = self._targets.get(name)
+        if rt is not None:
+            rt.probe_failed()
 
     def restore(self) -> None:
         """Load persisted state: restart policy always; detector and episode if same boot."""
@@ -390,7 +391,12 @@ async def run(config: Config, deps: Deps, *, stop: asyncio.Event | None = None) 
     server: HttpServer | None = None
     try:
         if deps.serve_http:
-            app = make_app(lambda: daemon.snapshot, deps.registry, deps.clock.monotonic)
+            app = make_app(
+                lambda: daemon.snapshot,
+                deps.registry,
+                deps.clock.monotonic,
+                on_probe_failed=daemon.probe_failed,
+            )
             server = HttpServer(app, config.listen_host, config.listen_port)
             await server.start()
             host, port = server.address

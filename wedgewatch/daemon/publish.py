@@ -7,11 +7,12 @@ grow with the number of targets that did nothing (`daemon.Daemon` assembles them
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from wedgewatch.config import Target
 from wedgewatch.core import episode as episode_core
-from wedgewatch.core import restart_policy
+from wedgewatch.core import probe_policy, restart_policy
 from wedgewatch.core.detect import (
     TargetState,
     TargetVerdict,
@@ -76,6 +77,7 @@ def target_snapshot(
             else None
         ),
         last_bundle=core.last_bundle,
+        probe=core.probe_answer,
         episode=(
             {
                 "id": episode.episode_id,
@@ -135,6 +137,7 @@ def target_record(
             "saved_timestamp": now,
             "state": dump_state(detector),
         },
+        probe=probe_policy.memory_to_json(core.probe, at, now),
     )
 
 
@@ -176,6 +179,9 @@ def restored_core(
         )
         for e in record.open_episodes
     )
-    return episode_core.restored(
+    state = episode_core.restored(
         record.restart_policy, episodes, rules, at, now, detector_restored=detector_restored
     )
+    # The liveness probe's served failures survive any restart of wedgewatch (they carry
+    # their own server identity, so a new boot does not make them meaningless).
+    return replace(state, probe=probe_policy.memory_from_json(record.probe, at, now))

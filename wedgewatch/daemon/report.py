@@ -63,6 +63,8 @@ class Reporter:
         fields = dict(effect.fields)
         if effect.event == "restart_failed":
             self.metrics.count_restart_failure(target.name, str(fields.get("reason")))
+        elif effect.event == "restart_succeeded" and fields.get("reason") == "probe_restart":
+            self.metrics.count_restart(target.name, "probe")  # the kubelet's, proven (Q1)
         getattr(log, effect.level)(effect.event, **fields, **(effect.log_only or {}))
         if effect.notify:
             self.notify(effect.event, target, fields, now)

@@ -9,7 +9,10 @@ owns SIGTERM/SIGINT.
 - `/health`  wedgewatch's own liveness: 200 while the loop ticks, 503 once the last tick
              is older than `health_stale_after_seconds`. It never reflects the target.
 - `/probe`   the verdict for a watched server (for the vLLM container's liveness probe):
-             503 when the target is wedged or unreachable past its threshold, else 200.
+             503 when the target is wedged or unreachable past its threshold and the
+             restart policy allows a restart (`core.probe_policy`), else 200; a 503 that
+             went out is reported to the loop (`on_probe_failed`), which counts the
+             restart it causes once a new server proves it.
 - `/metrics` wedgewatch's own registry (see ownmetrics).
 - `/status`  JSON with every target and engine.
 """
@@ -32,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from wedgewatch.core.probe_policy import ProbeVerdict
 from wedgewatch.core.states import ACTED_ON
 from wedgewatch.daemon.ownmetrics import render
 from wedgewatch.vllm.signals import EngineReading
@@ -78,6 +82,7 @@ class TargetSnapshot:
     next_restart_allowed_timestamp: float | None
     last_bundle: str | None
     episode: Mapping[str, Any] | None = None
+    probe: ProbeVerdict | None = None  # the loop's probe verdict (None: judge by state alone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,12 +122,19 @@ def health(snapshot: Snapshot, now_at: float) -> tuple[int, dict[str, Any]]:
 
 def probe(target: TargetSnapshot) -> tuple[int, dict[str, Any]]:
     """The liveness verdict for one watched server: (status code, body saying why)."""
-    failing = target.state in PROBE_FAILING_STATES
-    return (503 if failing else 200), {
+    verdict = target.probe
+    failing = target.state in PROBE_FAILING_STATES if verdict is None else not verdict.ok
+    body: dict[str, Any] = {
         "target": target.name,
         "ok": not failing,
         "state": target.state,
+        "gave_up": target.gave_up,
         "reason": target.reason,
+    }
+    if verdict is not None:
+        body["restart_policy"] = verdict.to_json()
+    return (503 if failing else 200), {
+        **body,
         "engines": [
             {
                 "model_name": e.model_name,
@@ -152,8 +164,12 @@ def make_app(
     snapshot: Callable[[], Snapshot],
     registry: CollectorRegistry,
     monotonic: Callable[[], float],
+    on_probe_failed: Callable[[str], None] | None = None,
 ) -> Starlette:
-    """Build the ASGI app; `snapshot` returns the latest published snapshot."""
+    """Build the ASGI app; `snapshot` returns the latest published snapshot.
+
+    `on_probe_failed(target)` is called for every failing `/probe` answer that was sent.
+    """
 
     async def health_endpoint(request: Request) -> Response:
         code, body = health(snapshot(), monotonic())
@@ -175,7 +191,10 @@ def make_app(
         else:
             target = targets[name]
         code, body = probe(target)
-        return JSONResponse(body, status_code=code, headers=_NO_STORE)
+        response = JSONResponse(body, status_code=code, headers=_NO_STORE)
+        if code == 503 and on_probe_failed is not None:
+            on_probe_failed(target.name)
+        return response
 
     async def metrics_endpoint(request: Request) -> Response:
         body, content_type = render(registry, request.headers.get("accept", ""))
@@ -305,7 +324,9 @@ def _target_json(target: TargetSnapshot) -> dict[str, Any]:
         "url": target.url,
         "state": target.state,
         "reason": target.reason,
-        "probe_ok": target.state not in PROBE_FAILING_STATES,
+        "probe_ok": target.state not in PROBE_FAILING_STATES
+        if target.probe is None
+        else target.probe.ok,
         "up": target.up,
         "last_scrape": _iso(target.last_scrape_timestamp),
         "last_scrape_error": target.last_scrape_error,

@@ -30,6 +30,7 @@ from wedgewatch.core.detect import (
     TargetState,
 )
 from wedgewatch.core.detect import step as detect_step
+from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.states import EngineState
 from wedgewatch.daemon.publish import target_record, target_snapshot
 from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
@@ -174,7 +175,12 @@ class TargetRunner:
             now_at=now_at,
             now=now,
         )
-        observed = core.Observed(verdict, good=isinstance(obs, Scraped), worker_idle=not self.busy)
+        observed = core.Observed(
+            verdict,
+            good=isinstance(obs, Scraped),
+            worker_idle=not self.busy,
+            mark=ServerMark.of(self.detector),
+        )
         self.feed(observed, now_at, now)
         state_changed = verdict.state is not self.target_state
         if state_changed:
@@ -232,6 +238,11 @@ class TargetRunner:
             gave_up=self.core.policy.phase is restart_policy.Phase.GAVE_UP,
         )
         return step
+
+    def probe_failed(self) -> None:
+        """/probe sent a 503 about this target: remember it with the server it judged (Q2)."""
+        clock = self.deps.clock
+        self.feed(core.ProbeServed(ServerMark.of(self.detector)), clock.monotonic(), clock.wall())
 
     def publish(self, now_at: float, now: float, *, state_changed: bool = False) -> None:
         """Rebuild this target's snapshot and tell the daemon."""

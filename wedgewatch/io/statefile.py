@@ -2,7 +2,8 @@
 
 One file, `<state_dir>/state.json`, holds per target the restart policy (in wall-clock
 form, see `restart_policy.to_record`), the open wedge episodes with their bundle paths, and the
-detector's state as an opaque JSON object. Rules:
+detector's state and the liveness probe's served failures (`probe_policy`) as opaque JSON
+objects. Rules:
 
 * **Atomic.** `write_atomic` writes a temporary file in the same directory, fsyncs it,
   renames it over the old file and fsyncs the directory: a reader (or a wedgewatch started
@@ -66,6 +67,7 @@ class TargetRecord:
     restart_policy: PolicyRecord | None = None
     open_episodes: tuple[OpenEpisode, ...] = ()
     detector: Mapping[str, Any] | None = None  # `detect_state.dump_state` output, opaque here
+    probe: Mapping[str, Any] | None = None  # `probe_policy.memory_to_json` output, opaque here
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,7 @@ class _TargetModel(_Strict):
     restart_policy: _PolicyModel | None = None
     open_episodes: list[_EpisodeModel] = []
     detector: dict[str, Any] | None = None
+    probe: dict[str, Any] | None = None
 
 
 class _FileModel(_Strict):
@@ -162,6 +165,7 @@ def _to_state(model: _FileModel) -> SavedState:
                 for e in target.open_episodes
             ),
             detector=target.detector,
+            probe=target.probe,
         )
     return SavedState(targets=targets, written_timestamp=model.written_timestamp)
 
@@ -194,6 +198,7 @@ def encode(state: SavedState, timestamp: float) -> bytes:
                 for e in record.open_episodes
             ],
             "detector": None if record.detector is None else dict(record.detector),
+            "probe": None if record.probe is None else dict(record.probe),
         }
     document = {
         "schema_version": SCHEMA_VERSION,

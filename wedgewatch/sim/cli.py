@@ -10,17 +10,10 @@ from typing import Annotated
 
 import typer
 
-from wedgewatch.sim.load import (
-    PROFILE_NAMES,
-    LoadError,
-    LoadSummary,
-    plan_requests,
-    print_summary,
-    run_load,
-    terminal_progress,
-)
-from wedgewatch.sim.serve import run_serve
 from wedgewatch.sim.vllm_shim import ShimError, install_shim
+
+# The server and the load generator are imported by their commands only: every other
+# `wedgewatch` command (a probe above all) would pay for their imports on each start.
 
 sim_app = typer.Typer(
     help="A vLLM stand-in for tests and demos without a GPU.", no_args_is_help=True
@@ -34,6 +27,8 @@ sim_app = typer.Typer(
 )
 def serve_command(ctx: typer.Context) -> None:
     """Serve like `vllm serve [MODEL] [flags]` from a simulated scheduler (--help for flags)."""
+    from wedgewatch.sim.serve import run_serve  # noqa: PLC0415 - see the imports above
+
     raise typer.Exit(run_serve(list(ctx.args)))
 
 
@@ -67,6 +62,16 @@ def load_command(  # noqa: PLR0917 - typer maps every parameter to a flag
     json_output: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Send a traffic profile to a server; print sent/completed/failed and latencies."""
+    from wedgewatch.sim.load import (  # noqa: PLC0415 - see the imports at the top
+        PROFILE_NAMES,
+        LoadError,
+        LoadSummary,
+        plan_requests,
+        print_summary,
+        run_load,
+        terminal_progress,
+    )
+
     if profile not in PROFILE_NAMES:
         typer.echo(
             f"error: unknown profile {profile!r}; choose one of {', '.join(PROFILE_NAMES)}",

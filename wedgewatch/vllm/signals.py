@@ -79,8 +79,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from prometheus_client.parser import _parse_sample as _library_parse_sample
-
 
 @dataclass(frozen=True, slots=True, order=True)
 class EngineKey:
@@ -342,7 +340,15 @@ def _read_sample(name: str, rest: str) -> tuple[dict[str, str], float]:
 
 
 def _read_sample_with_library(name: str, rest: str) -> tuple[dict[str, str], float]:
-    """Hand a non-canonical needed line to prometheus_client's sample-line parser."""
+    """Hand a non-canonical needed line to prometheus_client's sample-line parser.
+
+    Imported here, not at the top: canonical lines never need it, and its import would cost
+    every exec probe (`wedgewatch check`) a noticeable share of its start-up.
+    """
+    from prometheus_client.parser import (  # noqa: PLC0415 - see above
+        _parse_sample as _library_parse_sample,
+    )
+
     try:
         # The library's sample-line parser is private and untyped, and its failure modes on
         # hostile input are undocumented (mostly ValueError, IndexError on some lines), so any

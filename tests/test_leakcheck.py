@@ -1,0 +1,62 @@
+"""The leak check fails a session that leaves a process behind, and kills the process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+TESTS = Path(__file__).resolve().parent
+
+LEAKY = '''
+import subprocess, sys
+from pathlib import Path
+
+def test_leaves_a_sleeper_behind() -> None:
+    """Starts a process in its own session and never stops it."""
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    Path(__file__).with_name("pid").write_text(str(proc.pid))
+
+def test_tidy() -> None:
+    """Starts a process and waits for it."""
+    subprocess.run(["true"], check=True)
+'''
+
+TIDY = '''
+import subprocess
+
+def test_tidy() -> None:
+    """Starts a process and waits for it."""
+    subprocess.run(["true"], check=True)
+'''
+
+
+def _inner_session(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_inner.py").write_text(source)
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "leakcheck", "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+
+
+def test_a_session_that_leaks_a_process_fails_and_the_process_is_killed(tmp_path: Path) -> None:
+    """Both tests pass, yet the session fails: it left `sleep 300` alive; then it is gone."""
+    done = _inner_session(tmp_path, LEAKY)
+    pid = int((tmp_path / "pid").read_text())
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
+    assert "still alive" in done.stdout
+    assert f"pid {pid}: sleep 300" in done.stdout
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_tidy_session_passes(tmp_path: Path) -> None:
+    """A session whose processes all ended passes unchanged."""
+    done = _inner_session(tmp_path, TIDY)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "still alive" not in done.stdout
