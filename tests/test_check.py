@@ -724,6 +724,27 @@ def test_cli_nan_body_in_probe_mode_exits_3_never_a_traceback(tmp_path: Path) ->
     assert "non-finite values" in document["error"]
 
 
+@pytest.mark.slow
+def test_cli_nan_body_under_critical_only_never_fails_the_probe(tmp_path: Path) -> None:
+    """The exec liveness probe (--critical-only) exits 0 on NaN gauges, saying UNKNOWN and why."""
+    state = tmp_path / "probe.json"
+    with ScriptedServer(always(Reply(body=NAN_INF))) as server:
+        for _ in range(2):  # the second run loads the state the first one saved
+            done = wedgewatch(
+                "check", server.url, "--for", "0", "--state-file", str(state), "--critical-only"
+            )
+            _no_traceback(done)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert done.stdout.startswith(f"UNKNOWN: unknown - {server.url}")
+            assert "non-finite values" in done.stdout
+
+
+def test_cli_usage_error_under_critical_only_still_exits_3() -> None:
+    """--critical-only hides no configuration mistake: a bad argument still exits 3."""
+    done = wedgewatch("check", "http://127.0.0.1:1", "--for", "-1", "--critical-only")
+    assert done.returncode == 3, done.stdout + done.stderr
+
+
 def test_cli_internal_error_is_one_unknown_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any failure inside check is UNKNOWN, exit 3, one line (one JSON object with --json)."""
     from typer.testing import CliRunner

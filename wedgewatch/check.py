@@ -356,7 +356,10 @@ def execute(options: CheckOptions, *, as_json: bool, critical_only: bool) -> int
     report = asyncio.run(run())
     print(json.dumps(report.to_json()) if as_json else report.render_text(), flush=True)
     code = report.exit_code
-    return EXIT_OK if critical_only and code == EXIT_WARNING else code
+    # A liveness probe restarts vLLM on any non-zero exit: with --critical-only only a
+    # CRITICAL verdict may do that. A measurement that cannot be judged (NaN gauges, a URL
+    # reaching two servers, a body that is not vLLM's) is reported on the line, never acted on.
+    return EXIT_OK if critical_only and code in (EXIT_WARNING, EXIT_UNKNOWN) else code
 
 
 async def _scrape_loop(
