@@ -30,6 +30,8 @@ from pydantic import (
 )
 
 from wedgewatch.core.detect import Policy
+from wedgewatch.core.redact import redact_url
+from wedgewatch.io.procs import remote_host_reason
 from wedgewatch.io.scrape import ScrapeLimits
 from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles
 
@@ -533,6 +535,20 @@ class Config(BaseModel):
                     name,
                     "two targets have this name; give each one a unique name (name=URL)",
                 )
+        if self.remedy == "signal":
+            for target in self.targets:
+                if target.pid is not None or target.pid_file is not None:
+                    continue  # the operator named the server's process
+                remote = remote_host_reason(target.url)
+                if remote is not None:
+                    raise FieldRuleError(
+                        "remedy",
+                        self.remedy,
+                        f"target {target.name!r} ({redact_url(target.url)}): "
+                        f'{remote}; remedy = "signal" only acts on a server on this machine '
+                        "(use a loopback or local address, or set the target's pid or "
+                        'pid_file), or use remedy = "exec" or "systemd"',
+                    )
         if self.remedy == "exec" and not self.exec_command:
             raise FieldRuleError(
                 "exec_command", self.exec_command, 'must not be empty when remedy = "exec"'

@@ -23,6 +23,7 @@ from wedgewatch.core.detect import (
     Scraped,
     ScrapeFailed,
 )
+from wedgewatch.core.redact import redact_url
 from wedgewatch.daemon.report import thresholds_of
 from wedgewatch.daemon.roles import (
     CaptureOutcome,
@@ -107,7 +108,7 @@ class HttpScraper:
             parsed = signals.parse(result.body, max_engines=max_engines)
         duration = self._clock.monotonic() - at
         if isinstance(parsed, signals.ParseFailure):
-            detail = f"{url}: {parsed.message}"
+            detail = f"{redact_url(url)}: {parsed.message}"
             content_type = result.content_type or "none"
             if not content_type.lower().startswith("text/plain"):
                 detail += f" (Content-Type: {content_type}; expected text/plain)"

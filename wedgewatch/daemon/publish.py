@@ -19,7 +19,7 @@ from wedgewatch.core.detect import (
 from wedgewatch.core.detect_state import dump_state, load_state
 from wedgewatch.core.episode import EpisodeState
 from wedgewatch.core.states import STALLED, EngineState
-from wedgewatch.daemon.report import wall
+from wedgewatch.daemon.report import shown_url, wall
 from wedgewatch.daemon.server import EngineSnapshot, TargetSnapshot
 from wedgewatch.io import statefile
 
@@ -57,7 +57,7 @@ def target_snapshot(
     not_before = core.policy.not_before_at
     return TargetSnapshot(
         name=target.name,
-        url=target.metrics_url,
+        url=shown_url(target.metrics_url),
         state=str(verdict.state if verdict else EngineState.STARTING),
         reason=target_reason(core, verdict),
         up=failure_text is None and verdict is not None,

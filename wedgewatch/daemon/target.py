@@ -379,6 +379,7 @@ class TargetRunner:
             reason=run.reason,
             bundle=Path(episode.bundle) if episode and episode.bundle else None,
             server_pid=discovery.root_pid,
+            server_pid_explicit=discovery.explicit,
         )
         fields = {
             "target": self.name,

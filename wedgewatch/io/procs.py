@@ -13,7 +13,10 @@ exception: the server being examined is often in the middle of dying.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import os
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from wedgewatch.vllm.semantics import Role, classify_role
+from wedgewatch.vllm.semantics import ENGINE_TITLE_PREFIX, Role, classify_role
 
 _WILDCARD_IPS = frozenset({"0.0.0.0", "::", "::0"})
 
@@ -86,6 +89,8 @@ class Discovery:
     processes: tuple[ServerProcess, ...]
     error: str | None = None
     notes: tuple[str, ...] = ()
+    explicit: bool = False  # the root came from a configured pid or pid file, not a port
+    root_create_time: float | None = None  # tells a new root process from an old one
 
     def pids(self, role: Role) -> tuple[int, ...]:
         """Pids with the given role, in discovery order."""
@@ -98,6 +103,7 @@ class Discovery:
             "root_pid": self.root_pid,
             "error": self.error,
             "notes": list(self.notes),
+            "explicit": self.explicit,
             "processes": [p.to_json() for p in self.processes],
         }
 
@@ -201,27 +207,110 @@ class ListeningSocket:
     pid: int | None
 
 
-def _same_host(listen_ip: str, host: str) -> bool:
+def _same_host(listen_ip: str, host: str, host_ips: Iterable[str] = ()) -> bool:
     if listen_ip in _WILDCARD_IPS:
         return True
     if host == "localhost":
         return listen_ip in ("127.0.0.1", "::1") or listen_ip.startswith("127.")
+    candidates = {host, *host_ips}
     try:
-        return ipaddress.ip_address(listen_ip) == ipaddress.ip_address(host)
+        listen = ipaddress.ip_address(listen_ip)
     except ValueError:
         return False
+    for candidate in candidates:
+        try:
+            if ipaddress.ip_address(candidate) == listen:
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 def pick_listeners(
-    sockets: Iterable[ListeningSocket], host: str, port: int
+    sockets: Iterable[ListeningSocket], host: str, port: int, host_ips: Iterable[str] = ()
 ) -> tuple[tuple[int, ...], int]:
-    """Pids listening on `port` (matching `host` when any listener does), and how many
-    matching sockets had no visible pid (another user's process seen without privileges)."""
-    on_port = [s for s in sockets if s.port == port]
-    matching = [s for s in on_port if _same_host(s.ip, host)] or on_port
+    """Pids listening on `port` at `host` (a wildcard address, the host's IP, or one of the
+    addresses `host_ips` it resolves to), and how many such sockets had no visible pid
+    (another user's process seen without privileges).
+
+    A process on the same port at another address is never picked: it is not the server
+    the URL reaches, and a signal or a py-spy dump must not land on it.
+    """
+    ips = tuple(host_ips)
+    matching = [s for s in sockets if s.port == port and _same_host(s.ip, host, ips)]
     pids = tuple(sorted({s.pid for s in matching if s.pid is not None}))
     hidden = sum(1 for s in matching if s.pid is None)
     return pids, hidden
+
+
+def _plain_ip(address: str) -> str:
+    """An interface address without its IPv6 zone (`fe80::1%eth0` -> `fe80::1`)."""
+    return address.split("%", 1)[0]
+
+
+def is_this_machine(host_ips: Iterable[str], local_ips: Iterable[str]) -> bool:
+    """Is a host with these addresses this machine: a loopback address, or one of its own
+    interface addresses (`local_ips`)? A host with no known address is not."""
+    local = set()
+    for address in local_ips:
+        with contextlib.suppress(ValueError):
+            local.add(ipaddress.ip_address(_plain_ip(address)))
+    ips = list(host_ips)
+    if not ips:
+        return False
+    for address in ips:
+        try:
+            ip = ipaddress.ip_address(_plain_ip(address))
+        except ValueError:
+            return False
+        if ip.is_loopback or ip in local:
+            return True
+    return False
+
+
+def names_vllm(title: str) -> bool:
+    """Does a command line or title name vLLM's server (`vllm serve`, `vllm.entrypoints`,
+    `VLLM::...`)?"""
+    if title.startswith("VLLM::"):
+        return True
+    words = title.replace("/", " ").split()
+    return "vllm.entrypoints.openai.api_server" in words or ("vllm" in words and "serve" in words)
+
+
+def prove_server(
+    tree: Sequence[tuple[int, str]],
+    *,
+    explicit: bool,
+    own_pids: Iterable[int],
+    accept_vllm_command: bool = False,
+) -> str | None:
+    """None when a process tree (pid, title pairs, root first) is proven to be the watched
+    vLLM server; otherwise the reason it is not, for the log and `/status`.
+
+    Proof: it does not contain wedgewatch itself (`own_pids`), and either it contains a
+    `VLLM::EngineCore*` process or its root came from the target's explicit `pid`,
+    `pid_file` or systemd unit (`explicit`). `accept_vllm_command` (read-only uses such as
+    stack dumps) also accepts a root whose command line names vLLM (`vllm serve ...`): an API
+    server whose EngineCore died. Signals never do.
+    """
+    if not tree:
+        return "no server process is known"
+    root_pid, root_title = tree[0]
+    mine = sorted(set(own_pids) & {pid for pid, _ in tree})
+    if mine:
+        return f"wedgewatch itself (pid {mine[0]}) belongs to the process tree of pid {root_pid}"
+    if explicit:
+        return None
+    if any(title.startswith(ENGINE_TITLE_PREFIX) for _, title in tree):
+        return None
+    if accept_vllm_command and names_vllm(root_title):
+        return None
+    shown = root_title[:80] or "?"
+    return (
+        f"the process tree of pid {root_pid} ({shown!r}, {len(tree)} process(es)) has no "
+        f"{ENGINE_TITLE_PREFIX}* process, so it is not proven to be the vLLM server; if it "
+        "is, set the target's pid, pid_file or systemd_unit"
+    )
 
 
 def choose_root(listeners: Sequence[int], parents: Mapping[int, int]) -> int:
@@ -380,6 +469,7 @@ class PsutilProcessFinder:
         root: int | str
         listeners: tuple[int, ...] = ()
         notes: list[str] = []
+        explicit = selector.pid is not None or selector.pid_file is not None
         if selector.pid is not None:
             root = selector.pid
         elif selector.pid_file is not None:
@@ -393,22 +483,43 @@ class PsutilProcessFinder:
         else:
             root = "no url, pid or pid file to find the server's processes from"
         if isinstance(root, str):
-            return Discovery(source, None, (), error=root, notes=tuple(notes))
+            return Discovery(source, None, (), error=root, notes=tuple(notes), explicit=explicit)
         records, tree_notes = _records_under(root)
         notes.extend(tree_notes)
         if not records:
             return Discovery(
-                source, root, (), error=tree_notes[0] if tree_notes else None, notes=tuple(notes)
+                source,
+                root,
+                (),
+                error=tree_notes[0] if tree_notes else None,
+                notes=tuple(notes),
+                explicit=explicit,
             )
-        return Discovery(source, root, build_tree(records, root, listeners), notes=tuple(notes))
+        created: float | None = None
+        with contextlib.suppress(psutil.Error):
+            created = psutil.Process(root).create_time()
+        return Discovery(
+            source,
+            root,
+            build_tree(records, root, listeners),
+            notes=tuple(notes),
+            explicit=explicit,
+            root_create_time=created,
+        )
 
     def _listener_root(self, url: str, notes: list[str]) -> tuple[int, tuple[int, ...]] | str:
         endpoint = endpoint_of_url(url)
         if isinstance(endpoint, str):
             return endpoint
         host, port = endpoint
+        host_ips = host_addresses(host)
+        if not is_this_machine(host_ips, local_addresses()):
+            return (
+                f"{host} is not this machine (neither loopback nor an address of its "
+                "interfaces): no local process is looked up by port for a remote server"
+            )
         sockets = _listening_sockets(notes)
-        pids, hidden = pick_listeners(sockets, host, port)
+        pids, hidden = pick_listeners(sockets, host, port, host_ips)
         if not pids:
             if hidden:
                 return (
@@ -425,6 +536,68 @@ class PsutilProcessFinder:
         if len(pids) > 1:
             notes.append(f"{len(pids)} processes listen on port {port}: {list(pids)}")
         return choose_root(pids, _ancestry(parents)), pids
+
+
+def host_addresses(host: str) -> tuple[str, ...]:
+    """The IP addresses of `host`: itself when it is an IP address, else what the system
+    resolver says (empty when it cannot resolve it)."""
+    try:
+        return (str(ipaddress.ip_address(_plain_ip(host.strip("[]")))),)
+    except ValueError:
+        pass
+    if host == "localhost":
+        return ("127.0.0.1", "::1")
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return ()
+    return tuple(sorted({_plain_ip(str(info[4][0])) for info in infos}))
+
+
+def local_addresses() -> tuple[str, ...]:
+    """Every address of this machine's network interfaces (psutil.net_if_addrs)."""
+    try:
+        interfaces = psutil.net_if_addrs()
+    except (OSError, psutil.Error):
+        return ()
+    return tuple(
+        _plain_ip(a.address)
+        for addresses in interfaces.values()
+        for a in addresses
+        if a.family in (socket.AF_INET, socket.AF_INET6)
+    )
+
+
+def host_is_this_machine(host: str) -> bool:
+    """Is `host` (a URL's host) this machine: loopback or one of its interface addresses?"""
+    return is_this_machine(host_addresses(host), local_addresses())
+
+
+def remote_host_reason(url: str) -> str | None:
+    """None when the URL's host is this machine; otherwise why no local process is its server."""
+    endpoint = endpoint_of_url(url)
+    if isinstance(endpoint, str):
+        return endpoint
+    host, _port = endpoint
+    if host_is_this_machine(host):
+        return None
+    return (
+        f"{host} is not this machine (neither loopback nor an address of its interfaces), "
+        "so no local process is its server"
+    )
+
+
+def own_lineage() -> tuple[set[int], set[int]]:
+    """wedgewatch's own pid and its ancestors' pids, and the process groups they are in."""
+    me = psutil.Process()
+    pids = {me.pid}
+    with contextlib.suppress(psutil.Error):
+        pids |= {p.pid for p in me.parents()}
+    groups: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(pid))
+    return pids, groups
 
 
 def _ancestry(parents: dict[int, int]) -> dict[int, int]:
