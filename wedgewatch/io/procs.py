@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from wedgewatch.core.redact import redact_url
 from wedgewatch.vllm.semantics import ENGINE_TITLE_PREFIX, Role, classify_role
 
 _WILDCARD_IPS = frozenset({"0.0.0.0", "::", "::0"})
@@ -76,7 +77,7 @@ class ProcessSelector:
         if self.pid_file is not None:
             return f"pid file {self.pid_file}"
         if self.url is not None:
-            return f"listener of {self.url}"
+            return f"listener of {redact_url(self.url, keep_path=True)}"
         return "nothing (no url, pid or pid file configured)"
 
 
