@@ -408,9 +408,10 @@ class Config(BaseModel):
         "none",
         "remedy",
         "What is done to a wedged server: `none` (observe and report only), `signal` "
-        "(SIGTERM the API server, SIGKILL after `grace_seconds`), `systemd` (restart "
-        "`systemd_unit`), `exec` (run `exec_command`) or `supervise` (wedgewatch runs the "
-        "server itself and restarts it).",
+        "(SIGTERM the server's process tree, SIGKILL after `grace_seconds`; only for servers "
+        "on this machine, and only a tree with a `VLLM::EngineCore` process or named by the "
+        "target's `pid` / `pid_file`), `systemd` (restart `systemd_unit`), `exec` (run "
+        "`exec_command`) or `supervise` (wedgewatch runs the server itself and restarts it).",
     )
     grace_seconds: float = _setting(
         30.0,
@@ -451,10 +452,13 @@ class Config(BaseModel):
         (),
         "remedy",
         'The command run by `remedy = "exec"` (required then), as an argument list; in the '
-        "environment and as a flag one shell-quoted string. Run without a shell; the "
-        "verdict is passed in `WEDGEWATCH_TARGET`, `WEDGEWATCH_URL`, `WEDGEWATCH_ENGINE`, "
-        "`WEDGEWATCH_MODEL_NAME`, `WEDGEWATCH_FAMILY`, `WEDGEWATCH_STATE`, "
-        "`WEDGEWATCH_REASON` and `WEDGEWATCH_BUNDLE`.",
+        "environment and as a flag one shell-quoted string. Run without a shell, with a "
+        "minimal environment (`PATH`, `HOME`, `USER`, `LOGNAME`, `LANG`, `LC_ALL`, `TZ`, "
+        "`TMPDIR`, `XDG_RUNTIME_DIR`, `KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT` "
+        "when wedgewatch has them; never its settings or secrets); the verdict is passed in "
+        "`WEDGEWATCH_TARGET`, `WEDGEWATCH_URL` (without credentials or query), "
+        "`WEDGEWATCH_ENGINE`, `WEDGEWATCH_MODEL_NAME`, `WEDGEWATCH_FAMILY`, "
+        "`WEDGEWATCH_STATE`, `WEDGEWATCH_REASON` and `WEDGEWATCH_BUNDLE`.",
     )
 
     # -- notify ----------------------------------------------------------------------
@@ -464,7 +468,8 @@ class Config(BaseModel):
         "URLs that receive a JSON POST on each notable event (wedge detected, target "
         "unreachable, engine recovered, restart requested/succeeded/failed, gave up, gave-up "
         "cleared), not on every state change. In the environment a comma-separated list; as "
-        "a flag repeat `--webhook-url URL`.",
+        "a flag repeat `--webhook-url URL`. Their path and query (where Slack, Discord and "
+        "Teams put the secret) are never printed: `config show --reveal` shows them.",
         flag="--webhook-url",
     )
     webhook_timeout_seconds: float = _setting(5.0, "notify", "Deadline for one webhook POST.", gt=0)
