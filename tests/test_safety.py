@@ -326,6 +326,14 @@ def _fake_systemctl(directory: Path) -> Path:
     return directory
 
 
+def _wait_for_restart_call(fake: Path) -> None:
+    """Wait (bounded) until the stand-in systemctl was asked to restart the unit."""
+    deadline = time.monotonic() + 30
+    while not [c for c in (fake / "calls").read_text().splitlines() if "restart" in c.split()]:
+        assert time.monotonic() < deadline, "systemctl restart was never run"
+        time.sleep(0.1)
+
+
 def test_a_crashed_server_under_a_restarting_supervisor_gets_no_second_restart(
     daemons: Callable[..., Daemon], stand_ins: Callable[..., StandIn], tmp_path: Path
 ) -> None:
@@ -353,30 +361,30 @@ def test_a_crashed_server_under_a_restarting_supervisor_gets_no_second_restart(
     # systemd gave up (its start limit): now wedgewatch restarts it itself.
     (fake / "state").write_text("ActiveState=failed\nSubState=failed\n")
     daemon.wait_for("restart_requested", timeout_seconds=30)
-    deadline = time.monotonic() + 30
-    while not [c for c in (fake / "calls").read_text().splitlines() if "restart" in c.split()]:
-        assert time.monotonic() < deadline, "no systemctl restart after systemd gave up"
-        time.sleep(0.1)
+    _wait_for_restart_call(fake)
     assert daemon.stop() == 0
 
 
 def test_an_api_hang_is_restarted_whatever_the_supervisor_says(
     daemons: Callable[..., Daemon], tmp_path: Path
 ) -> None:
-    """Accepts but never answers (timeout, not refused): restarted as before."""
+    """Up, then it accepts but never answers (timeout, not refused): restarted as before."""
     fake = _fake_systemctl(tmp_path / "bin")
+    idle = Reply(200, IDLE, {"Content-Type": "text/plain"})
     hang = Reply(200, IDLE, {"Content-Type": "text/plain"}, headers_pause_seconds=3600)
-    with ScriptedServer(always(hang)) as server:
+    with ScriptedServer(lambda n, path: idle if n < 5 else hang) as server:
         env = _clean_env(PATH=f"{fake}:{os.environ.get('PATH', '/usr/bin:/bin')}")
         daemon = daemons(
             [
                 "--target", f"t={server.base_url}", "--remedy", "systemd",
-                "--systemd-unit", "vllm.service", "--scrape-timeout-seconds", "0.5",
-                "--startup-timeout-seconds", "2", *FAST,
+                "--systemd-unit", "vllm.service", "--scrape-timeout-seconds", "0.5", *FAST,
             ],
             env=env,
         )  # fmt: skip
+        unreachable = daemon.wait_for("target_unreachable", timeout_seconds=60, engine="0")
+        assert unreachable["scrape_failure"] == "timeout"
         daemon.wait_for("restart_requested", timeout_seconds=60)
+        _wait_for_restart_call(fake)
         assert daemon.events("restart_waiting") == []
         assert daemon.stop() == 0
 

@@ -35,6 +35,7 @@ from wedgewatch.core.episode import (
     RunRestart,
     Step,
 )
+from wedgewatch.core.replacement import ServerIdentity
 from wedgewatch.core.restart_policy import (
     FailureReason,
     Phase,
@@ -129,6 +130,17 @@ def report(step: Step, event: str) -> Report:
 
 
 STARTING = PolicyState(Phase.STARTING, (AT - 10,), 1, None, AT - 10)
+OLD_SERVER = ServerIdentity(
+    process_start_time_seconds=1000.0, progress={"0": (5.0, 5.0, 1.0, 0.0, 9.0)}
+)
+UNREACHABLE_REFUSED = verdict(
+    engine(EngineState.UNREACHABLE, family=Family.UNREACHABLE),
+    failure=ScrapeFailed(AT, "refused", "connection refused by 127.0.0.1:8000"),
+)
+UNREACHABLE_TIMEOUT = verdict(
+    engine(EngineState.UNREACHABLE, family=Family.UNREACHABLE),
+    failure=ScrapeFailed(AT, "timeout", "no complete response within 5 s"),
+)
 RESTARTING = PolicyState(Phase.RESTARTING, (AT - 10,), 1, None, AT - 10)
 BACKING_OFF = PolicyState(Phase.ARMED, (AT - 10,), 1, AT + 50.0, AT - 10)
 BACKOFF_OVER = PolicyState(Phase.ARMED, (AT - 100,), 1, AT - 1.0, AT - 61)
@@ -347,6 +359,127 @@ ROWS = {
             report(s, "episode_closed").fields["outcome"] == "restart_failed",
             s.state.ignore_before_at is None,
         ),
+    ),
+    # N1, N2: proof of a new server
+    "N1 the old server answering after a restart is not a success": Row(
+        replace(with_episode(policy=STARTING, restart_asked=True), old_server=OLD_SERVER),
+        Observed(OK_V, good=True, identity=OLD_SERVER),
+        lambda s: _all(
+            reports(s) == [],
+            s.state.policy.phase is Phase.STARTING,
+            s.state.not_replaced is not None
+            and "process_start_time_seconds unchanged" in s.state.not_replaced,
+            s.state.episode is not None,
+        ),
+    ),
+    "N1 with the old listener known, the shell is asked to look at the port": Row(
+        replace(
+            with_episode(policy=STARTING, restart_asked=True),
+            old_server=replace(OLD_SERVER, listener_pid=41, listener_create_time=5.0),
+        ),
+        Observed(OK_V, good=True, identity=OLD_SERVER),
+        lambda s: _all(kinds(s) == ["CheckListener"], s.state.listener_check),
+    ),
+    "N1 a new start time proves the restart: restart_succeeded with the proof": Row(
+        replace(with_episode(policy=STARTING, restart_asked=True), old_server=OLD_SERVER),
+        Observed(OK_V, good=True, identity=ServerIdentity(process_start_time_seconds=2000.0)),
+        lambda s: _all(
+            reports(s) == ["restart_succeeded", "episode_closed"],
+            "process_start_time_seconds changed" in report(s, "restart_succeeded").fields["detail"],
+            s.state.old_server is None,
+        ),
+    ),
+    "N2 a new listener seen by the shell proves the restart at the next good scrape": Row(
+        replace(
+            with_episode(policy=STARTING, restart_asked=True),
+            old_server=replace(OLD_SERVER, listener_pid=41, listener_create_time=5.0),
+            listener_after=(77, 9.0),
+        ),
+        Observed(OK_V, good=True, identity=OLD_SERVER),
+        lambda s: _all(
+            reports(s) == ["restart_succeeded", "episode_closed"],
+            "pid 41 to pid 77" in report(s, "restart_succeeded").fields["detail"],
+        ),
+    ),
+    "N2 ListenerSeen is kept for the next good scrape": Row(
+        replace(with_episode(policy=STARTING), listener_check=True),
+        core.ListenerSeen(77, 9.0),
+        lambda s: _all(
+            s.effects == (), s.state.listener_after == (77, 9.0), not s.state.listener_check
+        ),
+    ),
+    "N1 the old server still answers at the startup timeout: not_replaced closes the episode": Row(
+        replace(
+            with_episode(policy=replace(STARTING, phase_since_at=AT - 900.0)),
+            old_server=OLD_SERVER,
+            ignore_before_at=AT - 900.0,
+        ),
+        Observed(WEDGED_QUIET, good=True, identity=OLD_SERVER),
+        lambda s: _all(
+            reports(s) == ["restart_failed", "episode_closed"],
+            report(s, "restart_failed").fields["reason"] == "not_replaced",
+            "process_start_time_seconds unchanged" in report(s, "restart_failed").fields["detail"],
+            s.state.last_restart_failure is not None
+            and s.state.last_restart_failure["reason"] == "not_replaced",
+            s.state.old_server is None,
+        ),
+    ),
+    "N1 outside a restart a good scrape remembers the answering server": Row(
+        with_episode(WEDGED_QUIET),
+        Observed(WEDGED_QUIET, good=True, identity=OLD_SERVER),
+        lambda s: s.state.server == OLD_SERVER,
+    ),
+    "N1 a restart that ran remembers the server it must replace, with the listener": Row(
+        replace(with_episode(WEDGED_QUIET, policy=RESTARTING), server=OLD_SERVER),
+        RestartDone(OK, listener=(41, 5.0)),
+        lambda s: (
+            s.state.old_server == replace(OLD_SERVER, listener_pid=41, listener_create_time=5.0)
+        ),
+    ),
+    # W1: a supervisor already restarting the server
+    "W1 refused and systemd restarting: no restart, restart_waiting once": Row(
+        with_episode(UNREACHABLE_REFUSED, policy=BACKOFF_OVER, restart_asked=True),
+        RestartDue(KEY0, "unreachable", "refused", supervisor="systemd is restarting u"),
+        lambda s: _all(
+            reports(s) == ["restart_waiting"],
+            "RunRestart" not in kinds(s),
+            s.state.waiting_for_supervisor == "systemd is restarting u",
+            s.state.episode is not None
+            and s.state.episode.supervisor_retry_at == AT + core.SUPERVISOR_POLL_SECONDS,
+            s.state.policy.restarts_at == BACKOFF_OVER.restarts_at,  # no budget spent
+        ),
+    ),
+    "W1 still waiting: no second restart_waiting line": Row(
+        replace(
+            with_episode(UNREACHABLE_REFUSED, policy=BACKOFF_OVER, restart_asked=True),
+            waiting_for_supervisor="systemd is restarting u",
+        ),
+        RestartDue(KEY0, "unreachable", "refused", supervisor="systemd is restarting u"),
+        lambda s: reports(s) == [] and "RunRestart" not in kinds(s),
+    ),
+    "W1 an API hang (timeout) is restarted whatever the supervisor says": Row(
+        with_episode(UNREACHABLE_TIMEOUT, policy=BACKOFF_OVER, restart_asked=True),
+        RestartDue(KEY0, "unreachable", "timeout", supervisor="systemd is restarting u"),
+        lambda s: "RunRestart" in kinds(s) and s.state.waiting_for_supervisor is None,
+    ),
+    "W1 the supervisor gave up: the restart runs": Row(
+        replace(
+            with_episode(UNREACHABLE_REFUSED, policy=BACKOFF_OVER, restart_asked=True),
+            waiting_for_supervisor="systemd is restarting u",
+        ),
+        RestartDue(KEY0, "unreachable", "refused", supervisor=None),
+        lambda s: "RunRestart" in kinds(s) and s.state.waiting_for_supervisor is None,
+    ),
+    "W1 R4 asks the supervisor again only after the poll interval": Row(
+        with_episode(
+            UNREACHABLE_REFUSED,
+            policy=BACKOFF_OVER,
+            restart_asked=True,
+            restart_pending_since=AT - 1.0,
+            supervisor_retry_at=AT + 1.0,
+        ),
+        Observed(UNREACHABLE_REFUSED, good=False),
+        lambda s: "QueueRestart" not in kinds(s),
     ),
     # C3
     "C3 a bundle becomes the episode's bundle and triage": Row(

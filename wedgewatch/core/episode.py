@@ -41,15 +41,29 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                              R1  Restart, not asked yet in the episode: restart asked. No
 #                                  restarter (remedy "none"): Report restart_skipped, nothing
 #                                  else. Otherwise QueueRestart (behind the captures, A3).
-#                              P1  a good scrape: policy.record_good_scrape (restart_succeeded
-#                                  closes the episode "restarted": rule P*).
-#                              P2  always: policy.record_tick(healthy = calm) (not_recovered,
-#                                  backoff_reset, gave_up_cleared: rule P*).
+#                              P1  a good scrape: outside a restart (policy armed or gave_up)
+#                                  remember the answering server's `identity`. While the policy
+#                                  is starting, judge it against the server the restart had to
+#                                  replace (N1, `core.replacement`): Replaced ->
+#                                  policy.record_good_scrape(proof) (restart_succeeded closes
+#                                  the episode "restarted": rule P*); NotReplaced -> remember why
+#                                  (not_replaced) and, when the old listener is known and no
+#                                  check runs, CheckListener (the shell looks the port's
+#                                  listener up and answers ListenerSeen).
+#                              P2  always: policy.record_tick(healthy = calm, not_replaced)
+#                                  (not_recovered, not_replaced, backoff_reset,
+#                                  gave_up_cleared: rule P*).
 #                              R4  a restart is pending (R2 backoff, R3 failure), the worker is
 #                                  idle and the backoff has passed: still acted on ->
 #                                  QueueRestart for the worst acted-on engine; else drop it.
 #   RestartDue(key, ...)       R2  the worker reached a queued restart. The latest verdict is no
-#                                  longer acted on: Report restart_skipped (recovered). Else
+#                                  longer acted on: Report restart_skipped (recovered).
+#                              W1  the target is unreachable with its scrapes refused and the
+#                                  shell's supervisor probe says the supervisor (systemd) is
+#                                  already restarting the server (`supervisor`): no restart;
+#                                  Report restart_waiting (once per wait), remember it for
+#                                  /status, and let R4 ask again after
+#                                  SUPERVISOR_POLL_SECONDS. Anything else ends the wait. Else
 #                                  policy.decide: Deny backoff -> pending (R4 retries it),
 #                                  Report restart_deferred; other Deny -> Report restart_skipped
 #                                  (unless it just gave up: the gave_up event says why); Allow ->
@@ -57,20 +71,25 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  against the budget even if wedgewatch dies during it).
 #   RestartDone(outcome)       R3  policy.record_restart. ok: ResetDetector (the startup grace:
 #                                  the detector reports starting until the first good scrape),
-#                                  ignore scrapes begun before now (S0), Report
-#                                  restart_completed. Failed (remedy_error, timeout): the server
-#                                  is still the stalled one, the restart becomes pending (R4,
-#                                  within the budget). Persist now either way.
+#                                  ignore scrapes begun before now (S0), remember the server to
+#                                  replace (the last identity plus the port's `listener` before
+#                                  the restart; N1), Report restart_completed. Failed
+#                                  (remedy_error, timeout, not_vllm): the server is still the
+#                                  stalled one, the restart becomes pending (R4, within the
+#                                  budget). Persist now either way.
 #   CaptureDone(...)           C3  a bundle path becomes the target's last bundle and, when the
 #                                  episode is still the one asked for, the episode's bundle and
 #                                  triage. Failures change nothing else (never block R2).
+#   ListenerSeen(pid, created) N2  the port's listener after a restart: kept for the next P1.
 #   OperatorReset              O1  policy.reset (budget_reset or gave_up_cleared).
 #
 # Policy events (P*), whatever input caused them
 #   Every event is Reported (log line + webhook) with the target's state and the episode's
 #   engine, family and bundle, and the state is Persisted soon.
-#   restart_failed not_recovered: clear S0 and close the episode "restart_failed".
-#   restart_failed remedy_error/timeout: the restart becomes pending (R4).
+#   restart_failed (any reason) is kept as the target's last_restart_failure (/status).
+#   restart_failed not_recovered / not_replaced: clear S0 and close the episode
+#   "restart_failed".
+#   restart_failed remedy_error/timeout/not_vllm: the restart becomes pending (R4).
 #   restart_succeeded: close the episode "restarted".
 #
 # Persistence (S1): `saved` keeps the policy (`restart_policy.to_record`) and the open episode
@@ -93,6 +112,7 @@ from typing import Any, Literal
 
 from wedgewatch.core import restart_policy
 from wedgewatch.core.detect import CaptureEvidence, TargetVerdict
+from wedgewatch.core.replacement import NotReplaced, ServerIdentity, judge_replacement
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState
 from wedgewatch.vllm.signals import EngineKey
 
@@ -102,11 +122,13 @@ __all__ = [
     "STALLED",
     "Capture",
     "CaptureDone",
+    "CheckListener",
     "Effect",
     "Episode",
     "EpisodeRecord",
     "EpisodeState",
     "Input",
+    "ListenerSeen",
     "Observed",
     "OperatorReset",
     "Persist",
@@ -130,6 +152,8 @@ __all__ = [
 # A saved detector state is trusted only when the monotonic clock kept running between the
 # save and the load (same boot): the wall and monotonic gaps may then differ by this much.
 SAME_BOOT_TOLERANCE_SECONDS = 60.0
+# W1: how often the supervisor is asked again while it restarts the server itself.
+SUPERVISOR_POLL_SECONDS = 5.0
 
 Phase = Literal["suspect", "wedged"]
 
@@ -164,6 +188,7 @@ class Episode:
     restart_pending_since: float | None = None  # a restart waits for the backoff to pass
     triage: str | None = None
     scrape_failure: str | None = None  # the latest scrape failure reason seen in the episode
+    supervisor_retry_at: float | None = None  # W1: ask the supervisor again from then on
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +201,13 @@ class EpisodeState:
     last_bundle: str | None = None
     restarts: int = 0  # restarts run by this process (for /status)
     ignore_before_at: float | None = None  # S0: scrapes begun before this saw the old server
+    server: ServerIdentity | None = None  # P1: the answering server, outside restarts
+    old_server: ServerIdentity | None = None  # N1: the server a restart has to replace
+    listener_after: tuple[int, float | None] | None = None  # N2: the listener after it
+    listener_check: bool = False  # N1: a CheckListener runs
+    not_replaced: str | None = None  # N1: why the answering server is not proven new
+    last_restart_failure: Mapping[str, Any] | None = None  # reason, detail, timestamp
+    waiting_for_supervisor: str | None = None  # W1: why no restart runs now
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,6 +221,7 @@ class Observed:
     verdict: TargetVerdict
     good: bool
     worker_idle: bool = True  # no capture or restart runs for the target right now
+    identity: ServerIdentity | None = None  # what a good scrape says about the server (N1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +242,7 @@ class RestartDue:
     key: EngineKey
     family: str
     reason: str
+    supervisor: str | None = None  # W1: the supervisor says it is restarting the server
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +250,15 @@ class RestartDone:
     """The restarter finished a `RunRestart` with this outcome."""
 
     outcome: restart_policy.RestartOutcome
+    listener: tuple[int, float | None] | None = None  # the port's (pid, create time) before
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSeen:
+    """The port's listener after a restart (None: none found), asked by `CheckListener`."""
+
+    pid: int | None
+    create_time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +266,7 @@ class OperatorReset:
     """An operator asked to reset the target's restart budget."""
 
 
-Input = Observed | CaptureDone | RestartDue | RestartDone | OperatorReset
+Input = Observed | CaptureDone | RestartDue | RestartDone | ListenerSeen | OperatorReset
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,6 +312,11 @@ class RunRestart:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckListener:
+    """Look up the process listening on the target's port; send `ListenerSeen` (N1)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ResetDetector:
     """Start the target's detector afresh: the startup grace after a restart."""
 
@@ -294,7 +342,9 @@ class Report:
     log_only: Mapping[str, Any] | None = None
 
 
-Effect = Capture | Resolve | QueueRestart | RunRestart | ResetDetector | Persist | Report
+Effect = (
+    Capture | Resolve | QueueRestart | RunRestart | CheckListener | ResetDetector | Persist | Report
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,6 +385,8 @@ def step(state: EpisodeState, event: Input, rules: Rules, at: float, timestamp: 
         run.restart_due(event)
     elif isinstance(event, RestartDone):
         run.restart_done(event)
+    elif isinstance(event, ListenerSeen):
+        run.listener_seen(event)
     else:
         run.policy_step(restart_policy.reset(state.policy, at, timestamp))
     return Step(run.state, tuple(run.effects))
@@ -384,19 +436,63 @@ class _Run:
         for action in verdict.actions:
             self.on_action(verdict, action)
         if event.good:  # P1
-            self.policy_step(
-                restart_policy.record_good_scrape(
-                    self.state.policy, policy, self.at, self.timestamp
-                )
-            )
+            self.good_scrape(event.identity)
         calm = bool(verdict.engines) and verdict.state in CALM
+        starting = self.state.policy.phase is restart_policy.Phase.STARTING
         self.policy_step(  # P2
             restart_policy.record_tick(
-                self.state.policy, policy, self.at, self.timestamp, healthy=calm
+                self.state.policy,
+                policy,
+                self.at,
+                self.timestamp,
+                healthy=calm,
+                not_replaced=self.state.not_replaced if starting else None,
             )
         )
         if event.worker_idle:
             self.retry_restart(verdict)
+
+    def good_scrape(self, identity: ServerIdentity | None) -> None:
+        """P1 and N1: a good scrape ends the startup grace only from a new server."""
+        phase = self.state.policy.phase
+        if phase in (restart_policy.Phase.ARMED, restart_policy.Phase.GAVE_UP):
+            if identity is not None:
+                self.state = replace(self.state, server=identity)
+            return
+        if phase is not restart_policy.Phase.STARTING:
+            return
+        old = self.state.old_server or ServerIdentity()
+        seen = identity or ServerIdentity()
+        if self.state.listener_after is not None:
+            pid, created = self.state.listener_after
+            seen = replace(seen, listener_pid=pid, listener_create_time=created)
+        judged = judge_replacement(old, seen)
+        if isinstance(judged, NotReplaced):
+            self.state = replace(self.state, not_replaced=judged.reason)
+            if old.listener_pid is not None and not self.state.listener_check:
+                self.state = replace(self.state, listener_check=True)
+                self.effects.append(CheckListener())
+            return
+        self.state = replace(
+            self.state,
+            server=identity,
+            old_server=None,
+            not_replaced=None,
+            listener_after=None,
+        )
+        self.policy_step(
+            restart_policy.record_good_scrape(
+                self.state.policy,
+                self.rules.restart_policy,
+                self.at,
+                self.timestamp,
+                proof=judged.proof,
+            )
+        )
+
+    def listener_seen(self, event: ListenerSeen) -> None:  # N2
+        seen = None if event.pid is None else (event.pid, event.create_time)
+        self.state = replace(self.state, listener_check=False, listener_after=seen)
 
     def track_episode(self, verdict: TargetVerdict) -> None:
         stalled = [e for e in verdict.engines if e.state in STALLED]
@@ -443,6 +539,7 @@ class _Run:
         if outcome == "recovered" and episode.suspect_asked and not episode.wedged_asked:
             self.effects.append(Resolve(episode.bundle, "the engine recovered"))
         self.set_episode(None)
+        self.state = replace(self.state, waiting_for_supervisor=None)
         self.effects.append(Persist())
 
     def on_action(self, verdict: TargetVerdict, action: Any) -> None:
@@ -484,7 +581,9 @@ class _Run:
         not_before = self.state.policy.not_before_at
         if not_before is not None and self.at < not_before:
             return
-        self.update_episode(restart_pending_since=None)
+        if episode.supervisor_retry_at is not None and self.at < episode.supervisor_retry_at:
+            return  # W1: the supervisor is asked again later
+        self.update_episode(restart_pending_since=None, supervisor_retry_at=None)
         if verdict.state not in ACTED_ON:
             return
         worst = next((e for e in verdict.engines if e.state in ACTED_ON), None)
@@ -512,6 +611,17 @@ class _Run:
                 reason="the target recovered before the restart could run",
             )
             return
+        refused = verdict.failure is not None and verdict.failure.reason == "refused"
+        if verdict.state is EngineState.UNREACHABLE and refused and event.supervisor is not None:
+            if self.state.waiting_for_supervisor is None:  # W1
+                self.report("restart_waiting", "info", reason=event.supervisor)
+            self.state = replace(self.state, waiting_for_supervisor=event.supervisor)
+            self.update_episode(
+                restart_pending_since=self.at,
+                supervisor_retry_at=self.at + SUPERVISOR_POLL_SECONDS,
+            )
+            return
+        self.state = replace(self.state, waiting_for_supervisor=None)
         decision, result = restart_policy.decide(
             self.state.policy, self.rules.restart_policy, self.at, self.timestamp
         )
@@ -535,7 +645,18 @@ class _Run:
             )
         )
         if outcome.ok:
-            self.state = replace(self.state, ignore_before_at=self.at)
+            old = self.state.server or ServerIdentity()
+            if event.listener is not None:
+                pid, created = event.listener
+                old = replace(old, listener_pid=pid, listener_create_time=created)
+            self.state = replace(
+                self.state,
+                ignore_before_at=self.at,
+                old_server=old,
+                not_replaced=None,
+                listener_after=None,
+                listener_check=False,
+            )
             self.effects.append(ResetDetector())
             self.report(
                 "restart_completed",
@@ -567,9 +688,24 @@ class _Run:
                 )
             kind = event.kind
             if kind is kinds.RESTART_FAILED:
-                if event.reason == restart_policy.FailureReason.NOT_RECOVERED:
+                failure = {"reason": event.reason, "detail": event.detail}
+                self.state = replace(
+                    self.state,
+                    last_restart_failure={**failure, "timestamp": event.timestamp},
+                )
+                no_new_server = (
+                    restart_policy.FailureReason.NOT_RECOVERED,
+                    restart_policy.FailureReason.NOT_REPLACED,
+                )
+                if event.reason in no_new_server:
                     self.report("restart_failed", "error", notify=True, **fields)
-                    self.state = replace(self.state, ignore_before_at=None)
+                    self.state = replace(
+                        self.state,
+                        ignore_before_at=None,
+                        old_server=None,
+                        not_replaced=None,
+                        listener_after=None,
+                    )
                     self.close("restart_failed")
                 else:
                     # The remedy itself failed (error, timeout): the server is still the

@@ -337,7 +337,22 @@ def real_deps(
         service=SystemdNotifier.from_environ(environ),
         registry=CollectorRegistry(),
         serve_http=True,
+        supervisor_probe=supervisor_probe(config),
     )
+
+
+def supervisor_probe(config: Config) -> restarters.SystemdStateProbe | None:
+    """Asks systemd about each target's unit (its `systemd_unit`, or `systemd_unit` with
+    `remedy = "systemd"`) before a crashed server is restarted; None when no unit is known
+    or nothing is restarted."""
+    if config.remedy == "none":
+        return None
+    units = {
+        t.name: unit
+        for t in config.targets
+        if (unit := t.systemd_unit or (config.systemd_unit if config.remedy == "systemd" else None))
+    }
+    return restarters.SystemdStateProbe(units) if units else None
 
 
 async def capture_on_demand(

@@ -91,6 +91,8 @@ def target_snapshot(
             if episode
             else None
         ),
+        last_restart_failure=core.last_restart_failure,
+        waiting_for_supervisor=core.waiting_for_supervisor,
     )
 
 

@@ -30,6 +30,7 @@ from wedgewatch.core.detect import (
     TargetState,
 )
 from wedgewatch.core.detect import step as detect_step
+from wedgewatch.core.replacement import ServerIdentity
 from wedgewatch.core.states import EngineState
 from wedgewatch.daemon.publish import target_record, target_snapshot
 from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
@@ -37,6 +38,8 @@ from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, Scrape
 from wedgewatch.daemon.server import TargetSnapshot
 from wedgewatch.io import bundles, restarters, statefile
 from wedgewatch.io.procs import Discovery, ProcessSelector
+from wedgewatch.vllm.semantics import progress_counters
+from wedgewatch.vllm.signals import Exposition
 
 log = structlog.get_logger("wedgewatch.daemon")
 
@@ -56,7 +59,7 @@ class _CaptureJob:
     verdict: Mapping[str, Any]
 
 
-_Job = _CaptureJob | core.Resolve | core.QueueRestart
+_Job = _CaptureJob | core.Resolve | core.QueueRestart | core.CheckListener
 
 
 class Host(Protocol):
@@ -174,7 +177,12 @@ class TargetRunner:
             now_at=now_at,
             now=now,
         )
-        observed = core.Observed(verdict, good=isinstance(obs, Scraped), worker_idle=not self.busy)
+        observed = core.Observed(
+            verdict,
+            good=isinstance(obs, Scraped),
+            worker_idle=not self.busy,
+            identity=identity_of(obs.exposition) if isinstance(obs, Scraped) else None,
+        )
         self.feed(observed, now_at, now)
         state_changed = verdict.state is not self.target_state
         if state_changed:
@@ -219,7 +227,7 @@ class TargetRunner:
                 engine = next((e for e in verdict.engines if e.key == effect.key), None)
                 summary = self.reporter.verdict_summary(self.target, verdict, engine, now_at, now)
                 self.queue.put_nowait(_CaptureJob(effect, self.last_body, summary))
-            elif isinstance(effect, core.Resolve | core.QueueRestart):
+            elif isinstance(effect, core.Resolve | core.QueueRestart | core.CheckListener):
                 self.queue.put_nowait(effect)
             elif isinstance(effect, core.ResetDetector):
                 self.detector = TargetState.initial()
@@ -270,6 +278,12 @@ class TargetRunner:
                     bundle = job.bundle or self.core.last_bundle
                     if bundle is not None:
                         await self.deps.evidence.resolve(bundle, job.note)
+                elif isinstance(job, core.CheckListener):
+                    self.busy = "listener"
+                    found = await self._discover()
+                    seen = core.ListenerSeen(found.root_pid, found.root_create_time)
+                    clock = self.deps.clock
+                    self.feed(seen, clock.monotonic(), clock.wall())
                 else:
                     self.busy = "restart"
                     await self._restart(job)
@@ -359,7 +373,11 @@ class TargetRunner:
         if restarter is None:
             return
         clock = self.deps.clock
-        due = core.RestartDue(job.key, job.family, job.reason)
+        supervisor = None
+        probe = self.deps.supervisor_probe
+        if probe is not None and self.failure is not None and self.failure.reason == "refused":
+            supervisor = await probe.restarting(self.name)  # W1: a crash it restarts itself
+        due = core.RestartDue(job.key, job.family, job.reason, supervisor)
         step = self.feed(due, clock.monotonic(), clock.wall())
         run = next((e for e in step.effects if isinstance(e, core.RunRestart)), None)
         if run is None:
@@ -404,7 +422,12 @@ class TargetRunner:
                 limit,
                 restart_policy.FailureReason.TIMEOUT,
             )
-        self.feed(core.RestartDone(outcome), clock.monotonic(), clock.wall())
+        listener = (
+            (discovery.root_pid, discovery.root_create_time)
+            if discovery.root_pid is not None
+            else None
+        )
+        self.feed(core.RestartDone(outcome, listener), clock.monotonic(), clock.wall())
 
     async def _discover(self) -> Discovery:
         target = self.target
@@ -414,6 +437,16 @@ class TargetRunner:
                 return await asyncio.to_thread(self.deps.finder.discover, selector)
         except TimeoutError:
             return Discovery(selector.describe(), None, (), error="process discovery timed out")
+
+
+def identity_of(exposition: Exposition) -> ServerIdentity:
+    """What a good scrape says about which server answered (see `core.replacement`)."""
+    return ServerIdentity(
+        process_start_time_seconds=exposition.process_start_time_seconds,
+        progress={
+            key.engine: progress_counters(reading) for key, reading in exposition.engines.items()
+        },
+    )
 
 
 async def wait(sleep: Callable[[float], Any], seconds: float, stop: asyncio.Event) -> None:
