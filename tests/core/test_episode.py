@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wedgewatch.core import episode as core
+from wedgewatch.core import episode_store
 from wedgewatch.core.detect import (
     CaptureEvidence,
     EngineVerdict,
@@ -536,10 +537,14 @@ def test_stale_scrape_is_dropped_only_before_the_restart_ended() -> None:
 
 def test_restored_episode_needs_the_detector() -> None:
     """S1: without the detector state (another boot) the open episode is not restored."""
-    policy, episodes = core.saved(with_episode(bundle="/b"), AT, WALL + AT)
-    later = core.restored(policy, episodes, RULES, 50.0, WALL + AT + 5, detector_restored=False)
+    policy, episodes = episode_store.saved(with_episode(bundle="/b"), AT, WALL + AT)
+    later = episode_store.restored(
+        policy, episodes, RULES, 50.0, WALL + AT + 5, detector_restored=False
+    )
     assert later.episode is None
-    again = core.restored(policy, episodes, RULES, AT + 5, WALL + AT + 5, detector_restored=True)
+    again = episode_store.restored(
+        policy, episodes, RULES, AT + 5, WALL + AT + 5, detector_restored=True
+    )
     assert again.episode is not None
     assert again.episode.suspect_asked  # its bundle exists: no second suspect capture
     assert again.last_bundle == "/b"
@@ -555,7 +560,7 @@ def test_restored_episode_needs_the_detector() -> None:
 )
 def test_same_boot(saved_at: float, saved_wall: float, at: float, wall: float, same: bool) -> None:
     """A saved detector state is trusted only when both clocks moved on together."""
-    assert core.same_boot(saved_at, saved_wall, at, wall) is same
+    assert episode_store.same_boot(saved_at, saved_wall, at, wall) is same
 
 
 # ---------------------------------------------------------------------------------------------
@@ -695,8 +700,8 @@ def test_what_survives_a_wedgewatch_restart_round_trips(
     """Saving then restoring (same boot) keeps the episode, the budget and the backoff."""
     shell = play(modes, capture_ok, restarts)
     end = AT + 10.0 * len(modes)
-    policy, episodes = core.saved(shell.state, end, WALL + end)
-    back = core.restored(
+    policy, episodes = episode_store.saved(shell.state, end, WALL + end)
+    back = episode_store.restored(
         policy, episodes, RULES, end + gap, WALL + end + gap, detector_restored=True
     )
     before, after = shell.state.episode, back.episode
@@ -707,9 +712,9 @@ def test_what_survives_a_wedgewatch_restart_round_trips(
         assert after.family == before.family
         assert after.bundle == before.bundle
         assert after.opened_at == pytest.approx(before.opened_at)
-    assert core.saved(back, end + gap, WALL + end + gap)[0].restart_timestamps == pytest.approx(
-        policy.restart_timestamps
-    )
+    assert episode_store.saved(back, end + gap, WALL + end + gap)[
+        0
+    ].restart_timestamps == pytest.approx(policy.restart_timestamps)
     old, new = shell.state.policy, back.policy
     assert new.consecutive == old.consecutive
     assert new.phase == (Phase.STARTING if old.phase is Phase.RESTARTING else old.phase)

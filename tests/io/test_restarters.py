@@ -32,6 +32,7 @@ from wedgewatch.io.restarters import (
     SupervisorError,
     SystemdRestarter,
 )
+from wedgewatch.io.supervisor import SystemdStateProbe
 
 CHILD = Path(__file__).parents[1] / "remedy_child.py"
 POLICY = RestartPolicy()  # 3 per 3600 s, backoff 60 doubling to 900, startup 900
@@ -583,9 +584,7 @@ async def test_systemd_state_probe(tmp_path: Path, state: str, restarting: bool)
     bin_dir = _fake_systemctl(
         tmp_path / "bin", f'printf "%s\\n" "$@" > {calls}\nprintf "{state}"\n'
     )
-    probe = remedy.SystemdStateProbe(
-        {"vllm-a": "vllm.service"}, env={"PATH": f"{bin_dir}:/usr/bin:/bin"}
-    )
+    probe = SystemdStateProbe({"vllm-a": "vllm.service"}, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
     said = await probe.restarting("vllm-a")
     assert (said is not None) is restarting
     if said is not None:
@@ -596,5 +595,5 @@ async def test_systemd_state_probe(tmp_path: Path, state: str, restarting: bool)
 
 async def test_systemd_state_probe_without_systemctl_says_nothing(tmp_path: Path) -> None:
     """When the unit state cannot be read the probe answers None: act as without supervisor."""
-    probe = remedy.SystemdStateProbe({"vllm-a": "vllm.service"}, env={"PATH": str(tmp_path)})
+    probe = SystemdStateProbe({"vllm-a": "vllm.service"}, env={"PATH": str(tmp_path)})
     assert await probe.restarting("vllm-a") is None

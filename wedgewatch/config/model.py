@@ -220,6 +220,24 @@ def _setting(default: Any, section: str, description: str, **rules: Any) -> Any:
     return Field(default=default, description=description, json_schema_extra=extra, **rules)
 
 
+def _signal_targets_are_local(targets: Sequence[Target]) -> None:
+    """`remedy = "signal"` acts on local processes only: a target on another host must name
+    its process (`pid`, `pid_file`), or the configuration is refused naming it."""
+    for target in targets:
+        if target.pid is not None or target.pid_file is not None:
+            continue  # the operator named the server's process
+        remote = remote_host_reason(target.url)
+        if remote is not None:
+            raise FieldRuleError(
+                "remedy",
+                "signal",
+                f"target {target.name!r} ({redact_url(target.url)}): "
+                f'{remote}; remedy = "signal" only acts on a server on this machine '
+                "(use a loopback or local address, or set the target's pid or "
+                'pid_file), or use remedy = "exec" or "systemd"',
+            )
+
+
 class Config(BaseModel):
     """Every wedgewatch setting (see docs/configuration.md, generated from this model)."""
 
@@ -541,19 +559,7 @@ class Config(BaseModel):
                     "two targets have this name; give each one a unique name (name=URL)",
                 )
         if self.remedy == "signal":
-            for target in self.targets:
-                if target.pid is not None or target.pid_file is not None:
-                    continue  # the operator named the server's process
-                remote = remote_host_reason(target.url)
-                if remote is not None:
-                    raise FieldRuleError(
-                        "remedy",
-                        self.remedy,
-                        f"target {target.name!r} ({redact_url(target.url)}): "
-                        f'{remote}; remedy = "signal" only acts on a server on this machine '
-                        "(use a loopback or local address, or set the target's pid or "
-                        'pid_file), or use remedy = "exec" or "systemd"',
-                    )
+            _signal_targets_are_local(self.targets)
         if self.remedy == "exec" and not self.exec_command:
             raise FieldRuleError(
                 "exec_command", self.exec_command, 'must not be empty when remedy = "exec"'

@@ -41,15 +41,11 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                              R1  Restart, not asked yet in the episode: restart asked. No
 #                                  restarter (remedy "none"): Report restart_skipped, nothing
 #                                  else. Otherwise QueueRestart (behind the captures, A3).
-#                              P1  a good scrape: outside a restart (policy armed or gave_up)
-#                                  remember the answering server's `identity`. While the policy
-#                                  is starting, judge it against the server the restart had to
-#                                  replace (N1, `core.replacement`): Replaced ->
-#                                  policy.record_good_scrape(proof) (restart_succeeded closes
-#                                  the episode "restarted": rule P*); NotReplaced -> remember why
-#                                  (not_replaced) and, when the old listener is known and no
-#                                  check runs, CheckListener (the shell looks the port's
-#                                  listener up and answers ListenerSeen).
+#                              P1  a good scrape: armed/gave_up: remember its `identity`.
+#                                  Starting (N1): judged against the server to replace
+#                                  (`core.replacement`): Replaced -> record_good_scrape(proof)
+#                                  (P*); NotReplaced -> keep why (not_replaced), and
+#                                  CheckListener once when the old listener is known.
 #                              P2  always: policy.record_tick(healthy = calm, not_replaced)
 #                                  (not_recovered, not_replaced, backoff_reset,
 #                                  gave_up_cleared: rule P*).
@@ -58,12 +54,9 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  QueueRestart for the worst acted-on engine; else drop it.
 #   RestartDue(key, ...)       R2  the worker reached a queued restart. The latest verdict is no
 #                                  longer acted on: Report restart_skipped (recovered).
-#                              W1  the target is unreachable with its scrapes refused and the
-#                                  shell's supervisor probe says the supervisor (systemd) is
-#                                  already restarting the server (`supervisor`): no restart;
-#                                  Report restart_waiting (once per wait), remember it for
-#                                  /status, and let R4 ask again after
-#                                  SUPERVISOR_POLL_SECONDS. Anything else ends the wait. Else
+#                              W1  unreachable, refused, and the supervisor restarts it
+#                                  (`supervisor`): no restart; restart_waiting once per wait;
+#                                  R4 asks again after SUPERVISOR_POLL_SECONDS. Else
 #                                  policy.decide: Deny backoff -> pending (R4 retries it),
 #                                  Report restart_deferred; other Deny -> Report restart_skipped
 #                                  (unless it just gave up: the gave_up event says why); Allow ->
@@ -72,8 +65,7 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #   RestartDone(outcome)       R3  policy.record_restart. ok: ResetDetector (the startup grace:
 #                                  the detector reports starting until the first good scrape),
 #                                  ignore scrapes begun before now (S0), remember the server to
-#                                  replace (the last identity plus the port's `listener` before
-#                                  the restart; N1), Report restart_completed. Failed
+#                                  replace (identity + `listener`; N1), restart_completed. Failed
 #                                  (remedy_error, timeout, not_vllm): the server is still the
 #                                  stalled one, the restart becomes pending (R4, within the
 #                                  budget). Persist now either way.
@@ -86,17 +78,15 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 # Policy events (P*), whatever input caused them
 #   Every event is Reported (log line + webhook) with the target's state and the episode's
 #   engine, family and bundle, and the state is Persisted soon.
-#   restart_failed (any reason) is kept as the target's last_restart_failure (/status).
-#   restart_failed not_recovered / not_replaced: clear S0 and close the episode
-#   "restart_failed".
+#   restart_failed: kept as last_restart_failure (/status); not_recovered / not_replaced:
+#   clear S0 and close the episode "restart_failed".
 #   restart_failed remedy_error/timeout/not_vllm: the restart becomes pending (R4).
 #   restart_succeeded: close the episode "restarted".
 #
-# Persistence (S1): `saved` keeps the policy (`restart_policy.to_record`) and the open episode
-#   (id, engine, family, opened timestamp, bundle). `restored` rebases them onto the new
-#   process's clock; the episode only comes back with the detector state (same boot), so a
+# Persistence (S1, `core.episode_store`): `saved` keeps the policy and the open episode;
+#   `restored` brings the episode back only with the detector state (same boot), so a
 #   restored wedge emits no second capture or restart; a restored episode with a bundle
-#   counts its suspect capture as asked. The same-boot test is `same_boot`.
+#   counts its suspect capture as asked.
 #
 # Extension points: a new fact about a restart or a capture is a new input (or a field of
 #   RestartDone / CaptureDone) with its own rule row; a new thing to do is a new effect that
@@ -112,7 +102,12 @@ from typing import Any, Literal
 
 from wedgewatch.core import restart_policy
 from wedgewatch.core.detect import CaptureEvidence, TargetVerdict
-from wedgewatch.core.replacement import NotReplaced, ServerIdentity, judge_replacement
+from wedgewatch.core.replacement import (
+    NotReplaced,
+    ServerIdentity,
+    judge_replacement,
+    with_listener,
+)
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState
 from wedgewatch.vllm.signals import EngineKey
 
@@ -125,7 +120,6 @@ __all__ = [
     "CheckListener",
     "Effect",
     "Episode",
-    "EpisodeRecord",
     "EpisodeState",
     "Input",
     "ListenerSeen",
@@ -143,15 +137,9 @@ __all__ = [
     "Step",
     "episode_id",
     "is_stale",
-    "restored",
-    "same_boot",
-    "saved",
     "step",
 ]
 
-# A saved detector state is trusted only when the monotonic clock kept running between the
-# save and the load (same boot): the wall and monotonic gaps may then differ by this much.
-SAME_BOOT_TOLERANCE_SECONDS = 60.0
 # W1: how often the supervisor is asked again while it restarts the server itself.
 SUPERVISOR_POLL_SECONDS = 5.0
 
@@ -462,11 +450,7 @@ class _Run:
         if phase is not restart_policy.Phase.STARTING:
             return
         old = self.state.old_server or ServerIdentity()
-        seen = identity or ServerIdentity()
-        if self.state.listener_after is not None:
-            pid, created = self.state.listener_after
-            seen = replace(seen, listener_pid=pid, listener_create_time=created)
-        judged = judge_replacement(old, seen)
+        judged = judge_replacement(old, with_listener(identity, self.state.listener_after))
         if isinstance(judged, NotReplaced):
             self.state = replace(self.state, not_replaced=judged.reason)
             if old.listener_pid is not None and not self.state.listener_check:
@@ -474,20 +458,11 @@ class _Run:
                 self.effects.append(CheckListener())
             return
         self.state = replace(
-            self.state,
-            server=identity,
-            old_server=None,
-            not_replaced=None,
-            listener_after=None,
+            self.state, server=identity, old_server=None, not_replaced=None, listener_after=None
         )
+        policy, rules = self.state.policy, self.rules.restart_policy
         self.policy_step(
-            restart_policy.record_good_scrape(
-                self.state.policy,
-                self.rules.restart_policy,
-                self.at,
-                self.timestamp,
-                proof=judged.proof,
-            )
+            restart_policy.record_good_scrape(policy, rules, self.at, self.timestamp, judged.proof)
         )
 
     def listener_seen(self, event: ListenerSeen) -> None:  # N2
@@ -645,10 +620,7 @@ class _Run:
             )
         )
         if outcome.ok:
-            old = self.state.server or ServerIdentity()
-            if event.listener is not None:
-                pid, created = event.listener
-                old = replace(old, listener_pid=pid, listener_create_time=created)
+            old = with_listener(self.state.server, event.listener)
             self.state = replace(
                 self.state,
                 ignore_before_at=self.at,
@@ -720,76 +692,3 @@ class _Run:
                 self.report("gave_up", "error", notify=True, **fields)
             else:
                 self.report(str(kind), "info", notify=True, **fields)
-
-
-# ---------------------------------------------------------------------------------------------
-# Persistence (S1)
-
-
-@dataclass(frozen=True, slots=True)
-class EpisodeRecord:
-    """An open episode as the state file keeps it (Unix seconds)."""
-
-    episode_id: str
-    model_name: str
-    engine: str
-    family: str
-    opened_timestamp: float
-    bundle_path: str | None = None
-
-
-def saved(
-    state: EpisodeState, at: float, timestamp: float
-) -> tuple[restart_policy.PolicyRecord, tuple[EpisodeRecord, ...]]:
-    """What survives a restart of wedgewatch: the policy record and the open episode."""
-    episode = state.episode
-    episodes: tuple[EpisodeRecord, ...] = ()
-    if episode is not None:
-        episodes = (
-            EpisodeRecord(
-                episode_id=episode.episode_id,
-                model_name=episode.key.model_name,
-                engine=episode.key.engine,
-                family=episode.family,
-                opened_timestamp=episode.opened_timestamp,
-                bundle_path=episode.bundle,
-            ),
-        )
-    return restart_policy.to_record(state.policy, at, timestamp), episodes
-
-
-def restored(
-    policy: restart_policy.PolicyRecord | None,
-    episodes: tuple[EpisodeRecord, ...],
-    rules: Rules,
-    at: float,
-    timestamp: float,
-    *,
-    detector_restored: bool,
-) -> EpisodeState:
-    """The state a new process starts from; the episode only with the detector (same boot)."""
-    state = EpisodeState()
-    if policy is not None:
-        state = replace(
-            state,
-            policy=restart_policy.from_record(policy, rules.restart_policy, at, timestamp),
-        )
-    if detector_restored and episodes:
-        record = episodes[0]
-        episode = Episode(
-            episode_id=record.episode_id,
-            key=EngineKey(record.model_name, record.engine),
-            family=record.family,
-            opened_at=at - max(timestamp - record.opened_timestamp, 0.0),
-            opened_timestamp=record.opened_timestamp,
-            bundle=record.bundle_path,
-            suspect_asked=record.bundle_path is not None,
-        )
-        state = replace(state, episode=episode, last_bundle=record.bundle_path)
-    return state
-
-
-def same_boot(saved_at: float, saved_timestamp: float, at: float, timestamp: float) -> bool:
-    """Monotonic instants saved at (saved_at, saved_timestamp) still mean something now."""
-    drift = abs((timestamp - saved_timestamp) - (at - saved_at))
-    return at >= saved_at and drift <= SAME_BOOT_TOLERANCE_SECONDS

@@ -21,7 +21,7 @@ reason `not_replaced`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 #: The names of the progress counters, in the order `ServerIdentity.progress` holds them.
 PROGRESS_COUNTERS = (
@@ -64,6 +64,16 @@ class NotReplaced:
     """Nothing shows a new server (yet); `reason` says what was compared."""
 
     reason: str
+
+
+def with_listener(
+    identity: ServerIdentity | None, listener: tuple[int, float | None] | None
+) -> ServerIdentity:
+    """`identity` (or an unknown one) with the port's listener (pid, create time) added."""
+    base = identity or ServerIdentity()
+    if listener is None:
+        return base
+    return replace(base, listener_pid=listener[0], listener_create_time=listener[1])
 
 
 def _counter_went_back(before: ServerIdentity, after: ServerIdentity) -> str | None:

@@ -36,6 +36,7 @@ from wedgewatch.io import bundles, evidence, restarters, statefile
 from wedgewatch.io.notify import Notification, NotifyEvent, WebhookNotifier
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
 from wedgewatch.io.scrape import FetchFailed, ScrapeLimits, fetch, new_client
+from wedgewatch.io.supervisor import SystemdStateProbe
 from wedgewatch.io.systemd_notify import SystemdNotifier
 from wedgewatch.vllm import signals
 
@@ -341,7 +342,7 @@ def real_deps(
     )
 
 
-def supervisor_probe(config: Config) -> restarters.SystemdStateProbe | None:
+def supervisor_probe(config: Config) -> SystemdStateProbe | None:
     """Asks systemd about each target's unit (its `systemd_unit`, or `systemd_unit` with
     `remedy = "systemd"`) before a crashed server is restarted; None when no unit is known
     or nothing is restarted."""
@@ -352,7 +353,7 @@ def supervisor_probe(config: Config) -> restarters.SystemdStateProbe | None:
         for t in config.targets
         if (unit := t.systemd_unit or (config.systemd_unit if config.remedy == "systemd" else None))
     }
-    return restarters.SystemdStateProbe(units) if units else None
+    return SystemdStateProbe(units) if units else None
 
 
 async def capture_on_demand(

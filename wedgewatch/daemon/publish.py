@@ -11,7 +11,7 @@ from typing import Any
 
 from wedgewatch.config import Target
 from wedgewatch.core import episode as episode_core
-from wedgewatch.core import restart_policy
+from wedgewatch.core import episode_store, restart_policy
 from wedgewatch.core.detect import (
     TargetState,
     TargetVerdict,
@@ -117,7 +117,7 @@ def target_record(
     target: Target, core: EpisodeState, detector: TargetState, at: float, now: float
 ) -> statefile.TargetRecord:
     """What the state file keeps of one target (S1 of the episode rules, plus the detector)."""
-    policy_record, episodes = episode_core.saved(core, at, now)
+    policy_record, episodes = episode_store.saved(core, at, now)
     return statefile.TargetRecord(
         restart_policy=policy_record,
         open_episodes=tuple(
@@ -149,7 +149,7 @@ def restored_detector(
     try:
         if saved.get("url") != target.metrics_url:
             return None  # the name now points at another server
-        if not episode_core.same_boot(
+        if not episode_store.same_boot(
             float(saved["saved_at"]), float(saved["saved_timestamp"]), at, now
         ):
             return None  # another boot: monotonic instants mean nothing now
@@ -168,7 +168,7 @@ def restored_core(
 ) -> EpisodeState:
     """The episode core's state from a saved record."""
     episodes = tuple(
-        episode_core.EpisodeRecord(
+        episode_store.EpisodeRecord(
             episode_id=e.episode_id,
             model_name=e.model_name,
             engine=e.engine,
@@ -178,6 +178,6 @@ def restored_core(
         )
         for e in record.open_episodes
     )
-    return episode_core.restored(
+    return episode_store.restored(
         record.restart_policy, episodes, rules, at, now, detector_restored=detector_restored
     )

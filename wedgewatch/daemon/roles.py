@@ -18,7 +18,7 @@ from wedgewatch.core.detect import (
 )
 from wedgewatch.io import restarters, statefile
 from wedgewatch.io.procs import ProcessFinder
-from wedgewatch.io.restarters import SupervisorProbe
+from wedgewatch.io.supervisor import SupervisorProbe
 from wedgewatch.vllm.signals import EngineKey
 
 

@@ -38,6 +38,7 @@ from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, Scrape
 from wedgewatch.daemon.server import TargetSnapshot
 from wedgewatch.io import bundles, restarters, statefile
 from wedgewatch.io.procs import Discovery, ProcessSelector
+from wedgewatch.io.supervisor import SupervisorProbe
 from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import Exposition
 
@@ -280,10 +281,9 @@ class TargetRunner:
                         await self.deps.evidence.resolve(bundle, job.note)
                 elif isinstance(job, core.CheckListener):
                     self.busy = "listener"
-                    found = await self._discover()
-                    seen = core.ListenerSeen(found.root_pid, found.root_create_time)
-                    clock = self.deps.clock
-                    self.feed(seen, clock.monotonic(), clock.wall())
+                    found = listener_of(await self._discover())
+                    seen = core.ListenerSeen(*found) if found else core.ListenerSeen(None)
+                    self.feed(seen, self.deps.clock.monotonic(), self.deps.clock.wall())
                 else:
                     self.busy = "restart"
                     await self._restart(job)
@@ -373,10 +373,7 @@ class TargetRunner:
         if restarter is None:
             return
         clock = self.deps.clock
-        supervisor = None
-        probe = self.deps.supervisor_probe
-        if probe is not None and self.failure is not None and self.failure.reason == "refused":
-            supervisor = await probe.restarting(self.name)  # W1: a crash it restarts itself
+        supervisor = await supervisor_says(self.deps.supervisor_probe, self.name, self.failure)
         due = core.RestartDue(job.key, job.family, job.reason, supervisor)
         step = self.feed(due, clock.monotonic(), clock.wall())
         run = next((e for e in step.effects if isinstance(e, core.RunRestart)), None)
@@ -422,12 +419,8 @@ class TargetRunner:
                 limit,
                 restart_policy.FailureReason.TIMEOUT,
             )
-        listener = (
-            (discovery.root_pid, discovery.root_create_time)
-            if discovery.root_pid is not None
-            else None
-        )
-        self.feed(core.RestartDone(outcome, listener), clock.monotonic(), clock.wall())
+        done = core.RestartDone(outcome, listener_of(discovery))
+        self.feed(done, clock.monotonic(), clock.wall())
 
     async def _discover(self) -> Discovery:
         target = self.target
@@ -437,6 +430,22 @@ class TargetRunner:
                 return await asyncio.to_thread(self.deps.finder.discover, selector)
         except TimeoutError:
             return Discovery(selector.describe(), None, (), error="process discovery timed out")
+
+
+def listener_of(discovery: Discovery) -> tuple[int, float | None] | None:
+    """The (pid, create time) of the process a discovery found on the port, if any."""
+    if discovery.root_pid is None:
+        return None
+    return discovery.root_pid, discovery.root_create_time
+
+
+async def supervisor_says(
+    probe: SupervisorProbe | None, target: str, failure: ScrapeFailed | None
+) -> str | None:
+    """W1: for a refused server, whether its supervisor is already restarting it."""
+    if probe is None or failure is None or failure.reason != "refused":
+        return None
+    return await probe.restarting(target)
 
 
 def identity_of(exposition: Exposition) -> ServerIdentity:
