@@ -20,6 +20,7 @@ from wedgewatch.io.procs import (
     PsutilProcessFinder,
     ServerProcess,
     build_tree,
+    cgroup_in_unit,
     choose_root,
     combine_samples,
     descendants,
@@ -413,3 +414,25 @@ def test_remote_url_is_never_looked_up_by_port() -> None:
     assert found.processes == ()
     assert found.error is not None
     assert "192.0.2.7 is not this machine" in found.error
+
+
+@pytest.mark.parametrize(
+    ("text", "unit", "inside"),
+    [
+        pytest.param("0::/system.slice/vllm.service\n", "vllm.service", True, id="v2"),
+        pytest.param("0::/system.slice/vllm.service/engine\n", "vllm.service", True, id="sub"),
+        pytest.param(
+            "12:pids:/\n1:name=systemd:/system.slice/vllm.service\n0::/\n",
+            "vllm.service",
+            True,
+            id="v1",
+        ),
+        pytest.param("0::/system.slice/nginx.service\n", "vllm.service", False, id="other"),
+        pytest.param("0::/system.slice/vllm.service.d\n", "vllm.service", False, id="prefix"),
+        pytest.param("0::/\n", "vllm.service", False, id="container-root"),
+        pytest.param("0::/system.slice/vllm.service\n", "", False, id="no-unit"),
+    ],
+)
+def test_cgroup_in_unit(text: str, unit: str, inside: bool) -> None:
+    """A listener inside the target's systemd unit's cgroup counts as named by the target."""
+    assert cgroup_in_unit(text, unit) is inside

@@ -135,7 +135,12 @@ class BundleEvidence:
         result = await evidence.capture_bundle(
             evidence.CaptureRequest(
                 target=target.name,
-                selector=ProcessSelector(url=target.url, pid=target.pid, pid_file=target.pid_file),
+                selector=ProcessSelector(
+                    url=target.url,
+                    pid=target.pid,
+                    pid_file=target.pid_file,
+                    systemd_unit=target.systemd_unit,
+                ),
                 phase=bundles.Phase(request.phase),
                 family=request.family,
                 engine=request.key.engine,

@@ -69,6 +69,7 @@ class ProcessSelector:
     url: str | None = None
     pid: int | None = None
     pid_file: Path | None = None
+    systemd_unit: str | None = None  # a listener in this unit's cgroup counts as named
 
     def describe(self) -> str:
         """Human-readable source of the root pid, for summaries and errors."""
@@ -265,6 +266,21 @@ def is_this_machine(host_ips: Iterable[str], local_ips: Iterable[str]) -> bool:
         except ValueError:
             return False
         if ip.is_loopback or ip in local:
+            return True
+    return False
+
+
+def cgroup_in_unit(cgroup_text: str, unit: str) -> bool:
+    """Does a `/proc/<pid>/cgroup` text put the process inside systemd unit `unit`?
+
+    systemd runs each service in its own cgroup, `.../<unit>` (cgroup v2 `0::` line, or the
+    `name=systemd` hierarchy of v1), possibly with sub-cgroups below it.
+    """
+    if not unit or "/" in unit:
+        return False
+    for line in cgroup_text.splitlines():
+        _, _, path = line.partition("::") if line.startswith("0::") else line.rpartition(":")
+        if unit in path.strip().split("/"):
             return True
     return False
 
@@ -499,6 +515,9 @@ class PsutilProcessFinder:
         created: float | None = None
         with contextlib.suppress(psutil.Error):
             created = psutil.Process(root).create_time()
+        if not explicit and selector.systemd_unit and _in_unit(root, selector.systemd_unit):
+            explicit = True  # the listener runs inside the target's own systemd unit
+            notes.append(f"pid {root} runs in the target's systemd unit {selector.systemd_unit}")
         return Discovery(
             source,
             root,
@@ -614,6 +633,14 @@ def _ancestry(parents: dict[int, int]) -> dict[int, int]:
             full[pid] = record.ppid
             frontier.append(record.ppid)
     return full
+
+
+def _in_unit(pid: int, unit: str) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return cgroup_in_unit(text, unit)
 
 
 def _read_pid_file(path: Path) -> int | str:
