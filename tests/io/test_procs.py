@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from standin_tree import StandinTree, standin_tree
 
+from wedgewatch.core.server_proof import cgroup_in_unit, is_this_machine, prove_server
 from wedgewatch.io.procs import (
     ListeningSocket,
     ProcessReading,
@@ -20,15 +21,12 @@ from wedgewatch.io.procs import (
     PsutilProcessFinder,
     ServerProcess,
     build_tree,
-    cgroup_in_unit,
     choose_root,
     combine_samples,
     descendants,
     endpoint_of_url,
-    is_this_machine,
     parse_pid_file,
     pick_listeners,
-    prove_server,
     read_readings,
     title_from_cmdline,
 )

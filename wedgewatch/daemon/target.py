@@ -424,12 +424,7 @@ class TargetRunner:
 
     async def _discover(self) -> Discovery:
         target = self.target
-        selector = ProcessSelector(
-            url=target.url,
-            pid=target.pid,
-            pid_file=target.pid_file,
-            systemd_unit=target.systemd_unit,
-        )
+        selector = ProcessSelector(target.url, target.pid, target.pid_file, target.systemd_unit)
         try:
             async with asyncio.timeout(10):
                 return await asyncio.to_thread(self.deps.finder.discover, selector)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from wedgewatch import __version__
+from wedgewatch.core.server_proof import prove_server
 from wedgewatch.core.triage import (
     ProcessStacks,
     StackRound,
@@ -69,7 +70,6 @@ from wedgewatch.io.procs import (
     ServerProcess,
     combine_samples,
     own_lineage,
-    prove_server,
     read_readings,
 )
 from wedgewatch.io.pyspy import DumpStatus, PySpyRunner, StackDump, StackDumper

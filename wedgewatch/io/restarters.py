@@ -22,7 +22,8 @@ import psutil
 
 from wedgewatch.core.redact import redact_url
 from wedgewatch.core.restart_policy import FailureReason, RestartOutcome, seconds_text
-from wedgewatch.io.procs import own_lineage, prove_server, title_from_cmdline
+from wedgewatch.core.server_proof import prove_server
+from wedgewatch.io.procs import own_lineage, title_from_cmdline
 from wedgewatch.io.runner import CommandResult, run_command
 
 #: How long a restarter waits for processes to vanish after SIGKILL before reporting them.
