@@ -518,7 +518,7 @@ def test_error_messages_never_show_a_webhook_secret() -> None:
     (message,) = errors_of(flags={"webhook_urls": ("ftp://hooks.example/T0/SECRETPATH?k=QSECRET",)})
     assert "SECRETPATH" not in message
     assert "QSECRET" not in message
-    assert "ftp://hooks.example/***?***" in message
+    assert "ftp://hooks.example/***" in message
 
 
 def test_config_show_masks_secrets_unless_revealed() -> None:

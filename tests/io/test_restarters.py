@@ -534,9 +534,11 @@ async def test_exec_without_path_gets_the_default_path(tmp_path: Path) -> None:
 
 def test_exec_url_is_passed_without_credentials() -> None:
     """WEDGEWATCH_URL never carries the target URL's credentials or query."""
-    request = replace(_request(), url="http://bob:PWSECRET@127.0.0.1:8000/metrics?k=QSECRET")
+    request = replace(
+        _request(), url="http://bob:PWSECRET@127.0.0.1:8000/metrics?token=QSECRET&a=1"
+    )
     env = remedy.restart_environment(request)
-    assert env["WEDGEWATCH_URL"] == "http://***@127.0.0.1:8000/metrics?***"
+    assert env["WEDGEWATCH_URL"] == "http://bob:***@127.0.0.1:8000/metrics?token=***&a=1"
 
 
 async def test_group_is_signalled_only_while_its_leader_is_the_same_process(

@@ -474,7 +474,7 @@ class Config(BaseModel):
         "minimal environment (`PATH`, `HOME`, `USER`, `LOGNAME`, `LANG`, `LC_ALL`, `TZ`, "
         "`TMPDIR`, `XDG_RUNTIME_DIR`, `KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT` "
         "when wedgewatch has them; never its settings or secrets); the verdict is passed in "
-        "`WEDGEWATCH_TARGET`, `WEDGEWATCH_URL` (without credentials or query), "
+        "`WEDGEWATCH_TARGET`, `WEDGEWATCH_URL` (password and secret query values masked), "
         "`WEDGEWATCH_ENGINE`, `WEDGEWATCH_MODEL_NAME`, `WEDGEWATCH_FAMILY`, "
         "`WEDGEWATCH_STATE`, `WEDGEWATCH_REASON` and `WEDGEWATCH_BUNDLE`.",
     )

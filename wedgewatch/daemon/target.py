@@ -37,7 +37,7 @@ from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, h
 from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
 from wedgewatch.daemon.server import TargetSnapshot
 from wedgewatch.io import bundles, restarters, statefile
-from wedgewatch.io.procs import Discovery, ProcessSelector
+from wedgewatch.io.procs import Discovery, ProcessFinder, ProcessSelector
 from wedgewatch.io.supervisor import SupervisorProbe
 from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import Exposition
@@ -281,7 +281,7 @@ class TargetRunner:
                         await self.deps.evidence.resolve(bundle, job.note)
                 elif isinstance(job, core.CheckListener):
                     self.busy = "listener"
-                    found = listener_of(await self._discover())
+                    found = listener_of(await discover(self.deps.finder, self.target))
                     seen = core.ListenerSeen(*found) if found else core.ListenerSeen(None)
                     self.feed(seen, self.deps.clock.monotonic(), self.deps.clock.wall())
                 else:
@@ -381,7 +381,7 @@ class TargetRunner:
             return
         config = self.config
         self.reporter.metrics.count_restart(self.name, config.remedy)
-        discovery = await self._discover()
+        discovery = await discover(self.deps.finder, self.target)
         episode = self.core.episode
         verdict = self.core.verdict
         request = restarters.RestartRequest(
@@ -422,14 +422,15 @@ class TargetRunner:
         done = core.RestartDone(outcome, listener_of(discovery))
         self.feed(done, clock.monotonic(), clock.wall())
 
-    async def _discover(self) -> Discovery:
-        target = self.target
-        selector = ProcessSelector(target.url, target.pid, target.pid_file, target.systemd_unit)
-        try:
-            async with asyncio.timeout(10):
-                return await asyncio.to_thread(self.deps.finder.discover, selector)
-        except TimeoutError:
-            return Discovery(selector.describe(), None, (), error="process discovery timed out")
+
+async def discover(finder: ProcessFinder, target: Target) -> Discovery:
+    """The target's processes, found off the event loop within 10 s."""
+    selector = ProcessSelector(target.url, target.pid, target.pid_file, target.systemd_unit)
+    try:
+        async with asyncio.timeout(10):
+            return await asyncio.to_thread(finder.discover, selector)
+    except TimeoutError:
+        return Discovery(selector.describe(), None, (), error="process discovery timed out")
 
 
 def listener_of(discovery: Discovery) -> tuple[int, float | None] | None:

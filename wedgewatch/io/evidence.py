@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from wedgewatch import __version__
-from wedgewatch.core.server_proof import prove_server
 from wedgewatch.core.triage import (
     ProcessStacks,
     StackRound,
@@ -69,7 +68,7 @@ from wedgewatch.io.procs import (
     PsutilProcessFinder,
     ServerProcess,
     combine_samples,
-    own_lineage,
+    dump_refusal,
     read_readings,
 )
 from wedgewatch.io.pyspy import DumpStatus, PySpyRunner, StackDump, StackDumper
@@ -310,20 +309,9 @@ async def _capture_round(
 
     dumper = deps.stack_dumper()
     to_dump = [p for p in discovery.processes if p.role in _DUMPED_ROLES]
-    refusal = (
-        prove_server(
-            [(p.pid, p.title) for p in discovery.processes],
-            explicit=discovery.explicit,
-            own_pids=own_lineage()[0],
-            accept_vllm_command=True,
-        )
-        if discovery.processes
-        else None
-    )
-    if refusal is not None:
-        # Never py-spy (ptrace, as root) a process not proven to be the watched server.
-        to_dump = []
-        rnd.stacks_skipped = redact_title(refusal)
+    refusal = dump_refusal(discovery)
+    if refusal is not None:  # never py-spy (ptrace, as root) a process not proven the server
+        to_dump, rnd.stacks_skipped = [], redact_title(refusal)
         rnd.failures.append(f"stacks skipped: {rnd.stacks_skipped}")
     stack_tasks = {p.pid: asyncio.create_task(dumper.dump(p.pid)) for p in to_dump}
     sample_task = asyncio.create_task(_sample_processes(discovery.processes, deps))

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from wedgewatch.core.redact import redact_url
-from wedgewatch.core.server_proof import cgroup_in_unit, is_this_machine, plain_ip
+from wedgewatch.core.server_proof import cgroup_in_unit, is_this_machine, plain_ip, prove_server
 from wedgewatch.vllm.semantics import Role, classify_role
 
 _WILDCARD_IPS = frozenset({"0.0.0.0", "::", "::0"})
@@ -79,7 +79,7 @@ class ProcessSelector:
         if self.pid_file is not None:
             return f"pid file {self.pid_file}"
         if self.url is not None:
-            return f"listener of {redact_url(self.url, keep_path=True)}"
+            return f"listener of {redact_url(self.url)}"
         return "nothing (no url, pid or pid file configured)"
 
 
@@ -520,6 +520,19 @@ def remote_host_reason(url: str) -> str | None:
     return (
         f"{host} is not this machine (neither loopback nor an address of its interfaces), "
         "so no local process is its server"
+    )
+
+
+def dump_refusal(discovery: Discovery) -> str | None:
+    """Why the discovered processes must not be py-spied (not proven to be the server), or
+    None. Read-only uses also accept a root whose command line names vLLM (`vllm serve`)."""
+    if not discovery.processes:
+        return None
+    return prove_server(
+        [(p.pid, p.title) for p in discovery.processes],
+        explicit=discovery.explicit,
+        own_pids=own_lineage()[0],
+        accept_vllm_command=True,
     )
 
 
