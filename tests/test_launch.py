@@ -325,7 +325,7 @@ def test_target_url_follows_host_and_port(extra: list[str], url: str) -> None:
 def test_watch_config_watches_the_launched_server_with_supervise() -> None:
     """--watch keeps the user's watchdog settings but fixes the target and the remedy."""
     config = load_config(
-        flags={"stall_after_seconds": 12.0, "remedy": "signal", "targets": ("http://x:1",)}
+        flags={"stall_after_seconds": 12.0, "remedy": "signal", "targets": ("http://127.0.0.1:1",)}
     ).config
     command = build_command(
         vllm_bin="v", model="m", profile=Profile(), extra_args=["--port", "8123"]

@@ -160,20 +160,28 @@ def _config_show(
     config_file: Annotated[Path | None, _CONFIG_FILE_OPTION] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     as_toml: Annotated[bool, typer.Option("--toml", help="Print TOML even on a terminal.")] = False,
+    reveal: Annotated[
+        bool,
+        typer.Option(
+            "--reveal",
+            help="Show secrets (webhook URL paths and queries, URL credentials, secret-looking "
+            "arguments and environment values) instead of ***.",
+        ),
+    ] = False,
     *,
     flags: dict[str, Any],
 ) -> None:
-    """Print the effective configuration and where each value came from."""
+    """Print the effective configuration and where each value came from (secrets masked)."""
     try:
         loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
     except config.ConfigError as exc:
         raise _fail(exc.messages, 2) from None
     if as_json:
-        typer.echo(json.dumps(config.config_as_json(loaded), indent=2))
+        typer.echo(json.dumps(config.config_as_json(loaded, reveal=reveal), indent=2))
     elif sys.stdout.isatty() and not as_toml:
-        typer.echo(config.render_table(loaded), nl=False)
+        typer.echo(config.render_table(loaded, reveal=reveal), nl=False)
     else:
-        typer.echo(config.render_toml(loaded), nl=False)
+        typer.echo(config.render_toml(loaded, reveal=reveal), nl=False)
 
 
 @config_app.command("check")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
+from wedgewatch import config as config_module
 from wedgewatch.config import (
     SECTIONS,
     SETTINGS,
@@ -486,3 +487,59 @@ def test_loaded_config_is_a_plain_value() -> None:
     loaded = load_config()
     assert isinstance(loaded, LoadedConfig)
     assert dict(loaded.sources) == dict.fromkeys(SETTINGS, "default")
+
+
+# -- safety: remote signal targets, secrets ---------------------------------------------------
+
+
+def test_signal_remedy_refuses_a_remote_target() -> None:
+    """`remedy = "signal"` for a server on another host is a config error naming the target."""
+    (message,) = errors_of(flags={"remedy": "signal", "targets": ("far=http://192.0.2.7:8000",)})
+    assert message.startswith("remedy = 'signal' (from flag --remedy): target 'far'")
+    assert "192.0.2.7 is not this machine" in message
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        pytest.param({"url": "http://127.0.0.1:8000"}, id="loopback"),
+        pytest.param({"url": "http://localhost:8000"}, id="localhost"),
+        pytest.param({"url": "http://192.0.2.7:8000", "pid": 1234}, id="remote-with-pid"),
+    ],
+)
+def test_signal_remedy_accepts_a_local_or_named_server(target: dict[str, object]) -> None:
+    """A local URL, or a remote one whose process is named by pid, may use `signal`."""
+    loaded = load_config(flags={"remedy": "signal", "targets": (target,)})
+    assert loaded.config.remedy == "signal"
+
+
+def test_error_messages_never_show_a_webhook_secret() -> None:
+    """A bad webhook URL is reported without its path or query."""
+    (message,) = errors_of(flags={"webhook_urls": ("ftp://hooks.example/T0/SECRETPATH?k=QSECRET",)})
+    assert "SECRETPATH" not in message
+    assert "QSECRET" not in message
+    assert "ftp://hooks.example/***" in message
+
+
+def test_config_show_masks_secrets_unless_revealed() -> None:
+    """Rendered config hides webhook paths, URL credentials and secret env; --reveal shows them."""
+    loaded = load_config(
+        flags={
+            "webhook_urls": ("https://hooks.slack.com/services/T0/B0/SLACKSECRET",),
+            "targets": ("a=http://bob:PWSECRET@127.0.0.1:8000",),
+            "remedy": "exec",
+            "exec_command": ("notify", "--api-key", "EXECSECRET"),
+            "profiles": '{"mine": {"env": {"HF_TOKEN": "HFSECRET"}}}',
+        }
+    )
+    shown = [
+        config_module.render_toml(loaded),
+        config_module.render_table(loaded),
+        json.dumps(config_module.config_as_json(loaded)),
+    ]
+    for text in shown:
+        for secret in ("SLACKSECRET", "PWSECRET", "EXECSECRET", "HFSECRET"):
+            assert secret not in text
+    revealed = config_module.render_toml(loaded, reveal=True)
+    for secret in ("SLACKSECRET", "PWSECRET", "EXECSECRET", "HFSECRET"):
+        assert secret in revealed

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wedgewatch.core import episode as core
+from wedgewatch.core import episode_store
 from wedgewatch.core.detect import (
     CaptureEvidence,
     EngineVerdict,
@@ -36,6 +37,7 @@ from wedgewatch.core.episode import (
     Step,
 )
 from wedgewatch.core.probe_policy import ServerMark
+from wedgewatch.core.replacement import ServerIdentity
 from wedgewatch.core.restart_policy import (
     FailureReason,
     Phase,
@@ -130,6 +132,17 @@ def report(step: Step, event: str) -> Report:
 
 
 STARTING = PolicyState(Phase.STARTING, (AT - 10,), 1, None, AT - 10)
+OLD_SERVER = ServerIdentity(
+    process_start_time_seconds=1000.0, progress={"0": (5.0, 5.0, 1.0, 0.0, 9.0)}
+)
+UNREACHABLE_REFUSED = verdict(
+    engine(EngineState.UNREACHABLE, family=Family.UNREACHABLE),
+    failure=ScrapeFailed(AT, "refused", "connection refused by 127.0.0.1:8000"),
+)
+UNREACHABLE_TIMEOUT = verdict(
+    engine(EngineState.UNREACHABLE, family=Family.UNREACHABLE),
+    failure=ScrapeFailed(AT, "timeout", "no complete response within 5 s"),
+)
 RESTARTING = PolicyState(Phase.RESTARTING, (AT - 10,), 1, None, AT - 10)
 BACKING_OFF = PolicyState(Phase.ARMED, (AT - 10,), 1, AT + 50.0, AT - 10)
 BACKOFF_OVER = PolicyState(Phase.ARMED, (AT - 100,), 1, AT - 1.0, AT - 61)
@@ -349,6 +362,127 @@ ROWS = {
             s.state.ignore_before_at is None,
         ),
     ),
+    # N1, N2: proof of a new server
+    "N1 the old server answering after a restart is not a success": Row(
+        replace(with_episode(policy=STARTING, restart_asked=True), old_server=OLD_SERVER),
+        Observed(OK_V, good=True, identity=OLD_SERVER),
+        lambda s: _all(
+            reports(s) == [],
+            s.state.policy.phase is Phase.STARTING,
+            s.state.not_replaced is not None
+            and "process_start_time_seconds unchanged" in s.state.not_replaced,
+            s.state.episode is not None,
+        ),
+    ),
+    "N1 with the old listener known, the shell is asked to look at the port": Row(
+        replace(
+            with_episode(policy=STARTING, restart_asked=True),
+            old_server=replace(OLD_SERVER, listener_pid=41, listener_create_time=5.0),
+        ),
+        Observed(OK_V, good=True, identity=OLD_SERVER),
+        lambda s: _all(kinds(s) == ["CheckListener"], s.state.listener_check),
+    ),
+    "N1 a new start time proves the restart: restart_succeeded with the proof": Row(
+        replace(with_episode(policy=STARTING, restart_asked=True), old_server=OLD_SERVER),
+        Observed(OK_V, good=True, identity=ServerIdentity(process_start_time_seconds=2000.0)),
+        lambda s: _all(
+            reports(s) == ["restart_succeeded", "episode_closed"],
+            "process_start_time_seconds changed" in report(s, "restart_succeeded").fields["detail"],
+            s.state.old_server is None,
+        ),
+    ),
+    "N2 a new listener seen by the shell proves the restart at the next good scrape": Row(
+        replace(
+            with_episode(policy=STARTING, restart_asked=True),
+            old_server=replace(OLD_SERVER, listener_pid=41, listener_create_time=5.0),
+            listener_after=(77, 9.0),
+        ),
+        Observed(OK_V, good=True, identity=OLD_SERVER),
+        lambda s: _all(
+            reports(s) == ["restart_succeeded", "episode_closed"],
+            "pid 41 to pid 77" in report(s, "restart_succeeded").fields["detail"],
+        ),
+    ),
+    "N2 ListenerSeen is kept for the next good scrape": Row(
+        replace(with_episode(policy=STARTING), listener_check=True),
+        core.ListenerSeen(77, 9.0),
+        lambda s: _all(
+            s.effects == (), s.state.listener_after == (77, 9.0), not s.state.listener_check
+        ),
+    ),
+    "N1 the old server still answers at the startup timeout: not_replaced closes the episode": Row(
+        replace(
+            with_episode(policy=replace(STARTING, phase_since_at=AT - 900.0)),
+            old_server=OLD_SERVER,
+            ignore_before_at=AT - 900.0,
+        ),
+        Observed(WEDGED_QUIET, good=True, identity=OLD_SERVER),
+        lambda s: _all(
+            reports(s) == ["restart_failed", "episode_closed"],
+            report(s, "restart_failed").fields["reason"] == "not_replaced",
+            "process_start_time_seconds unchanged" in report(s, "restart_failed").fields["detail"],
+            s.state.last_restart_failure is not None
+            and s.state.last_restart_failure["reason"] == "not_replaced",
+            s.state.old_server is None,
+        ),
+    ),
+    "N1 outside a restart a good scrape remembers the answering server": Row(
+        with_episode(WEDGED_QUIET),
+        Observed(WEDGED_QUIET, good=True, identity=OLD_SERVER),
+        lambda s: s.state.server == OLD_SERVER,
+    ),
+    "N1 a restart that ran remembers the server it must replace, with the listener": Row(
+        replace(with_episode(WEDGED_QUIET, policy=RESTARTING), server=OLD_SERVER),
+        RestartDone(OK, listener=(41, 5.0)),
+        lambda s: (
+            s.state.old_server == replace(OLD_SERVER, listener_pid=41, listener_create_time=5.0)
+        ),
+    ),
+    # W1: a supervisor already restarting the server
+    "W1 refused and systemd restarting: no restart, restart_waiting once": Row(
+        with_episode(UNREACHABLE_REFUSED, policy=BACKOFF_OVER, restart_asked=True),
+        RestartDue(KEY0, "unreachable", "refused", supervisor="systemd is restarting u"),
+        lambda s: _all(
+            reports(s) == ["restart_waiting"],
+            "RunRestart" not in kinds(s),
+            s.state.waiting_for_supervisor == "systemd is restarting u",
+            s.state.episode is not None
+            and s.state.episode.supervisor_retry_at == AT + core.SUPERVISOR_POLL_SECONDS,
+            s.state.policy.restarts_at == BACKOFF_OVER.restarts_at,  # no budget spent
+        ),
+    ),
+    "W1 still waiting: no second restart_waiting line": Row(
+        replace(
+            with_episode(UNREACHABLE_REFUSED, policy=BACKOFF_OVER, restart_asked=True),
+            waiting_for_supervisor="systemd is restarting u",
+        ),
+        RestartDue(KEY0, "unreachable", "refused", supervisor="systemd is restarting u"),
+        lambda s: reports(s) == [] and "RunRestart" not in kinds(s),
+    ),
+    "W1 an API hang (timeout) is restarted whatever the supervisor says": Row(
+        with_episode(UNREACHABLE_TIMEOUT, policy=BACKOFF_OVER, restart_asked=True),
+        RestartDue(KEY0, "unreachable", "timeout", supervisor="systemd is restarting u"),
+        lambda s: "RunRestart" in kinds(s) and s.state.waiting_for_supervisor is None,
+    ),
+    "W1 the supervisor gave up: the restart runs": Row(
+        replace(
+            with_episode(UNREACHABLE_REFUSED, policy=BACKOFF_OVER, restart_asked=True),
+            waiting_for_supervisor="systemd is restarting u",
+        ),
+        RestartDue(KEY0, "unreachable", "refused", supervisor=None),
+        lambda s: "RunRestart" in kinds(s) and s.state.waiting_for_supervisor is None,
+    ),
+    "W1 R4 asks the supervisor again only after the poll interval": Row(
+        with_episode(
+            UNREACHABLE_REFUSED,
+            policy=BACKOFF_OVER,
+            restart_asked=True,
+            restart_pending_since=AT - 1.0,
+            supervisor_retry_at=AT + 1.0,
+        ),
+        Observed(UNREACHABLE_REFUSED, good=False),
+        lambda s: "QueueRestart" not in kinds(s),
+    ),
     # C3
     "C3 a bundle becomes the episode's bundle and triage": Row(
         with_episode(suspect_asked=True),
@@ -404,10 +538,14 @@ def test_stale_scrape_is_dropped_only_before_the_restart_ended() -> None:
 
 def test_restored_episode_needs_the_detector() -> None:
     """S1: without the detector state (another boot) the open episode is not restored."""
-    policy, episodes = core.saved(with_episode(bundle="/b"), AT, WALL + AT)
-    later = core.restored(policy, episodes, RULES, 50.0, WALL + AT + 5, detector_restored=False)
+    policy, episodes = episode_store.saved(with_episode(bundle="/b"), AT, WALL + AT)
+    later = episode_store.restored(
+        policy, episodes, RULES, 50.0, WALL + AT + 5, detector_restored=False
+    )
     assert later.episode is None
-    again = core.restored(policy, episodes, RULES, AT + 5, WALL + AT + 5, detector_restored=True)
+    again = episode_store.restored(
+        policy, episodes, RULES, AT + 5, WALL + AT + 5, detector_restored=True
+    )
     assert again.episode is not None
     assert again.episode.suspect_asked  # its bundle exists: no second suspect capture
     assert again.last_bundle == "/b"
@@ -423,7 +561,7 @@ def test_restored_episode_needs_the_detector() -> None:
 )
 def test_same_boot(saved_at: float, saved_wall: float, at: float, wall: float, same: bool) -> None:
     """A saved detector state is trusted only when both clocks moved on together."""
-    assert core.same_boot(saved_at, saved_wall, at, wall) is same
+    assert episode_store.same_boot(saved_at, saved_wall, at, wall) is same
 
 
 # ---------------------------------------------------------------------------------------------
@@ -563,8 +701,8 @@ def test_what_survives_a_wedgewatch_restart_round_trips(
     """Saving then restoring (same boot) keeps the episode, the budget and the backoff."""
     shell = play(modes, capture_ok, restarts)
     end = AT + 10.0 * len(modes)
-    policy, episodes = core.saved(shell.state, end, WALL + end)
-    back = core.restored(
+    policy, episodes = episode_store.saved(shell.state, end, WALL + end)
+    back = episode_store.restored(
         policy, episodes, RULES, end + gap, WALL + end + gap, detector_restored=True
     )
     before, after = shell.state.episode, back.episode
@@ -575,9 +713,9 @@ def test_what_survives_a_wedgewatch_restart_round_trips(
         assert after.family == before.family
         assert after.bundle == before.bundle
         assert after.opened_at == pytest.approx(before.opened_at)
-    assert core.saved(back, end + gap, WALL + end + gap)[0].restart_timestamps == pytest.approx(
-        policy.restart_timestamps
-    )
+    assert episode_store.saved(back, end + gap, WALL + end + gap)[
+        0
+    ].restart_timestamps == pytest.approx(policy.restart_timestamps)
     old, new = shell.state.policy, back.policy
     assert new.consecutive == old.consecutive
     assert new.phase == (Phase.STARTING if old.phase is Phase.RESTARTING else old.phase)

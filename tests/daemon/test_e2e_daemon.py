@@ -206,12 +206,19 @@ def test_restart_budget_holds_across_kill_9(
     daemons: Callable[..., DaemonProcess], tmp_path: Path
 ) -> None:
     """Restarts done before wedgewatch is SIGKILLed count against the budget of the next one."""
-    wedged = Reply(
-        200, (FIXTURES / "deferred_wedge.prom").read_bytes(), {"Content-Type": "text/plain"}
-    )
+    body = (FIXTURES / "deferred_wedge.prom").read_bytes()
     restarts = tmp_path / "restarts.txt"
     command = f"sh -c 'echo restarted >> {shlex.quote(str(restarts))}'"
-    with ScriptedServer(always(wedged)) as server:
+
+    def wedged(n: int, path: str) -> Reply:
+        # Each "restart" brings a new (still wedged) server: a new process start time, as
+        # vLLM's process collector reports it, so wedgewatch can prove the replacement.
+        count = restarts.read_text().count("restarted") if restarts.exists() else 0
+        started = f"process_start_time_seconds {1.8e9 + count}".encode()
+        replaced = body.replace(b"process_start_time_seconds 1.79620356444e+09", started)
+        return Reply(200, replaced, {"Content-Type": "text/plain"})
+
+    with ScriptedServer(wedged) as server:
         args = [
             "--target",
             f"sim={server.base_url}",

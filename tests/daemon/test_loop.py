@@ -112,7 +112,9 @@ class FakeServer:
             preemptions=0.0,
             iterations=self.counter,
         )
-        return Scraped(at, Exposition({KEY: reading}, process_start_time_seconds=None))
+        # Like vLLM's process collector: a restarted server has a new start time.
+        started = self.start if self.restarted_at is None else self.restarted_at
+        return Scraped(at, Exposition({KEY: reading}, process_start_time_seconds=1.7e9 + started))
 
 
 class FakeScraper:

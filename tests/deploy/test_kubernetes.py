@@ -108,9 +108,17 @@ def _port(container: dict[str, Any], name: str) -> int:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_render_builds_every_kind(variant: str) -> None:
-    """Each variant renders a ConfigMap, Deployment, Service, PodMonitor and PrometheusRule."""
+    """Each variant renders a ConfigMap, Deployment, NetworkPolicy, Service, PodMonitor and
+    PrometheusRule."""
     kinds = sorted(key[1] for key in _objects(variant))
-    assert kinds == ["ConfigMap", "Deployment", "PodMonitor", "PrometheusRule", "Service"]
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",
+        "PodMonitor",
+        "PrometheusRule",
+        "Service",
+    ]
 
 
 def test_json_patch_test_operation_guards_indexes(tmp_path: Path) -> None:
@@ -406,6 +414,37 @@ def test_service_exposes_the_api_port() -> None:
     (port,) = service["spec"]["ports"]
     assert port["targetPort"] == "http"
     assert service["metadata"]["name"] != "vllm"
+
+
+# -- network exposure ------------------------------------------------------------------
+
+
+def test_network_policy_admits_only_prometheus_to_the_sidecar() -> None:
+    """The policy selects the pods; the sidecar's port admits Prometheus only, vLLM's API all."""
+    policy = _one("base", "NetworkPolicy")["spec"]
+    labels = _one("base", "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    pod = _pod("base")
+    sidecar_port = _port(_container(pod, "wedgewatch", init=True), "wedgewatch")
+    api_port = _port(_container(pod, "vllm"), "http")
+    by_port = {rule["ports"][0]["port"]: rule for rule in policy["ingress"]}
+    assert set(by_port) == {sidecar_port, api_port}
+    assert all(len(rule["ports"]) == 1 for rule in policy["ingress"])
+    assert "from" not in by_port[api_port]  # clients of the API: narrowed by the operator
+    (source,) = by_port[sidecar_port]["from"]
+    assert source["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    assert source["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
+
+
+def test_sidecar_probes_come_from_the_node_which_the_policy_always_admits() -> None:
+    """Every sidecar probe is an httpGet by the kubelet (from the node), never from a pod."""
+    sidecar = _container(_pod("base"), "wedgewatch", init=True)
+    for probe in ("startupProbe", "livenessProbe"):
+        assert sidecar[probe]["httpGet"]["port"] == "wedgewatch"
+        assert "host" not in sidecar[probe]["httpGet"]
 
 
 # -- the exec-probe variant ------------------------------------------------------------

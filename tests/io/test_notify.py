@@ -87,7 +87,7 @@ def serve() -> Iterator[Callable[[Callable[[int], int]], Receiver]]:
         thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
         thread.start()
         host, port = server.server_address[:2]
-        receiver.url = f"http://{host!s}:{port}/hook?token=secret"
+        receiver.url = f"http://{host!s}:{port}/hook/T0/B0/pathsecret?token=secret"
         servers.append((server, thread, receiver))
         return receiver
 
@@ -161,7 +161,9 @@ async def test_hanging_receiver_times_out_and_fails(
     assert len(failures) == 1
     assert failures[0].attempts == 2
     assert "timed out" in failures[0].message
-    assert "secret" not in failures[0].url  # the token in the query is not logged
+    assert "secret" not in failures[0].url  # neither the path's nor the query's secret
+    assert failures[0].url.endswith(":" + failures[0].url.rsplit(":", 1)[1])
+    assert failures[0].url.endswith("/***")
 
 
 async def test_refused_port_fails_after_bounded_retries(refused_url: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from standin_tree import StandinTree, standin_tree
 
+from wedgewatch.core.server_proof import cgroup_in_unit, is_this_machine, prove_server
 from wedgewatch.io.procs import (
     ListeningSocket,
     ProcessReading,
@@ -152,8 +153,8 @@ def test_endpoint_of_url(url: str, expected: tuple[str, int] | str) -> None:
         pytest.param(
             [ListeningSocket("10.0.0.2", 8000, 6)],
             "127.0.0.1",
-            ((6,), 0),
-            id="no-host-match-falls-back-to-port",
+            ((), 0),
+            id="another-address-is-never-picked",
         ),
         pytest.param(
             [ListeningSocket("0.0.0.0", 8000, None)], "127.0.0.1", ((), 1), id="hidden-pid"
@@ -170,7 +171,7 @@ def test_endpoint_of_url(url: str, expected: tuple[str, int] | str) -> None:
 def test_pick_listeners(
     sockets: list[ListeningSocket], host: str, expected: tuple[tuple[int, ...], int]
 ) -> None:
-    """Listeners are matched on the port, then narrowed by host when that matches anything."""
+    """Listeners are matched on the port and the host (or a wildcard), never on the port alone."""
     assert pick_listeners(sockets, host, 8000) == expected
 
 
@@ -341,3 +342,95 @@ def test_read_readings_of_self_and_of_a_vanished_pid() -> None:
     assert mine.num_threads >= 1
     assert mine.rss_bytes > 0
     assert readings[child.pid] == f"pid {child.pid} no longer exists"
+
+
+# ---------------------------------------------------------------- proof and locality
+
+
+@pytest.mark.parametrize(
+    ("tree", "explicit", "accept_command", "refused_with"),
+    [
+        pytest.param(
+            [(10, "python -m vllm"), (11, "VLLM::EngineCore")], False, False, None, id="engine"
+        ),
+        pytest.param(
+            [(10, "vllm serve m"), (11, "VLLM::EngineCore_DP1")], False, False, None, id="dp"
+        ),
+        pytest.param(
+            [(10, "nginx: master process")], False, False, "has no VLLM::EngineCore", id="nginx"
+        ),
+        pytest.param([(10, "anything")], True, False, None, id="explicit-pid"),
+        pytest.param(
+            [(10, "vllm serve m")], False, False, "has no VLLM::EngineCore", id="dead-engine"
+        ),
+        pytest.param([(10, "vllm serve m")], False, True, None, id="dead-engine-readonly"),
+        pytest.param(
+            [(10, "VLLM::EngineCore"), (4242, "wedgewatch run")],
+            True,
+            False,
+            "wedgewatch itself (pid 4242)",
+            id="contains-wedgewatch",
+        ),
+        pytest.param([], True, False, "no server process", id="empty"),
+    ],
+)
+def test_prove_server(
+    tree: list[tuple[int, str]], explicit: bool, accept_command: bool, refused_with: str | None
+) -> None:
+    """Only an EngineCore or an explicitly configured pid proves a tree, never with us in it."""
+    reason = prove_server(
+        tree, explicit=explicit, own_pids={4242}, accept_vllm_command=accept_command
+    )
+    if refused_with is None:
+        assert reason is None
+    else:
+        assert reason is not None
+        assert refused_with in reason
+
+
+@pytest.mark.parametrize(
+    ("host_ips", "local", "expected"),
+    [
+        pytest.param(("127.0.0.1",), (), True, id="loopback-v4"),
+        pytest.param(("127.0.1.1",), (), True, id="loopback-range"),
+        pytest.param(("::1",), (), True, id="loopback-v6"),
+        pytest.param(("10.1.2.3",), ("10.1.2.3", "127.0.0.1"), True, id="own-interface"),
+        pytest.param(("fe80::1",), ("fe80::1%eth0",), True, id="zoned-interface"),
+        pytest.param(("10.1.2.3",), ("10.1.2.4", "127.0.0.1"), False, id="other-host"),
+        pytest.param((), ("127.0.0.1",), False, id="unresolved"),
+    ],
+)
+def test_is_this_machine(host_ips: tuple[str, ...], local: tuple[str, ...], expected: bool) -> None:
+    """Loopback and the machine's own interface addresses are local; nothing else is."""
+    assert is_this_machine(host_ips, local) is expected
+
+
+def test_remote_url_is_never_looked_up_by_port() -> None:
+    """A URL on another host finds no local process, with the reason, whatever listens here."""
+    found = PsutilProcessFinder().discover(ProcessSelector(url="http://192.0.2.7:8000/metrics"))
+    assert found.root_pid is None
+    assert found.processes == ()
+    assert found.error is not None
+    assert "192.0.2.7 is not this machine" in found.error
+
+
+@pytest.mark.parametrize(
+    ("text", "unit", "inside"),
+    [
+        pytest.param("0::/system.slice/vllm.service\n", "vllm.service", True, id="v2"),
+        pytest.param("0::/system.slice/vllm.service/engine\n", "vllm.service", True, id="sub"),
+        pytest.param(
+            "12:pids:/\n1:name=systemd:/system.slice/vllm.service\n0::/\n",
+            "vllm.service",
+            True,
+            id="v1",
+        ),
+        pytest.param("0::/system.slice/nginx.service\n", "vllm.service", False, id="other"),
+        pytest.param("0::/system.slice/vllm.service.d\n", "vllm.service", False, id="prefix"),
+        pytest.param("0::/\n", "vllm.service", False, id="container-root"),
+        pytest.param("0::/system.slice/vllm.service\n", "", False, id="no-unit"),
+    ],
+)
+def test_cgroup_in_unit(text: str, unit: str, inside: bool) -> None:
+    """A listener inside the target's systemd unit's cgroup counts as named by the target."""
+    assert cgroup_in_unit(text, unit) is inside

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -21,6 +22,7 @@ from wedgewatch.core.restart_policy import (
     RestartOutcome,
     RestartPolicy,
 )
+from wedgewatch.io import restarters as remedy
 from wedgewatch.io.restarters import (
     ExecRestarter,
     RestartRequest,
@@ -30,6 +32,7 @@ from wedgewatch.io.restarters import (
     SupervisorError,
     SystemdRestarter,
 )
+from wedgewatch.io.supervisor import SystemdStateProbe
 
 CHILD = Path(__file__).parents[1] / "remedy_child.py"
 POLICY = RestartPolicy()  # 3 per 3600 s, backoff 60 doubling to 900, startup 900
@@ -41,7 +44,9 @@ TIMED_OUT = RestartOutcome(False, "slow", 1.0, FailureReason.TIMEOUT)
 # Restarters against real processes
 
 
-def _request(pid: int | None = None, bundle: Path | None = None) -> RestartRequest:
+def _request(
+    pid: int | None = None, bundle: Path | None = None, *, explicit: bool = True
+) -> RestartRequest:
     return RestartRequest(
         target="vllm-a",
         url="http://127.0.0.1:8000",
@@ -52,6 +57,7 @@ def _request(pid: int | None = None, bundle: Path | None = None) -> RestartReque
         reason="running 0, waiting 5 (deferred 5), no progress for 300 s",
         bundle=bundle,
         server_pid=pid,
+        server_pid_explicit=explicit,  # these trees are named by pid, as a target's `pid` does
     )
 
 
@@ -229,7 +235,8 @@ async def test_signal_refuses_what_it_must_not_do(pid: int | None, ok: bool, tex
     outcome = await SignalRestarter(grace_seconds=1).restart(_request(pid))
     assert outcome.ok is ok
     assert text in outcome.detail
-    assert outcome.failure is FailureReason.REMEDY_ERROR
+    expected = FailureReason.REMEDY_ERROR if pid is None else FailureReason.NOT_VLLM
+    assert outcome.failure is expected
 
 
 async def test_signal_reports_an_already_gone_server_as_done() -> None:
@@ -484,3 +491,111 @@ async def test_supervisor_start_errors_are_clear() -> None:
     """Starting a missing program raises SupervisorError naming it."""
     with pytest.raises(SupervisorError, match="not found"):
         await Supervisor(["/nonexistent/vllm"]).start()
+
+
+# ---------------------------------------------------------------------------------------
+# Safety: the exec environment, the group leader check, the supervisor's own restart
+
+
+async def test_exec_gets_a_minimal_environment(tmp_path: Path) -> None:
+    """The exec command sees PATH, LANG and the event, never wedgewatch's settings or secrets."""
+    out = tmp_path / "env.json"
+    dump = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
+    parent = {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HF_TOKEN": "hf_SECRET",
+        "WEDGEWATCH_WEBHOOK_URLS": "https://hooks.slack.com/services/SECRET",
+        "AWS_SECRET_ACCESS_KEY": "SECRET",
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+    }
+    restarter = ExecRestarter([sys.executable, "-c", dump, str(out)], env=parent)
+    assert (await restarter.restart(_request())).ok
+    seen = json.loads(out.read_text())
+    seen.pop("LC_CTYPE", None)  # the interpreter may coerce the C locale
+    assert {k: v for k, v in seen.items() if not k.startswith("WEDGEWATCH_")} == {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+    }
+    assert sorted(k for k in seen if k.startswith("WEDGEWATCH_")) == sorted(
+        remedy.restart_environment(_request())
+    )
+    assert "SECRET" not in out.read_text()
+
+
+async def test_exec_without_path_gets_the_default_path(tmp_path: Path) -> None:
+    """With no PATH in wedgewatch's environment the command still finds standard programs."""
+    out = tmp_path / "path.txt"
+    script = f"import os; open({str(out)!r}, 'w').write(os.environ['PATH'])"
+    assert (await ExecRestarter([sys.executable, "-c", script], env={}).restart(_request())).ok
+    assert out.read_text() == remedy.DEFAULT_PATH
+
+
+def test_exec_url_is_passed_without_credentials() -> None:
+    """WEDGEWATCH_URL never carries the target URL's credentials or query."""
+    request = replace(
+        _request(), url="http://bob:PWSECRET@127.0.0.1:8000/metrics?token=QSECRET&a=1"
+    )
+    env = remedy.restart_environment(request)
+    assert env["WEDGEWATCH_URL"] == "http://bob:***@127.0.0.1:8000/metrics?token=***&a=1"
+
+
+async def test_group_is_signalled_only_while_its_leader_is_the_same_process(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
+) -> None:
+    """A group whose leader's create time changed (pid reused) gets no killpg; members live."""
+    pids = _start_tree(spawned, tmp_path / "tree")
+    leader = psutil.Process(pids["root"])
+    created = leader.create_time()
+    try:
+        assert remedy.group_is_still_ours(pids["root"], created)
+        assert not remedy.group_is_still_ours(pids["root"], created - 100.0)
+        assert not remedy.group_is_still_ours(pids["root"], None)
+        # As if the tree had been collected from an older process with the same pid: nothing
+        # may be signalled through the group, and no victim was named.
+        result = await remedy._terminate([], pids["root"], 0.2, created - 100.0)
+        assert any("pid reused" in e for e in result.errors)
+        assert all(_alive(pid) for pid in pids.values())
+        # With the true create time the group is reached.
+        result = await remedy._terminate([], pids["root"], 5.0, created)
+        assert not [r for r, pid in pids.items() if _alive(pid)]
+    finally:
+        _kill_leftovers(pids)
+
+
+def test_group_of_a_vanished_leader_may_still_be_signalled() -> None:
+    """No process with the group's id: killpg can only reach the old group's members."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert remedy.group_is_still_ours(proc.pid, None)
+
+
+@pytest.mark.parametrize(
+    ("state", "restarting"),
+    [
+        pytest.param("ActiveState=activating\nSubState=auto-restart\n", True, id="auto-restart"),
+        pytest.param("ActiveState=activating\nSubState=start\n", True, id="activating"),
+        pytest.param("ActiveState=failed\nSubState=failed\n", False, id="failed"),
+        pytest.param("ActiveState=active\nSubState=running\n", False, id="running"),
+    ],
+)
+async def test_systemd_state_probe(tmp_path: Path, state: str, restarting: bool) -> None:
+    """systemd's own restart (activating, auto-restart) is reported; other states are not."""
+    calls = tmp_path / "calls"
+    bin_dir = _fake_systemctl(
+        tmp_path / "bin", f'printf "%s\\n" "$@" > {calls}\nprintf "{state}"\n'
+    )
+    probe = SystemdStateProbe({"vllm-a": "vllm.service"}, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    said = await probe.restarting("vllm-a")
+    assert (said is not None) is restarting
+    if said is not None:
+        assert "systemd is already restarting vllm.service" in said
+    assert calls.read_text().split() == ["show", "--property=ActiveState,SubState", "vllm.service"]
+    assert await probe.restarting("other-target") is None
+
+
+async def test_systemd_state_probe_without_systemctl_says_nothing(tmp_path: Path) -> None:
+    """When the unit state cannot be read the probe answers None: act as without supervisor."""
+    probe = SystemdStateProbe({"vllm-a": "vllm.service"}, env={"PATH": str(tmp_path)})
+    assert await probe.restarting("vllm-a") is None

@@ -30,7 +30,9 @@ from pydantic import (
 )
 
 from wedgewatch.core.detect import Policy
+from wedgewatch.core.redact import redact_url
 from wedgewatch.core.restart_policy import RestartPolicy
+from wedgewatch.io.procs import remote_host_reason
 from wedgewatch.io.scrape import ScrapeLimits
 from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles
 
@@ -217,6 +219,24 @@ def _setting(default: Any, section: str, description: str, **rules: Any) -> Any:
     if "flag" in rules:
         extra["flag"] = rules.pop("flag")
     return Field(default=default, description=description, json_schema_extra=extra, **rules)
+
+
+def _signal_targets_are_local(targets: Sequence[Target]) -> None:
+    """`remedy = "signal"` acts on local processes only: a target on another host must name
+    its process (`pid`, `pid_file`), or the configuration is refused naming it."""
+    for target in targets:
+        if target.pid is not None or target.pid_file is not None:
+            continue  # the operator named the server's process
+        remote = remote_host_reason(target.url)
+        if remote is not None:
+            raise FieldRuleError(
+                "remedy",
+                "signal",
+                f"target {target.name!r} ({redact_url(target.url)}): "
+                f'{remote}; remedy = "signal" only acts on a server on this machine '
+                "(use a loopback or local address, or set the target's pid or "
+                'pid_file), or use remedy = "exec" or "systemd"',
+            )
 
 
 class Config(BaseModel):
@@ -407,9 +427,10 @@ class Config(BaseModel):
         "none",
         "remedy",
         "What is done to a wedged server: `none` (observe and report only), `signal` "
-        "(SIGTERM the API server, SIGKILL after `grace_seconds`), `systemd` (restart "
-        "`systemd_unit`), `exec` (run `exec_command`) or `supervise` (wedgewatch runs the "
-        "server itself and restarts it).",
+        "(SIGTERM the server's process tree, SIGKILL after `grace_seconds`; only for servers "
+        "on this machine, and only a tree with a `VLLM::EngineCore` process or named by the "
+        "target's `pid` / `pid_file`), `systemd` (restart `systemd_unit`), `exec` (run "
+        "`exec_command`) or `supervise` (wedgewatch runs the server itself and restarts it).",
     )
     grace_seconds: float = _setting(
         30.0,
@@ -456,10 +477,13 @@ class Config(BaseModel):
         (),
         "remedy",
         'The command run by `remedy = "exec"` (required then), as an argument list; in the '
-        "environment and as a flag one shell-quoted string. Run without a shell; the "
-        "verdict is passed in `WEDGEWATCH_TARGET`, `WEDGEWATCH_URL`, `WEDGEWATCH_ENGINE`, "
-        "`WEDGEWATCH_MODEL_NAME`, `WEDGEWATCH_FAMILY`, `WEDGEWATCH_STATE`, "
-        "`WEDGEWATCH_REASON` and `WEDGEWATCH_BUNDLE`.",
+        "environment and as a flag one shell-quoted string. Run without a shell, with a "
+        "minimal environment (`PATH`, `HOME`, `USER`, `LOGNAME`, `LANG`, `LC_ALL`, `TZ`, "
+        "`TMPDIR`, `XDG_RUNTIME_DIR`, `KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT` "
+        "when wedgewatch has them; never its settings or secrets); the verdict is passed in "
+        "`WEDGEWATCH_TARGET`, `WEDGEWATCH_URL` (password and secret query values masked), "
+        "`WEDGEWATCH_ENGINE`, `WEDGEWATCH_MODEL_NAME`, `WEDGEWATCH_FAMILY`, "
+        "`WEDGEWATCH_STATE`, `WEDGEWATCH_REASON` and `WEDGEWATCH_BUNDLE`.",
     )
 
     # -- notify ----------------------------------------------------------------------
@@ -469,7 +493,8 @@ class Config(BaseModel):
         "URLs that receive a JSON POST on each notable event (wedge detected, target "
         "unreachable, engine recovered, restart requested/succeeded/failed, gave up, gave-up "
         "cleared), not on every state change. In the environment a comma-separated list; as "
-        "a flag repeat `--webhook-url URL`.",
+        "a flag repeat `--webhook-url URL`. Their path and query (where Slack, Discord and "
+        "Teams put the secret) are never printed: `config show --reveal` shows them.",
         flag="--webhook-url",
     )
     webhook_timeout_seconds: float = _setting(5.0, "notify", "Deadline for one webhook POST.", gt=0)
@@ -540,6 +565,8 @@ class Config(BaseModel):
                     name,
                     "two targets have this name; give each one a unique name (name=URL)",
                 )
+        if self.remedy == "signal":
+            _signal_targets_are_local(self.targets)
         if self.remedy == "exec" and not self.exec_command:
             raise FieldRuleError(
                 "exec_command", self.exec_command, 'must not be empty when remedy = "exec"'

@@ -8,8 +8,9 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from wedgewatch.config.model import MIB, SECTIONS, SETTINGS, Setting, Target
+from wedgewatch.config.model import MIB, SECTIONS, SETTINGS, Config, Setting, Target
 from wedgewatch.config.sources import LoadedConfig
+from wedgewatch.core.redact import redact_argv, redact_env, redact_url, redact_webhook_url
 from wedgewatch.vllm.profiles import Profile
 
 
@@ -36,18 +37,46 @@ def _target_toml(target: Target) -> list[str]:
     return lines
 
 
-def config_as_json(loaded: LoadedConfig) -> dict[str, Any]:
-    """The effective config and its sources as JSON-safe data."""
+def redacted(config: Config) -> Config:
+    """`config` as it may be printed: webhook URLs without their path and query, target URLs
+    without credentials and query, `exec_command`'s and launch profiles' secret-looking
+    arguments and environment values masked. `config show --reveal` skips this."""
+    profiles = {
+        name: (
+            {**profile, "env": redact_env(profile["env"])}
+            if isinstance(profile, Mapping) and isinstance(profile.get("env"), Mapping)
+            else profile
+        )
+        for name, profile in config.profiles.items()
+    }
+    return config.model_copy(
+        update={
+            "webhook_urls": tuple(redact_webhook_url(url) for url in config.webhook_urls),
+            "targets": tuple(
+                t.model_copy(update={"url": redact_url(t.url)}) for t in config.targets
+            ),
+            "exec_command": tuple(redact_argv(config.exec_command)),
+            "profiles": profiles,
+        }
+    )
+
+
+def config_as_json(loaded: LoadedConfig, *, reveal: bool = False) -> dict[str, Any]:
+    """The effective config and its sources as JSON-safe data (secrets masked unless `reveal`)."""
+    config = loaded.config if reveal else redacted(loaded.config)
     return {
-        "config": loaded.config.model_dump(mode="json"),
+        "config": config.model_dump(mode="json"),
         "sources": dict(loaded.sources),
     }
 
 
-def render_toml(loaded: LoadedConfig) -> str:
-    """The effective config as a TOML file, each line annotated with its source."""
+def render_toml(loaded: LoadedConfig, *, reveal: bool = False) -> str:
+    """The effective config as a TOML file, each line annotated with its source (secrets
+    masked unless `reveal`)."""
     lines = ["# wedgewatch effective configuration; each comment says where the value came from"]
-    config = loaded.config
+    config = loaded.config if reveal else redacted(loaded.config)
+    if not reveal:
+        lines.append("# secrets are masked as ***; `wedgewatch config show --reveal` shows them")
     for section in SECTIONS:
         section_settings = [s for s in SETTINGS.values() if s.section == section]
         lines.append("")
@@ -72,10 +101,11 @@ def render_toml(loaded: LoadedConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_table(loaded: LoadedConfig) -> str:
-    """The effective config as an aligned table: setting, value, source."""
+def render_table(loaded: LoadedConfig, *, reveal: bool = False) -> str:
+    """The effective config as an aligned table: setting, value, source (secrets masked
+    unless `reveal`)."""
     rows: list[tuple[str, str, str]] = [("SETTING", "VALUE", "SOURCE")]
-    config = loaded.config
+    config = loaded.config if reveal else redacted(loaded.config)
     for setting in SETTINGS.values():
         value: Any = getattr(config, setting.name)
         if setting.kind == "targets":
@@ -153,8 +183,10 @@ def render_reference() -> str:
         "Unknown keys in the file and unknown `WEDGEWATCH_*` variables are errors that name the",
         "key and suggest the closest known one; a bad value is reported with the setting, the",
         "value, where it came from and the rule it breaks. `wedgewatch config show` prints the",
-        "effective configuration and the source of every value; `wedgewatch config check FILE`",
-        "validates a file (exit 0, or 2 with the messages).",
+        "effective configuration and the source of every value, with secrets (webhook URL paths",
+        "and queries, URL credentials, secret-looking arguments and environment values) masked",
+        "as `***` (`--reveal` shows them); `wedgewatch config check FILE` validates a file",
+        "(exit 0, or 2 with the messages; secrets are masked in the messages too).",
         "",
         "List settings: in the environment `targets` and `webhook_urls` are comma-separated and",
         "`exec_command` is one shell-quoted string; their flags (`--target`, `--webhook-url`) are",

@@ -26,6 +26,7 @@ from wedgewatch.config.model import (
     Setting,
     Target,
 )
+from wedgewatch.core.redact import redact_url, redact_webhook_url
 
 Source = str  # "default" | "file:PATH" | "env:NAME" | "flag:--x"
 
@@ -130,6 +131,19 @@ def _rule_text(error: Mapping[str, Any]) -> str:
     return message
 
 
+def _redact_value(field: str, value: Any) -> Any:
+    """A setting's value as it may be printed in an error message: secrets masked."""
+    if isinstance(value, str) and field == "webhook_urls":
+        return redact_webhook_url(value)
+    if isinstance(value, str) and field == "targets":
+        return redact_url(value) if "://" in value else value
+    if isinstance(value, tuple | list):
+        return type(value)(_redact_value(field, item) for item in value)
+    if isinstance(value, Mapping) and field == "targets" and isinstance(value.get("url"), str):
+        return {**value, "url": redact_url(value["url"])}
+    return value
+
+
 def _format_errors(error: ValidationError, sources: Mapping[str, Source]) -> list[str]:
     messages: list[str] = []
     for item in error.errors():
@@ -155,7 +169,8 @@ def _format_errors(error: ValidationError, sources: Mapping[str, Source]) -> lis
         if item["type"] == "missing":
             messages.append(f"{field}{where}: is required (from {source})")
             continue
-        messages.append(f"{field}{where} = {value!r} (from {source}): {_rule_text(item)}")
+        shown = _redact_value(field, value)
+        messages.append(f"{field}{where} = {shown!r} (from {source}): {_rule_text(item)}")
     return messages
 
 

@@ -41,15 +41,22 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                              R1  Restart, not asked yet in the episode: restart asked. No
 #                                  restarter (remedy "none"): Report restart_skipped, nothing
 #                                  else. Otherwise QueueRestart (behind the captures, A3).
-#                              P1  a good scrape: policy.record_good_scrape (restart_succeeded
-#                                  closes the episode "restarted": rule P*).
-#                              P2  always: policy.record_tick(healthy = calm) (not_recovered,
-#                                  backoff_reset, gave_up_cleared: rule P*).
+#                              P1  a good scrape: armed/gave_up: remember its `identity`.
+#                                  Starting (N1): judged against the server to replace
+#                                  (`core.replacement`): Replaced -> record_good_scrape(proof)
+#                                  (P*); NotReplaced -> keep why (not_replaced), and
+#                                  CheckListener once when the old listener is known.
+#                              P2  always: policy.record_tick(healthy = calm, not_replaced)
+#                                  (not_recovered, not_replaced, backoff_reset,
+#                                  gave_up_cleared: rule P*).
 #                              R4  a restart is pending (R2 backoff, R3 failure), the worker is
 #                                  idle and the backoff has passed: still acted on ->
 #                                  QueueRestart for the worst acted-on engine; else drop it.
 #   RestartDue(key, ...)       R2  the worker reached a queued restart. The latest verdict is no
-#                                  longer acted on: Report restart_skipped (recovered). Else
+#                                  longer acted on: Report restart_skipped (recovered).
+#                              W1  unreachable, refused, and the supervisor restarts it
+#                                  (`supervisor`): no restart; restart_waiting once per wait;
+#                                  R4 asks again after SUPERVISOR_POLL_SECONDS. Else
 #                                  policy.decide: Deny backoff -> pending (R4 retries it),
 #                                  Report restart_deferred; other Deny -> Report restart_skipped
 #                                  (unless it just gave up: the gave_up event says why); Allow ->
@@ -57,13 +64,15 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  against the budget even if wedgewatch dies during it).
 #   RestartDone(outcome)       R3  policy.record_restart. ok: ResetDetector (the startup grace:
 #                                  the detector reports starting until the first good scrape),
-#                                  ignore scrapes begun before now (S0), Report
-#                                  restart_completed. Failed (remedy_error, timeout): the server
-#                                  is still the stalled one, the restart becomes pending (R4,
-#                                  within the budget). Persist now either way.
+#                                  ignore scrapes begun before now (S0), remember the server to
+#                                  replace (identity + `listener`; N1), restart_completed. Failed
+#                                  (remedy_error, timeout, not_vllm): the server is still the
+#                                  stalled one, the restart becomes pending (R4, within the
+#                                  budget). Persist now either way.
 #   CaptureDone(...)           C3  a bundle path becomes the target's last bundle and, when the
 #                                  episode is still the one asked for, the episode's bundle and
 #                                  triage. Failures change nothing else (never block R2).
+#   ListenerSeen(pid, created) N2  the port's listener after a restart: kept for the next P1.
 #   OperatorReset              O1  policy.reset (budget_reset or gave_up_cleared).
 #   Observed (last)            Q1  the liveness probe (core.probe_policy R2-R4, P1-P3): count a
 #                                  proven probe restart (restart_succeeded, probe_restart), then
@@ -73,15 +82,15 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 # Policy events (P*), whatever input caused them
 #   Every event is Reported (log line + webhook) with the target's state and the episode's
 #   engine, family and bundle, and the state is Persisted soon.
-#   restart_failed not_recovered: clear S0 and close the episode "restart_failed".
-#   restart_failed remedy_error/timeout: the restart becomes pending (R4).
+#   restart_failed: kept as last_restart_failure (/status); not_recovered / not_replaced:
+#   clear S0 and close the episode "restart_failed".
+#   restart_failed remedy_error/timeout/not_vllm: the restart becomes pending (R4).
 #   restart_succeeded: close the episode "restarted".
 #
-# Persistence (S1): `saved` keeps the policy (`restart_policy.to_record`) and the open episode
-#   (id, engine, family, opened timestamp, bundle). `restored` rebases them onto the new
-#   process's clock; the episode only comes back with the detector state (same boot), so a
+# Persistence (S1, `core.episode_store`): `saved` keeps the policy and the open episode;
+#   `restored` brings the episode back only with the detector state (same boot), so a
 #   restored wedge emits no second capture or restart; a restored episode with a bundle
-#   counts its suspect capture as asked. The same-boot test is `same_boot`.
+#   counts its suspect capture as asked.
 #
 # Extension points: a new fact about a restart or a capture is a new input (or a field of
 #   RestartDone / CaptureDone) with its own rule row; a new thing to do is a new effect that
@@ -92,11 +101,40 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 from wedgewatch.core import probe_policy, restart_policy
 from wedgewatch.core.detect import CaptureEvidence, TargetVerdict
+from wedgewatch.core.episode_types import (
+    Capture,
+    CaptureDone,
+    CheckListener,
+    Effect,
+    Episode,
+    EpisodeState,
+    Input,
+    ListenerSeen,
+    Observed,
+    OperatorReset,
+    Persist,
+    ProbeServed,
+    QueueRestart,
+    Report,
+    ResetDetector,
+    Resolve,
+    RestartDone,
+    RestartDue,
+    Rules,
+    RunRestart,
+    Step,
+)
+from wedgewatch.core.replacement import (
+    NotReplaced,
+    ServerIdentity,
+    judge_replacement,
+    with_listener,
+)
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState
 from wedgewatch.vllm.signals import EngineKey
 
@@ -106,11 +144,12 @@ __all__ = [
     "STALLED",
     "Capture",
     "CaptureDone",
+    "CheckListener",
     "Effect",
     "Episode",
-    "EpisodeRecord",
     "EpisodeState",
     "Input",
+    "ListenerSeen",
     "Observed",
     "OperatorReset",
     "Persist",
@@ -126,199 +165,11 @@ __all__ = [
     "Step",
     "episode_id",
     "is_stale",
-    "restored",
-    "same_boot",
-    "saved",
     "step",
 ]
 
-# A saved detector state is trusted only when the monotonic clock kept running between the
-# save and the load (same boot): the wall and monotonic gaps may then differ by this much.
-SAME_BOOT_TOLERANCE_SECONDS = 60.0
-
-Phase = Literal["suspect", "wedged"]
-
-
-# ---------------------------------------------------------------------------------------------
-# State
-
-
-@dataclass(frozen=True, slots=True)
-class Rules:
-    """What the core needs to know about the target's configuration."""
-
-    target: str
-    remedy: str
-    can_restart: bool  # a restarter exists for this target (false for remedy "none")
-    restart_policy: restart_policy.RestartPolicy
-    probe_respects_budget: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Episode:
-    """One stall episode of a target: from the first stalled engine until all are calm."""
-
-    episode_id: str
-    key: EngineKey
-    family: str
-    opened_at: float
-    opened_timestamp: float
-    bundle: str | None = None
-    suspect_asked: bool = False
-    wedged_asked: bool = False
-    restart_asked: bool = False
-    restart_pending_since: float | None = None  # a restart waits for the backoff to pass
-    triage: str | None = None
-    scrape_failure: str | None = None  # the latest scrape failure reason seen in the episode
-
-
-@dataclass(frozen=True, slots=True)
-class EpisodeState:
-    """Everything the core keeps about one target between inputs."""
-
-    policy: restart_policy.PolicyState = field(default_factory=restart_policy.PolicyState)
-    episode: Episode | None = None
-    verdict: TargetVerdict | None = None  # the latest verdict judged
-    last_bundle: str | None = None
-    restarts: int = 0  # restarts run by this process (for /status)
-    ignore_before_at: float | None = None  # S0: scrapes begun before this saw the old server
-    probe: probe_policy.ProbeMemory = field(default_factory=probe_policy.ProbeMemory)
-    probe_answer: probe_policy.ProbeVerdict | None = None  # Q1: what /probe answers now
-
-
-# ---------------------------------------------------------------------------------------------
-# Inputs
-
-
-@dataclass(frozen=True, slots=True)
-class Observed:
-    """The detector judged a scrape; `good` when the scrape succeeded."""
-
-    verdict: TargetVerdict
-    good: bool
-    worker_idle: bool = True  # no capture or restart runs for the target right now
-    mark: probe_policy.ServerMark | None = None  # the server the detector read last (Q1)
-
-
-@dataclass(frozen=True, slots=True)
-class CaptureDone:
-    """An evidence capture asked by a `Capture` effect finished (well or not)."""
-
-    episode_id: str
-    phase: Phase
-    bundle: str | None
-    triage: str | None = None
-    failures: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class RestartDue:
-    """The worker reached a queued restart and asks whether to run it now."""
-
-    key: EngineKey
-    family: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class RestartDone:
-    """The restarter finished a `RunRestart` with this outcome."""
-
-    outcome: restart_policy.RestartOutcome
-
-
-@dataclass(frozen=True, slots=True)
-class OperatorReset:
-    """An operator asked to reset the target's restart budget."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeServed:
-    """/probe sent a failing answer about the server `mark` (Q2)."""
-
-    mark: probe_policy.ServerMark
-
-
-Input = Observed | CaptureDone | RestartDue | RestartDone | OperatorReset | ProbeServed
-
-
-# ---------------------------------------------------------------------------------------------
-# Effects (data; the shell performs them in order)
-
-
-@dataclass(frozen=True, slots=True)
-class Capture:
-    """Queue an evidence capture: `suspect` opens the episode's bundle, `wedged` completes it."""
-
-    phase: Phase
-    key: EngineKey
-    family: str
-    episode_id: str
-    verdict_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class Resolve:
-    """Queue marking a suspect bundle resolved (None: the target's last bundle at that time)."""
-
-    bundle: str | None
-    note: str
-
-
-@dataclass(frozen=True, slots=True)
-class QueueRestart:
-    """Queue a restart behind the captures; the worker sends `RestartDue` when it gets there."""
-
-    key: EngineKey
-    family: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class RunRestart:
-    """Run the restarter now (the policy allowed it); send `RestartDone` with its outcome."""
-
-    key: EngineKey
-    family: str
-    reason: str
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class ResetDetector:
-    """Start the target's detector afresh: the startup grace after a restart."""
-
-
-@dataclass(frozen=True, slots=True)
-class Persist:
-    """Save the state: `now` before going on, else with the next routine save."""
-
-    now: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """One notable fact: a log line (`level`), and a webhook when `notify`.
-
-    `log_only` fields go to the log line but not to the webhook.
-    """
-
-    event: str
-    level: Literal["debug", "info", "warning", "error"]
-    fields: Mapping[str, Any]
-    notify: bool = False
-    log_only: Mapping[str, Any] | None = None
-
-
-Effect = Capture | Resolve | QueueRestart | RunRestart | ResetDetector | Persist | Report
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """The state after one input and the effects it asks for, in order."""
-
-    state: EpisodeState
-    effects: tuple[Effect, ...] = ()
+# W1: how often the supervisor is asked again while it restarts the server itself.
+SUPERVISOR_POLL_SECONDS = 5.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,6 +206,8 @@ def step(state: EpisodeState, event: Input, rules: Rules, at: float, timestamp: 
         memory = probe_policy.served_failure(state.probe, event.mark, at)
         run.state = replace(run.state, probe=memory)
         run.effects.append(Persist())
+    elif isinstance(event, ListenerSeen):
+        run.listener_seen(event)
     else:
         run.policy_step(restart_policy.reset(state.policy, at, timestamp))
     return Step(run.state, tuple(run.effects))
@@ -404,15 +257,17 @@ class _Run:
         for action in verdict.actions:
             self.on_action(verdict, action)
         if event.good:  # P1
-            self.policy_step(
-                restart_policy.record_good_scrape(
-                    self.state.policy, policy, self.at, self.timestamp
-                )
-            )
+            self.good_scrape(event.identity)
         calm = bool(verdict.engines) and verdict.state in CALM
+        starting = self.state.policy.phase is restart_policy.Phase.STARTING
         self.policy_step(  # P2
             restart_policy.record_tick(
-                self.state.policy, policy, self.at, self.timestamp, healthy=calm
+                self.state.policy,
+                policy,
+                self.at,
+                self.timestamp,
+                healthy=calm,
+                not_replaced=self.state.not_replaced if starting else None,
             )
         )
         if event.worker_idle:
@@ -436,6 +291,35 @@ class _Run:
         )  # fmt: skip
         self.policy_step(result)
         self.state = replace(self.state, probe_answer=answer)
+
+    def good_scrape(self, identity: ServerIdentity | None) -> None:
+        """P1 and N1: a good scrape ends the startup grace only from a new server."""
+        phase = self.state.policy.phase
+        if phase in (restart_policy.Phase.ARMED, restart_policy.Phase.GAVE_UP):
+            if identity is not None:
+                self.state = replace(self.state, server=identity)
+            return
+        if phase is not restart_policy.Phase.STARTING:
+            return
+        old = self.state.old_server or ServerIdentity()
+        judged = judge_replacement(old, with_listener(identity, self.state.listener_after))
+        if isinstance(judged, NotReplaced):
+            self.state = replace(self.state, not_replaced=judged.reason)
+            if old.listener_pid is not None and not self.state.listener_check:
+                self.state = replace(self.state, listener_check=True)
+                self.effects.append(CheckListener())
+            return
+        self.state = replace(
+            self.state, server=identity, old_server=None, not_replaced=None, listener_after=None
+        )
+        policy, rules = self.state.policy, self.rules.restart_policy
+        self.policy_step(
+            restart_policy.record_good_scrape(policy, rules, self.at, self.timestamp, judged.proof)
+        )
+
+    def listener_seen(self, event: ListenerSeen) -> None:  # N2
+        seen = None if event.pid is None else (event.pid, event.create_time)
+        self.state = replace(self.state, listener_check=False, listener_after=seen)
 
     def track_episode(self, verdict: TargetVerdict) -> None:
         stalled = [e for e in verdict.engines if e.state in STALLED]
@@ -482,6 +366,7 @@ class _Run:
         if outcome == "recovered" and episode.suspect_asked and not episode.wedged_asked:
             self.effects.append(Resolve(episode.bundle, "the engine recovered"))
         self.set_episode(None)
+        self.state = replace(self.state, waiting_for_supervisor=None)
         self.effects.append(Persist())
 
     def on_action(self, verdict: TargetVerdict, action: Any) -> None:
@@ -523,7 +408,9 @@ class _Run:
         not_before = self.state.policy.not_before_at
         if not_before is not None and self.at < not_before:
             return
-        self.update_episode(restart_pending_since=None)
+        if episode.supervisor_retry_at is not None and self.at < episode.supervisor_retry_at:
+            return  # W1: the supervisor is asked again later
+        self.update_episode(restart_pending_since=None, supervisor_retry_at=None)
         if verdict.state not in ACTED_ON:
             return
         worst = next((e for e in verdict.engines if e.state in ACTED_ON), None)
@@ -551,6 +438,17 @@ class _Run:
                 reason="the target recovered before the restart could run",
             )
             return
+        refused = verdict.failure is not None and verdict.failure.reason == "refused"
+        if verdict.state is EngineState.UNREACHABLE and refused and event.supervisor is not None:
+            if self.state.waiting_for_supervisor is None:  # W1
+                self.report("restart_waiting", "info", reason=event.supervisor)
+            self.state = replace(self.state, waiting_for_supervisor=event.supervisor)
+            self.update_episode(
+                restart_pending_since=self.at,
+                supervisor_retry_at=self.at + SUPERVISOR_POLL_SECONDS,
+            )
+            return
+        self.state = replace(self.state, waiting_for_supervisor=None)
         decision, result = restart_policy.decide(
             self.state.policy, self.rules.restart_policy, self.at, self.timestamp
         )
@@ -574,7 +472,15 @@ class _Run:
             )
         )
         if outcome.ok:
-            self.state = replace(self.state, ignore_before_at=self.at)
+            old = with_listener(self.state.server, event.listener)
+            self.state = replace(
+                self.state,
+                ignore_before_at=self.at,
+                old_server=old,
+                not_replaced=None,
+                listener_after=None,
+                listener_check=False,
+            )
             self.effects.append(ResetDetector())
             self.report(
                 "restart_completed",
@@ -606,9 +512,24 @@ class _Run:
                 )
             kind = event.kind
             if kind is kinds.RESTART_FAILED:
-                if event.reason == restart_policy.FailureReason.NOT_RECOVERED:
+                failure = {"reason": event.reason, "detail": event.detail}
+                self.state = replace(
+                    self.state,
+                    last_restart_failure={**failure, "timestamp": event.timestamp},
+                )
+                no_new_server = (
+                    restart_policy.FailureReason.NOT_RECOVERED,
+                    restart_policy.FailureReason.NOT_REPLACED,
+                )
+                if event.reason in no_new_server:
                     self.report("restart_failed", "error", notify=True, **fields)
-                    self.state = replace(self.state, ignore_before_at=None)
+                    self.state = replace(
+                        self.state,
+                        ignore_before_at=None,
+                        old_server=None,
+                        not_replaced=None,
+                        listener_after=None,
+                    )
                     self.close("restart_failed")
                 else:
                     # The remedy itself failed (error, timeout): the server is still the
@@ -623,76 +544,3 @@ class _Run:
                 self.report("gave_up", "error", notify=True, **fields)
             else:
                 self.report(str(kind), "info", notify=True, **fields)
-
-
-# ---------------------------------------------------------------------------------------------
-# Persistence (S1)
-
-
-@dataclass(frozen=True, slots=True)
-class EpisodeRecord:
-    """An open episode as the state file keeps it (Unix seconds)."""
-
-    episode_id: str
-    model_name: str
-    engine: str
-    family: str
-    opened_timestamp: float
-    bundle_path: str | None = None
-
-
-def saved(
-    state: EpisodeState, at: float, timestamp: float
-) -> tuple[restart_policy.PolicyRecord, tuple[EpisodeRecord, ...]]:
-    """What survives a restart of wedgewatch: the policy record and the open episode."""
-    episode = state.episode
-    episodes: tuple[EpisodeRecord, ...] = ()
-    if episode is not None:
-        episodes = (
-            EpisodeRecord(
-                episode_id=episode.episode_id,
-                model_name=episode.key.model_name,
-                engine=episode.key.engine,
-                family=episode.family,
-                opened_timestamp=episode.opened_timestamp,
-                bundle_path=episode.bundle,
-            ),
-        )
-    return restart_policy.to_record(state.policy, at, timestamp), episodes
-
-
-def restored(
-    policy: restart_policy.PolicyRecord | None,
-    episodes: tuple[EpisodeRecord, ...],
-    rules: Rules,
-    at: float,
-    timestamp: float,
-    *,
-    detector_restored: bool,
-) -> EpisodeState:
-    """The state a new process starts from; the episode only with the detector (same boot)."""
-    state = EpisodeState()
-    if policy is not None:
-        state = replace(
-            state,
-            policy=restart_policy.from_record(policy, rules.restart_policy, at, timestamp),
-        )
-    if detector_restored and episodes:
-        record = episodes[0]
-        episode = Episode(
-            episode_id=record.episode_id,
-            key=EngineKey(record.model_name, record.engine),
-            family=record.family,
-            opened_at=at - max(timestamp - record.opened_timestamp, 0.0),
-            opened_timestamp=record.opened_timestamp,
-            bundle=record.bundle_path,
-            suspect_asked=record.bundle_path is not None,
-        )
-        state = replace(state, episode=episode, last_bundle=record.bundle_path)
-    return state
-
-
-def same_boot(saved_at: float, saved_timestamp: float, at: float, timestamp: float) -> bool:
-    """Monotonic instants saved at (saved_at, saved_timestamp) still mean something now."""
-    drift = abs((timestamp - saved_timestamp) - (at - saved_at))
-    return at >= saved_at and drift <= SAME_BOOT_TOLERANCE_SECONDS

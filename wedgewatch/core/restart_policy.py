@@ -26,11 +26,13 @@ reports a `RestartOutcome`, which `record_restart` takes.
 #                              in_grace; gave_up -> Deny budget_exhausted (no new event).
 #   record_restart(outcome)    restarting only. ok -> starting (the startup grace begins at
 #                              `at`). Failed -> armed, event restart_failed (reason
-#                              remedy_error or timeout), backoff armed.
-#   record_good_scrape(at)     starting: -> armed, event restart_succeeded, backoff armed.
+#                              remedy_error, timeout or not_vllm), backoff armed.
+#   record_good_scrape(at)     a scrape proven to come from a new server (core.replacement):
+#                              starting: -> armed, event restart_succeeded, backoff armed.
 #                              Other phases: nothing.
 #   record_tick(at, healthy)   starting and at - since >= startup_timeout_seconds -> armed,
-#                              event restart_failed (reason not_recovered), backoff armed.
+#                              event restart_failed (reason not_recovered; not_replaced when
+#                              the old server still answered), backoff armed.
 #                              armed / gave_up: track how long the target has been healthy
 #                              without a break. After healthy_reset_seconds of it: armed with a
 #                              raised backoff -> backoff reset (event backoff_reset); gave_up ->
@@ -101,6 +103,8 @@ class FailureReason(StrEnum):
     REMEDY_ERROR = "remedy_error"
     TIMEOUT = "timeout"
     NOT_RECOVERED = "not_recovered"
+    NOT_REPLACED = "not_replaced"  # the server answered, but it is still the old one
+    NOT_VLLM = "not_vllm"  # refused: the process tree is not proven to be the server
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,34 +319,52 @@ def record_restart(
 
 
 def record_good_scrape(
-    state: PolicyState, policy: RestartPolicy, at: float, timestamp: float
+    state: PolicyState, policy: RestartPolicy, at: float, timestamp: float, proof: str = ""
 ) -> Step:
-    """The target answered a scrape; ends the startup grace after a restart."""
+    """A new server answered a scrape (`proof` says what shows it is new, see
+    `core.replacement`); ends the startup grace after a restart."""
     state = _prune(state, policy, at)
     if state.phase is not Phase.STARTING:
         return Step(state)
     since = state.phase_since_at if state.phase_since_at is not None else at
     detail = f"the server answered its first scrape {seconds_text(at - since)} after the restart"
+    if proof:
+        detail += f"; {proof}"
     event = _event(PolicyEventKind.RESTART_SUCCEEDED, at, timestamp, "came_back", detail)
     return Step(_resolved(state, policy, at), (event,))
 
 
 def record_tick(
-    state: PolicyState, policy: RestartPolicy, at: float, timestamp: float, *, healthy: bool
+    state: PolicyState,
+    policy: RestartPolicy,
+    at: float,
+    timestamp: float,
+    *,
+    healthy: bool,
+    not_replaced: str | None = None,
 ) -> Step:
-    """One loop tick; `healthy` is true when no engine of the target is stalled or starting."""
+    """One loop tick; `healthy` is true when no engine of the target is stalled or starting.
+
+    `not_replaced` is set while the server answers after a restart but nothing shows it is a
+    new one (the sentence why): the startup timeout then fails the restart as `not_replaced`
+    instead of `not_recovered`.
+    """
     state = _prune(state, policy, at)
     if state.phase is Phase.STARTING:
         since = state.phase_since_at if state.phase_since_at is not None else at
         if at - since < policy.startup_timeout_seconds:
             return Step(state)
-        detail = (
-            f"no good scrape within startup_timeout_seconds = "
-            f"{seconds_text(policy.startup_timeout_seconds)} after the restart"
-        )
-        event = _event(
-            PolicyEventKind.RESTART_FAILED, at, timestamp, FailureReason.NOT_RECOVERED, detail
-        )
+        timeout = seconds_text(policy.startup_timeout_seconds)
+        if not_replaced is not None:
+            reason = FailureReason.NOT_REPLACED
+            detail = (
+                f"the server answered, but no new server within startup_timeout_seconds = "
+                f"{timeout} after the restart: {not_replaced}"
+            )
+        else:
+            reason = FailureReason.NOT_RECOVERED
+            detail = f"no good scrape within startup_timeout_seconds = {timeout} after the restart"
+        event = _event(PolicyEventKind.RESTART_FAILED, at, timestamp, reason, detail)
         return Step(_resolved(state, policy, at), (event,))
     if state.phase is Phase.RESTARTING:
         return Step(state)

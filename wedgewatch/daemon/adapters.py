@@ -23,6 +23,7 @@ from wedgewatch.core.detect import (
     Scraped,
     ScrapeFailed,
 )
+from wedgewatch.core.redact import redact_url
 from wedgewatch.daemon.report import thresholds_of
 from wedgewatch.daemon.roles import (
     CaptureOutcome,
@@ -35,6 +36,7 @@ from wedgewatch.io import bundles, evidence, restarters, statefile
 from wedgewatch.io.notify import Notification, NotifyEvent, WebhookNotifier
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
 from wedgewatch.io.scrape import FetchFailed, ScrapeLimits, fetch, new_client
+from wedgewatch.io.supervisor import SystemdStateProbe
 from wedgewatch.io.systemd_notify import SystemdNotifier
 from wedgewatch.vllm import signals
 
@@ -107,7 +109,7 @@ class HttpScraper:
             parsed = signals.parse(result.body, max_engines=max_engines)
         duration = self._clock.monotonic() - at
         if isinstance(parsed, signals.ParseFailure):
-            detail = f"{url}: {parsed.message}"
+            detail = f"{redact_url(url)}: {parsed.message}"
             content_type = result.content_type or "none"
             if not content_type.lower().startswith("text/plain"):
                 detail += f" (Content-Type: {content_type}; expected text/plain)"
@@ -133,7 +135,12 @@ class BundleEvidence:
         result = await evidence.capture_bundle(
             evidence.CaptureRequest(
                 target=target.name,
-                selector=ProcessSelector(url=target.url, pid=target.pid, pid_file=target.pid_file),
+                selector=ProcessSelector(
+                    url=target.url,
+                    pid=target.pid,
+                    pid_file=target.pid_file,
+                    systemd_unit=target.systemd_unit,
+                ),
                 phase=bundles.Phase(request.phase),
                 family=request.family,
                 engine=request.key.engine,
@@ -336,7 +343,22 @@ def real_deps(
         service=SystemdNotifier.from_environ(environ),
         registry=CollectorRegistry(),
         serve_http=True,
+        supervisor_probe=supervisor_probe(config),
     )
+
+
+def supervisor_probe(config: Config) -> SystemdStateProbe | None:
+    """Asks systemd about each target's unit (its `systemd_unit`, or `systemd_unit` with
+    `remedy = "systemd"`) before a crashed server is restarted; None when no unit is known
+    or nothing is restarted."""
+    if config.remedy == "none":
+        return None
+    units = {
+        t.name: unit
+        for t in config.targets
+        if (unit := t.systemd_unit or (config.systemd_unit if config.remedy == "systemd" else None))
+    }
+    return SystemdStateProbe(units) if units else None
 
 
 async def capture_on_demand(

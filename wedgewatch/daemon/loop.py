@@ -52,7 +52,7 @@ from wedgewatch.daemon.adapters import (
 )
 from wedgewatch.daemon.ownmetrics import OwnMetrics
 from wedgewatch.daemon.publish import restored_core, restored_detector
-from wedgewatch.daemon.report import Reporter
+from wedgewatch.daemon.report import Reporter, install_secret_scrubber, shown_url
 from wedgewatch.daemon.roles import (
     CaptureOutcome,
     CaptureRequest,
@@ -404,7 +404,7 @@ async def run(config: Config, deps: Deps, *, stop: asyncio.Event | None = None) 
         log.info(
             "daemon_started",
             version=__version__,
-            targets={t.name: t.metrics_url for t in config.targets},
+            targets={t.name: shown_url(t.metrics_url) for t in config.targets},
             interval_seconds=config.interval_seconds,
             remedy=config.remedy,
             evidence_dir=str(config.evidence_dir),
@@ -444,6 +444,7 @@ def serve(config: Config, *, supervisor: restarters.Supervisor | None = None) ->
             "no_targets", reason="give --target URL (repeatable) or [[targets]] in the config"
         )
         return 2
+    install_secret_scrubber(config)
     try:
         deps = real_deps(config, supervisor=supervisor)
     except (RuntimeError, ValueError) as exc:

@@ -170,7 +170,8 @@ class OwnMetrics:
         )
         self._restart_failures = Counter(
             "wedgewatch_restart_failures",
-            "Restarts that failed, by reason (remedy_error, timeout, not_recovered).",
+            "Restarts that failed, by reason (remedy_error, timeout, not_recovered, not_replaced, "
+            "not_vllm).",
             ["target", "reason"],
             registry=registry,
         )

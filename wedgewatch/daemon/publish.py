@@ -12,7 +12,7 @@ from typing import Any
 
 from wedgewatch.config import Target
 from wedgewatch.core import episode as episode_core
-from wedgewatch.core import probe_policy, restart_policy
+from wedgewatch.core import episode_store, probe_policy, restart_policy
 from wedgewatch.core.detect import (
     TargetState,
     TargetVerdict,
@@ -20,7 +20,7 @@ from wedgewatch.core.detect import (
 from wedgewatch.core.detect_state import dump_state, load_state
 from wedgewatch.core.episode import EpisodeState
 from wedgewatch.core.states import STALLED, EngineState
-from wedgewatch.daemon.report import wall
+from wedgewatch.daemon.report import shown_url, wall
 from wedgewatch.daemon.server import EngineSnapshot, TargetSnapshot
 from wedgewatch.io import statefile
 
@@ -58,7 +58,7 @@ def target_snapshot(
     not_before = core.policy.not_before_at
     return TargetSnapshot(
         name=target.name,
-        url=target.metrics_url,
+        url=shown_url(target.metrics_url),
         state=str(verdict.state if verdict else EngineState.STARTING),
         reason=target_reason(core, verdict),
         up=failure_text is None and verdict is not None,
@@ -93,6 +93,8 @@ def target_snapshot(
             if episode
             else None
         ),
+        last_restart_failure=core.last_restart_failure,
+        waiting_for_supervisor=core.waiting_for_supervisor,
     )
 
 
@@ -117,7 +119,7 @@ def target_record(
     target: Target, core: EpisodeState, detector: TargetState, at: float, now: float
 ) -> statefile.TargetRecord:
     """What the state file keeps of one target (S1 of the episode rules, plus the detector)."""
-    policy_record, episodes = episode_core.saved(core, at, now)
+    policy_record, episodes = episode_store.saved(core, at, now)
     return statefile.TargetRecord(
         restart_policy=policy_record,
         open_episodes=tuple(
@@ -150,7 +152,7 @@ def restored_detector(
     try:
         if saved.get("url") != target.metrics_url:
             return None  # the name now points at another server
-        if not episode_core.same_boot(
+        if not episode_store.same_boot(
             float(saved["saved_at"]), float(saved["saved_timestamp"]), at, now
         ):
             return None  # another boot: monotonic instants mean nothing now
@@ -169,7 +171,7 @@ def restored_core(
 ) -> EpisodeState:
     """The episode core's state from a saved record."""
     episodes = tuple(
-        episode_core.EpisodeRecord(
+        episode_store.EpisodeRecord(
             episode_id=e.episode_id,
             model_name=e.model_name,
             engine=e.engine,
@@ -179,7 +181,7 @@ def restored_core(
         )
         for e in record.open_episodes
     )
-    state = episode_core.restored(
+    state = episode_store.restored(
         record.restart_policy, episodes, rules, at, now, detector_restored=detector_restored
     )
     # The liveness probe's served failures survive any restart of wedgewatch (they carry

@@ -8,7 +8,7 @@ notifications. Also the pure summaries the evidence bundle and the flight record
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
@@ -22,6 +22,7 @@ from wedgewatch.core.detect import (
     TargetVerdict,
 )
 from wedgewatch.core.episode import Episode, Report
+from wedgewatch.core.redact import redact_url, scrub_text, secret_fragments
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, THRESHOLD_SETTING, EngineState, Family
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.roles import Notifier
@@ -51,7 +52,7 @@ class Reporter:
         payload = {
             "event": event,
             "target": target.name,
-            "url": target.url,
+            "url": shown_url(target.url),
             "timestamp": now,
             "wedgewatch_version": __version__,
             **{k: v for k, v in fields.items() if k != "target"},
@@ -83,7 +84,7 @@ class Reporter:
                 log.warning(
                     "scrape_failed",
                     target=target.name,
-                    url=target.metrics_url,
+                    url=shown_url(target.metrics_url),
                     reason=failure.reason,
                     detail=failure.detail,
                 )
@@ -172,7 +173,7 @@ class Reporter:
         """The verdict as an evidence bundle records it."""
         return {
             "target": target.name,
-            "url": target.metrics_url,
+            "url": shown_url(target.metrics_url),
             "state": str(engine.state if engine else verdict.state),
             "family": str(engine.family) if engine and engine.family else None,
             "reason": engine.reason if engine else None,
@@ -294,3 +295,47 @@ def history_entry(
         engines.append(item)
     entry["engines"] = engines
     return entry
+
+
+def shown_url(url: str) -> str:
+    """A target URL as it may be printed: without credentials and query."""
+    return redact_url(url)
+
+
+class SecretScrubber:
+    """A structlog processor: masks the secret parts of the configured URLs (webhook paths
+    and queries, URL credentials) in every string of every log line, whatever put them
+    there (an error message from a library, a detail that embeds a URL)."""
+
+    def __init__(self, config: Config) -> None:
+        self.fragments = (
+            *secret_fragments(config.webhook_urls),
+            *secret_fragments((t.url for t in config.targets), keep_path=True),
+        )
+
+    def __call__(
+        self, logger: Any, method: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        """Scrub the event dict in place."""
+        if self.fragments:
+            for key, value in event.items():
+                event[key] = _scrub(value, self.fragments)
+        return event
+
+
+def _scrub(value: Any, fragments: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        return scrub_text(value, fragments)
+    if isinstance(value, Mapping):
+        return {k: _scrub(v, fragments) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v, fragments) for v in value]
+    return value
+
+
+def install_secret_scrubber(config: Config) -> None:
+    """Put a `SecretScrubber` for `config` first in structlog's processor chain."""
+    processors = [
+        p for p in structlog.get_config()["processors"] if not isinstance(p, SecretScrubber)
+    ]
+    structlog.configure(processors=[SecretScrubber(config), *processors])

@@ -18,6 +18,7 @@ from wedgewatch.core.detect import (
 )
 from wedgewatch.io import restarters, statefile
 from wedgewatch.io.procs import ProcessFinder
+from wedgewatch.io.supervisor import SupervisorProbe
 from wedgewatch.vllm.signals import EngineKey
 
 
@@ -174,3 +175,5 @@ class Deps:
     service: ServiceManager
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     serve_http: bool = True
+    # Asks a target's supervisor (systemd) whether it is already restarting the server.
+    supervisor_probe: SupervisorProbe | None = None

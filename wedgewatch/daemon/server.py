@@ -83,6 +83,10 @@ class TargetSnapshot:
     last_bundle: str | None
     episode: Mapping[str, Any] | None = None
     probe: ProbeVerdict | None = None  # the loop's probe verdict (None: judge by state alone)
+    # The latest restart_failed: {"reason", "detail", "timestamp"} (not_vllm, not_replaced, ...)
+    last_restart_failure: Mapping[str, Any] | None = None
+    # Set while a supervisor (systemd) is already restarting the server: why no restart now.
+    waiting_for_supervisor: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +342,15 @@ def _target_json(target: TargetSnapshot) -> dict[str, Any]:
         "next_restart_allowed": _iso(target.next_restart_allowed_timestamp),
         "last_bundle": target.last_bundle,
         "episode": dict(target.episode) if target.episode is not None else None,
+        "last_restart_failure": (
+            {
+                **target.last_restart_failure,
+                "time": _iso(target.last_restart_failure.get("timestamp")),
+            }
+            if target.last_restart_failure is not None
+            else None
+        ),
+        "waiting_for_supervisor": target.waiting_for_supervisor,
         "engines": [
             {
                 "model_name": e.model_name,

@@ -31,13 +31,17 @@ from wedgewatch.core.detect import (
 )
 from wedgewatch.core.detect import step as detect_step
 from wedgewatch.core.probe_policy import ServerMark
+from wedgewatch.core.replacement import ServerIdentity
 from wedgewatch.core.states import EngineState
 from wedgewatch.daemon.publish import target_record, target_snapshot
 from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
 from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
 from wedgewatch.daemon.server import TargetSnapshot
 from wedgewatch.io import bundles, restarters, statefile
-from wedgewatch.io.procs import Discovery, ProcessSelector
+from wedgewatch.io.procs import Discovery, ProcessFinder, ProcessSelector
+from wedgewatch.io.supervisor import SupervisorProbe
+from wedgewatch.vllm.semantics import progress_counters
+from wedgewatch.vllm.signals import Exposition
 
 log = structlog.get_logger("wedgewatch.daemon")
 
@@ -57,7 +61,7 @@ class _CaptureJob:
     verdict: Mapping[str, Any]
 
 
-_Job = _CaptureJob | core.Resolve | core.QueueRestart
+_Job = _CaptureJob | core.Resolve | core.QueueRestart | core.CheckListener
 
 
 class Host(Protocol):
@@ -180,6 +184,7 @@ class TargetRunner:
             good=isinstance(obs, Scraped),
             worker_idle=not self.busy,
             mark=ServerMark.of(self.detector),
+            identity=identity_of(obs.exposition) if isinstance(obs, Scraped) else None,
         )
         self.feed(observed, now_at, now)
         state_changed = verdict.state is not self.target_state
@@ -225,7 +230,7 @@ class TargetRunner:
                 engine = next((e for e in verdict.engines if e.key == effect.key), None)
                 summary = self.reporter.verdict_summary(self.target, verdict, engine, now_at, now)
                 self.queue.put_nowait(_CaptureJob(effect, self.last_body, summary))
-            elif isinstance(effect, core.Resolve | core.QueueRestart):
+            elif isinstance(effect, core.Resolve | core.QueueRestart | core.CheckListener):
                 self.queue.put_nowait(effect)
             elif isinstance(effect, core.ResetDetector):
                 self.detector = TargetState.initial()
@@ -281,6 +286,11 @@ class TargetRunner:
                     bundle = job.bundle or self.core.last_bundle
                     if bundle is not None:
                         await self.deps.evidence.resolve(bundle, job.note)
+                elif isinstance(job, core.CheckListener):
+                    self.busy = "listener"
+                    found = listener_of(await discover(self.deps.finder, self.target))
+                    seen = core.ListenerSeen(*found) if found else core.ListenerSeen(None)
+                    self.feed(seen, self.deps.clock.monotonic(), self.deps.clock.wall())
                 else:
                     self.busy = "restart"
                     await self._restart(job)
@@ -370,14 +380,15 @@ class TargetRunner:
         if restarter is None:
             return
         clock = self.deps.clock
-        due = core.RestartDue(job.key, job.family, job.reason)
+        supervisor = await supervisor_says(self.deps.supervisor_probe, self.name, self.failure)
+        due = core.RestartDue(job.key, job.family, job.reason, supervisor)
         step = self.feed(due, clock.monotonic(), clock.wall())
         run = next((e for e in step.effects if isinstance(e, core.RunRestart)), None)
         if run is None:
             return
         config = self.config
         self.reporter.metrics.count_restart(self.name, config.remedy)
-        discovery = await self._discover()
+        discovery = await discover(self.deps.finder, self.target)
         episode = self.core.episode
         verdict = self.core.verdict
         request = restarters.RestartRequest(
@@ -390,6 +401,7 @@ class TargetRunner:
             reason=run.reason,
             bundle=Path(episode.bundle) if episode and episode.bundle else None,
             server_pid=discovery.root_pid,
+            server_pid_explicit=discovery.explicit,
         )
         fields = {
             "target": self.name,
@@ -414,16 +426,44 @@ class TargetRunner:
                 limit,
                 restart_policy.FailureReason.TIMEOUT,
             )
-        self.feed(core.RestartDone(outcome), clock.monotonic(), clock.wall())
+        done = core.RestartDone(outcome, listener_of(discovery))
+        self.feed(done, clock.monotonic(), clock.wall())
 
-    async def _discover(self) -> Discovery:
-        target = self.target
-        selector = ProcessSelector(url=target.url, pid=target.pid, pid_file=target.pid_file)
-        try:
-            async with asyncio.timeout(10):
-                return await asyncio.to_thread(self.deps.finder.discover, selector)
-        except TimeoutError:
-            return Discovery(selector.describe(), None, (), error="process discovery timed out")
+
+async def discover(finder: ProcessFinder, target: Target) -> Discovery:
+    """The target's processes, found off the event loop within 10 s."""
+    selector = ProcessSelector(target.url, target.pid, target.pid_file, target.systemd_unit)
+    try:
+        async with asyncio.timeout(10):
+            return await asyncio.to_thread(finder.discover, selector)
+    except TimeoutError:
+        return Discovery(selector.describe(), None, (), error="process discovery timed out")
+
+
+def listener_of(discovery: Discovery) -> tuple[int, float | None] | None:
+    """The (pid, create time) of the process a discovery found on the port, if any."""
+    if discovery.root_pid is None:
+        return None
+    return discovery.root_pid, discovery.root_create_time
+
+
+async def supervisor_says(
+    probe: SupervisorProbe | None, target: str, failure: ScrapeFailed | None
+) -> str | None:
+    """W1: for a refused server, whether its supervisor is already restarting it."""
+    if probe is None or failure is None or failure.reason != "refused":
+        return None
+    return await probe.restarting(target)
+
+
+def identity_of(exposition: Exposition) -> ServerIdentity:
+    """What a good scrape says about which server answered (see `core.replacement`)."""
+    return ServerIdentity(
+        process_start_time_seconds=exposition.process_start_time_seconds,
+        progress={
+            key.engine: progress_counters(reading) for key, reading in exposition.engines.items()
+        },
+    )
 
 
 async def wait(sleep: Callable[[float], Any], seconds: float, stop: asyncio.Event) -> None:

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
-from wedgewatch.core.redact import redact_argv, redact_env
+from wedgewatch.core.redact import redact_argv, redact_env, redact_url
 from wedgewatch.io.procs import Discovery
 from wedgewatch.io.scrape import FetchFailed, fetch, new_client
 from wedgewatch.vllm.build_info import build_env, cache_config_labels, serve_flags
@@ -44,15 +44,16 @@ async def fetch_version(
         result = await fetch(
             client, target, timeout_seconds=timeout_seconds, max_body_bytes=VERSION_MAX_BYTES
         )
+    shown = redact_url(target)  # the bundle never records URL credentials
     if isinstance(result, FetchFailed):
-        return {"status": "failed", "url": target, "error": f"{result.reason}: {result.detail}"}
+        return {"status": "failed", "url": shown, "error": f"{result.reason}: {result.detail}"}
     try:
         data = json.loads(result.body)
     except ValueError:
-        return {"status": "failed", "url": target, "error": "the answer is not JSON"}
+        return {"status": "failed", "url": shown, "error": "the answer is not JSON"}
     if not isinstance(data, dict) or not isinstance(data.get("version"), str):
-        return {"status": "failed", "url": target, "error": 'no "version" string in the answer'}
-    return {"status": "ok", "url": target, "version": data["version"][:200]}
+        return {"status": "failed", "url": shown, "error": 'no "version" string in the answer'}
+    return {"status": "ok", "url": shown, "version": data["version"][:200]}
 
 
 def _cmdline(pid: int) -> list[str] | str:

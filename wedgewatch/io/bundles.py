@@ -73,7 +73,8 @@ def timestamp_of_name(name: str) -> float | None:
 
 
 def redact_title(title: str) -> str:
-    """A command line with the values of secret-looking flags (`--api-key X`) masked."""
+    """A command line with secret values masked (`--api-key X`, `HF_TOKEN=X`, URL
+    credentials; see `wedgewatch.core.redact.redact_argv`)."""
     return redact_command_line(title)
 
 

@@ -68,6 +68,7 @@ from wedgewatch.io.procs import (
     PsutilProcessFinder,
     ServerProcess,
     combine_samples,
+    dump_refusal,
     read_readings,
 )
 from wedgewatch.io.pyspy import DumpStatus, PySpyRunner, StackDump, StackDumper
@@ -203,6 +204,7 @@ class _Round:
     nvidia_smi: dict[str, Any] = field(default_factory=dict)
     deadline_exceeded: bool = False
     build: dict[str, Any] | None = None
+    stacks_skipped: str | None = None  # why no process was dumped: not proven to be vLLM
 
     @property
     def ptrace_denied(self) -> int:
@@ -307,6 +309,10 @@ async def _capture_round(
 
     dumper = deps.stack_dumper()
     to_dump = [p for p in discovery.processes if p.role in _DUMPED_ROLES]
+    refusal = dump_refusal(discovery)
+    if refusal is not None:  # never py-spy (ptrace, as root) a process not proven the server
+        to_dump, rnd.stacks_skipped = [], redact_title(refusal)
+        rnd.failures.append(f"stacks skipped: {rnd.stacks_skipped}")
     stack_tasks = {p.pid: asyncio.create_task(dumper.dump(p.pid)) for p in to_dump}
     sample_task = asyncio.create_task(_sample_processes(discovery.processes, deps))
     smi_task = asyncio.create_task(
@@ -388,6 +394,8 @@ async def _capture_round(
         rnd.failures.append(f"nvidia-smi: {smi}")
 
     label = str(phase)
+    if refusal is not None:
+        return rnd, StackRound(label, (), f"stacks skipped: {rnd.stacks_skipped}")
     return rnd, StackRound(label, _process_stacks(discovery, rnd.dumps, missing), discovery.error)
 
 
@@ -431,6 +439,7 @@ def _round_summary(rnd: _Round, deps: EvidenceDeps, finished_at: float) -> dict[
         "discovery": _discovery_json(discovery) if discovery else None,
         "pids": _pids_by_role(discovery),
         "stacks": rnd.stacks,
+        "stacks_skipped": rnd.stacks_skipped,
         "ptrace_denied": rnd.ptrace_denied,
         "nvidia_smi": rnd.nvidia_smi,
         "files": sorted(rnd.files),

@@ -39,6 +39,7 @@ import httpx
 import structlog
 
 from wedgewatch import __version__
+from wedgewatch.core.redact import redact_webhook_url, scrub_text, secret_fragments
 
 log = structlog.get_logger("wedgewatch.notify")
 
@@ -126,16 +127,16 @@ def payload(notification: Notification, *, version: str, host: str) -> dict[str,
 def _check_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"webhook URL {url!r} must be an http:// or https:// URL with a host")
+        raise ValueError(
+            f"webhook URL {_redact(url)!r} must be an http:// or https:// URL with a host"
+        )
     return url
 
 
 def _redact(url: str) -> str:
-    """The URL without its query and credentials (webhook URLs often carry a secret token)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
+    """The URL without its path, query and credentials: webhook URLs carry their secret in
+    the path (Slack, Discord, Teams) or the query."""
+    return redact_webhook_url(url)
 
 
 class _Retry(Exception):
@@ -266,10 +267,10 @@ class WebhookNotifier:
             try:
                 await self._post(client, url, body)
             except _Retry as exc:
-                message = str(exc)
+                message = scrub_text(str(exc), secret_fragments([url]))
                 continue
             except _GiveUp as exc:
-                message = str(exc)
+                message = scrub_text(str(exc), secret_fragments([url]))
                 break
             self._sent += 1
             return

@@ -13,7 +13,10 @@ exception: the server being examined is often in the middle of dying.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import os
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,8 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from wedgewatch.core.redact import redact_url
+from wedgewatch.core.server_proof import cgroup_in_unit, is_this_machine, plain_ip, prove_server
 from wedgewatch.vllm.semantics import Role, classify_role
 
 _WILDCARD_IPS = frozenset({"0.0.0.0", "::", "::0"})
@@ -65,6 +70,7 @@ class ProcessSelector:
     url: str | None = None
     pid: int | None = None
     pid_file: Path | None = None
+    systemd_unit: str | None = None  # a listener in this unit's cgroup counts as named
 
     def describe(self) -> str:
         """Human-readable source of the root pid, for summaries and errors."""
@@ -73,7 +79,7 @@ class ProcessSelector:
         if self.pid_file is not None:
             return f"pid file {self.pid_file}"
         if self.url is not None:
-            return f"listener of {self.url}"
+            return f"listener of {redact_url(self.url)}"
         return "nothing (no url, pid or pid file configured)"
 
 
@@ -86,6 +92,8 @@ class Discovery:
     processes: tuple[ServerProcess, ...]
     error: str | None = None
     notes: tuple[str, ...] = ()
+    explicit: bool = False  # the root came from a configured pid or pid file, not a port
+    root_create_time: float | None = None  # tells a new root process from an old one
 
     def pids(self, role: Role) -> tuple[int, ...]:
         """Pids with the given role, in discovery order."""
@@ -98,6 +106,7 @@ class Discovery:
             "root_pid": self.root_pid,
             "error": self.error,
             "notes": list(self.notes),
+            "explicit": self.explicit,
             "processes": [p.to_json() for p in self.processes],
         }
 
@@ -201,24 +210,37 @@ class ListeningSocket:
     pid: int | None
 
 
-def _same_host(listen_ip: str, host: str) -> bool:
+def _same_host(listen_ip: str, host: str, host_ips: Iterable[str] = ()) -> bool:
     if listen_ip in _WILDCARD_IPS:
         return True
     if host == "localhost":
         return listen_ip in ("127.0.0.1", "::1") or listen_ip.startswith("127.")
+    candidates = {host, *host_ips}
     try:
-        return ipaddress.ip_address(listen_ip) == ipaddress.ip_address(host)
+        listen = ipaddress.ip_address(listen_ip)
     except ValueError:
         return False
+    for candidate in candidates:
+        try:
+            if ipaddress.ip_address(candidate) == listen:
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 def pick_listeners(
-    sockets: Iterable[ListeningSocket], host: str, port: int
+    sockets: Iterable[ListeningSocket], host: str, port: int, host_ips: Iterable[str] = ()
 ) -> tuple[tuple[int, ...], int]:
-    """Pids listening on `port` (matching `host` when any listener does), and how many
-    matching sockets had no visible pid (another user's process seen without privileges)."""
-    on_port = [s for s in sockets if s.port == port]
-    matching = [s for s in on_port if _same_host(s.ip, host)] or on_port
+    """Pids listening on `port` at `host` (a wildcard address, the host's IP, or one of the
+    addresses `host_ips` it resolves to), and how many such sockets had no visible pid
+    (another user's process seen without privileges).
+
+    A process on the same port at another address is never picked: it is not the server
+    the URL reaches, and a signal or a py-spy dump must not land on it.
+    """
+    ips = tuple(host_ips)
+    matching = [s for s in sockets if s.port == port and _same_host(s.ip, host, ips)]
     pids = tuple(sorted({s.pid for s in matching if s.pid is not None}))
     hidden = sum(1 for s in matching if s.pid is None)
     return pids, hidden
@@ -380,6 +402,7 @@ class PsutilProcessFinder:
         root: int | str
         listeners: tuple[int, ...] = ()
         notes: list[str] = []
+        explicit = selector.pid is not None or selector.pid_file is not None
         if selector.pid is not None:
             root = selector.pid
         elif selector.pid_file is not None:
@@ -393,22 +416,46 @@ class PsutilProcessFinder:
         else:
             root = "no url, pid or pid file to find the server's processes from"
         if isinstance(root, str):
-            return Discovery(source, None, (), error=root, notes=tuple(notes))
+            return Discovery(source, None, (), error=root, notes=tuple(notes), explicit=explicit)
         records, tree_notes = _records_under(root)
         notes.extend(tree_notes)
         if not records:
             return Discovery(
-                source, root, (), error=tree_notes[0] if tree_notes else None, notes=tuple(notes)
+                source,
+                root,
+                (),
+                error=tree_notes[0] if tree_notes else None,
+                notes=tuple(notes),
+                explicit=explicit,
             )
-        return Discovery(source, root, build_tree(records, root, listeners), notes=tuple(notes))
+        created: float | None = None
+        with contextlib.suppress(psutil.Error):
+            created = psutil.Process(root).create_time()
+        if not explicit and selector.systemd_unit and _in_unit(root, selector.systemd_unit):
+            explicit = True  # the listener runs inside the target's own systemd unit
+            notes.append(f"pid {root} runs in the target's systemd unit {selector.systemd_unit}")
+        return Discovery(
+            source,
+            root,
+            build_tree(records, root, listeners),
+            notes=tuple(notes),
+            explicit=explicit,
+            root_create_time=created,
+        )
 
     def _listener_root(self, url: str, notes: list[str]) -> tuple[int, tuple[int, ...]] | str:
         endpoint = endpoint_of_url(url)
         if isinstance(endpoint, str):
             return endpoint
         host, port = endpoint
+        host_ips = host_addresses(host)
+        if not is_this_machine(host_ips, local_addresses()):
+            return (
+                f"{host} is not this machine (neither loopback nor an address of its "
+                "interfaces): no local process is looked up by port for a remote server"
+            )
         sockets = _listening_sockets(notes)
-        pids, hidden = pick_listeners(sockets, host, port)
+        pids, hidden = pick_listeners(sockets, host, port, host_ips)
         if not pids:
             if hidden:
                 return (
@@ -427,6 +474,81 @@ class PsutilProcessFinder:
         return choose_root(pids, _ancestry(parents)), pids
 
 
+def host_addresses(host: str) -> tuple[str, ...]:
+    """The IP addresses of `host`: itself when it is an IP address, else what the system
+    resolver says (empty when it cannot resolve it)."""
+    try:
+        return (str(ipaddress.ip_address(plain_ip(host.strip("[]")))),)
+    except ValueError:
+        pass
+    if host == "localhost":
+        return ("127.0.0.1", "::1")
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return ()
+    return tuple(sorted({plain_ip(str(info[4][0])) for info in infos}))
+
+
+def local_addresses() -> tuple[str, ...]:
+    """Every address of this machine's network interfaces (psutil.net_if_addrs)."""
+    try:
+        interfaces = psutil.net_if_addrs()
+    except (OSError, psutil.Error):
+        return ()
+    return tuple(
+        plain_ip(a.address)
+        for addresses in interfaces.values()
+        for a in addresses
+        if a.family in (socket.AF_INET, socket.AF_INET6)
+    )
+
+
+def host_is_this_machine(host: str) -> bool:
+    """Is `host` (a URL's host) this machine: loopback or one of its interface addresses?"""
+    return is_this_machine(host_addresses(host), local_addresses())
+
+
+def remote_host_reason(url: str) -> str | None:
+    """None when the URL's host is this machine; otherwise why no local process is its server."""
+    endpoint = endpoint_of_url(url)
+    if isinstance(endpoint, str):
+        return endpoint
+    host, _port = endpoint
+    if host_is_this_machine(host):
+        return None
+    return (
+        f"{host} is not this machine (neither loopback nor an address of its interfaces), "
+        "so no local process is its server"
+    )
+
+
+def dump_refusal(discovery: Discovery) -> str | None:
+    """Why the discovered processes must not be py-spied (not proven to be the server), or
+    None. Read-only uses also accept a root whose command line names vLLM (`vllm serve`)."""
+    if not discovery.processes:
+        return None
+    return prove_server(
+        [(p.pid, p.title) for p in discovery.processes],
+        explicit=discovery.explicit,
+        own_pids=own_lineage()[0],
+        accept_vllm_command=True,
+    )
+
+
+def own_lineage() -> tuple[set[int], set[int]]:
+    """wedgewatch's own pid and its ancestors' pids, and the process groups they are in."""
+    me = psutil.Process()
+    pids = {me.pid}
+    with contextlib.suppress(psutil.Error):
+        pids |= {p.pid for p in me.parents()}
+    groups: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(pid))
+    return pids, groups
+
+
 def _ancestry(parents: dict[int, int]) -> dict[int, int]:
     """Extend a pid -> ppid map up to init, so `choose_root` can walk ancestors."""
     full = dict(parents)
@@ -440,6 +562,14 @@ def _ancestry(parents: dict[int, int]) -> dict[int, int]:
             full[pid] = record.ppid
             frontier.append(record.ppid)
     return full
+
+
+def _in_unit(pid: int, unit: str) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return cgroup_in_unit(text, unit)
 
 
 def _read_pid_file(path: Path) -> int | str:

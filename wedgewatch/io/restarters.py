@@ -20,7 +20,10 @@ from typing import Protocol
 
 import psutil
 
+from wedgewatch.core.redact import redact_url
 from wedgewatch.core.restart_policy import FailureReason, RestartOutcome, seconds_text
+from wedgewatch.core.server_proof import prove_server
+from wedgewatch.io.procs import own_lineage, title_from_cmdline
 from wedgewatch.io.runner import CommandResult, run_command
 
 #: How long a restarter waits for processes to vanish after SIGKILL before reporting them.
@@ -45,6 +48,9 @@ class RestartRequest:
     reason: str
     bundle: Path | None = None
     server_pid: int | None = None  # the serving (API server) process, for `signal`
+    # True when server_pid came from the target's explicit pid, pid_file or systemd unit
+    # (then it is the server by configuration); False when it was found by port.
+    server_pid_explicit: bool = False
 
 
 class Restarter(Protocol):
@@ -61,10 +67,11 @@ class Restarter(Protocol):
 
 
 def restart_environment(request: RestartRequest) -> dict[str, str]:
-    """The `WEDGEWATCH_*` variables an `exec` remedy command receives."""
+    """The `WEDGEWATCH_*` variables an `exec` remedy command receives (URL credentials and
+    query masked)."""
     return {
         "WEDGEWATCH_TARGET": request.target,
-        "WEDGEWATCH_URL": request.url,
+        "WEDGEWATCH_URL": redact_url(request.url),
         "WEDGEWATCH_ENGINE": request.engine,
         "WEDGEWATCH_MODEL_NAME": request.model_name,
         "WEDGEWATCH_FAMILY": request.family,
@@ -72,6 +79,35 @@ def restart_environment(request: RestartRequest) -> dict[str, str]:
         "WEDGEWATCH_REASON": request.reason,
         "WEDGEWATCH_BUNDLE": "" if request.bundle is None else str(request.bundle),
     }
+
+
+#: The only variables an `exec` remedy inherits from wedgewatch's environment (when set):
+#: enough to find programs, speak the locale, and let `kubectl` find the API server from
+#: inside a pod. Nothing else: not wedgewatch's settings, not tokens or passwords.
+EXEC_INHERITED_VARIABLES = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "XDG_RUNTIME_DIR",
+    "KUBERNETES_SERVICE_HOST",
+    "KUBERNETES_SERVICE_PORT",
+)
+#: PATH for an `exec` remedy when wedgewatch has none.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def exec_environment(request: RestartRequest, parent: Mapping[str, str]) -> dict[str, str]:
+    """The whole environment of an `exec` remedy command: the few `EXEC_INHERITED_VARIABLES`
+    of `parent` (wedgewatch's environment) plus the event's `WEDGEWATCH_*` variables."""
+    env = {name: parent[name] for name in EXEC_INHERITED_VARIABLES if name in parent}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.update(restart_environment(request))
+    return env
 
 
 # -- process trees -------------------------------------------------------------------------
@@ -124,9 +160,39 @@ class _Termination:
     errors: tuple[str, ...]  # signals that could not be sent
 
 
+def group_is_still_ours(group: int, leader_create_time: float | None) -> bool:
+    """May process group `group` still be signalled as a whole, right now?
+
+    Yes when its leader (pid == group) is the very process seen when the tree was collected
+    (same create time), or when no process has that pid any more (the kernel does not hand
+    out a pid while a process group of that id has members, so `killpg` can then only reach
+    the old group's members). No when the pid now belongs to another process: the old group
+    is empty and the pid was reused, possibly by the leader of an unrelated group.
+    """
+    try:
+        created = psutil.Process(group).create_time()
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+    return leader_create_time is not None and created == leader_create_time
+
+
 def _send(
-    victims: Sequence[psutil.Process], group: int | None, sig: signal.Signals, errors: list[str]
-) -> None:
+    victims: Sequence[psutil.Process],
+    group: int | None,
+    sig: signal.Signals,
+    errors: list[str],
+    leader_create_time: float | None = None,
+) -> int | None:
+    """Send `sig` to `group` (when it is still ours) and to every victim outside it; returns
+    the group that was used, None when it was not (then every victim got its own signal)."""
+    if group is not None and not group_is_still_ours(group, leader_create_time):
+        errors.append(
+            f"process group {group} not signalled: its leader's pid now belongs to another "
+            "process (pid reused); signalled the known processes one by one"
+        )
+        group = None
     if group is not None:
         try:
             os.killpg(group, sig)
@@ -138,11 +204,12 @@ def _send(
         if group is not None and _pgid(proc.pid) == group:
             continue  # already reached through the group
         try:
-            proc.send_signal(sig)
+            proc.send_signal(sig)  # psutil refuses a pid reused since the handle was made
         except psutil.NoSuchProcess:
             pass
         except psutil.AccessDenied:
             errors.append(f"permission denied sending {sig.name} to {_describe(proc)}")
+    return group
 
 
 async def _gone(
@@ -160,17 +227,24 @@ async def _gone(
 
 
 async def _terminate(
-    victims: Sequence[psutil.Process], group: int | None, grace_seconds: float
+    victims: Sequence[psutil.Process],
+    group: int | None,
+    grace_seconds: float,
+    leader_create_time: float | None = None,
 ) -> _Termination:
-    """SIGTERM the victims (through `group` where they are in it), SIGKILL what outlives grace."""
+    """SIGTERM the victims (through `group` where they are in it), SIGKILL what outlives grace.
+
+    `leader_create_time` is the create time of the group's leader when the tree was
+    collected: the group is signalled only while it still identifies that process.
+    """
     errors: list[str] = []
-    _send(victims, group, signal.SIGTERM, errors)
+    group = _send(victims, group, signal.SIGTERM, errors, leader_create_time)
     if await _gone(victims, group, grace_seconds):
         return _Termination(len(victims), True, 0, (), tuple(errors))
     stubborn = [p for p in victims if _alive(p)]
     if group is not None:
         stubborn += [p for p in _group_members(group) if p not in stubborn]
-    _send(stubborn, group, signal.SIGKILL, errors)
+    group = _send(stubborn, group, signal.SIGKILL, errors, leader_create_time)
     await _gone(stubborn, group, KILL_WAIT_SECONDS)
     survivors = [p for p in stubborn if _alive(p)]
     if group is not None:
@@ -180,14 +254,12 @@ async def _terminate(
     )
 
 
-def _own_lineage() -> tuple[set[int], set[int]]:
-    """Our pid and our ancestors' pids, and the process groups they are in."""
-    me = psutil.Process()
-    pids = {me.pid}
-    with contextlib.suppress(psutil.Error):
-        pids |= {p.pid for p in me.parents()}
-    groups = {g for g in (_pgid(pid) for pid in pids) if g is not None}
-    return pids, groups
+def _title(proc: psutil.Process) -> str:
+    """The process's full title (command line), '' when it cannot be read."""
+    try:
+        return title_from_cmdline(proc.cmdline(), proc.name())
+    except psutil.Error:
+        return ""
 
 
 def _summarise(what: str, result: _Termination, grace_seconds: float, elapsed: float) -> str:
@@ -229,24 +301,33 @@ class SignalRestarter:
         """SIGTERM the tree, SIGKILL what is left after the grace; ok once it is all gone."""
         started = self._clock()
 
-        def outcome(ok: bool, detail: str) -> RestartOutcome:
-            failure = None if ok else FailureReason.REMEDY_ERROR
-            return RestartOutcome(ok, detail, self._clock() - started, failure)
+        def outcome(
+            ok: bool, detail: str, failure: FailureReason = FailureReason.REMEDY_ERROR
+        ) -> RestartOutcome:
+            return RestartOutcome(ok, detail, self._clock() - started, None if ok else failure)
 
         pid = request.server_pid
         if pid is None:
             return outcome(False, f"no server process is known for target {request.target}")
         try:
             root = psutil.Process(pid)
+            leader_create_time = root.create_time()
             tree = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             return outcome(True, f"server process {pid} had already exited")
         except psutil.AccessDenied as exc:
             return outcome(False, f"cannot inspect server process {pid}: {exc}")
-        own_pids, own_groups = _own_lineage()
-        if any(p.pid in own_pids for p in tree):
+        own_pids, own_groups = own_lineage()
+        refusal = prove_server(
+            [(p.pid, _title(p)) for p in tree],
+            explicit=request.server_pid_explicit,
+            own_pids=own_pids,
+        )
+        if refusal is not None:
             return outcome(
-                False, f"refusing to signal process {pid}: wedgewatch itself belongs to its tree"
+                False,
+                f"refusing to signal process {pid}: {refusal}",
+                FailureReason.NOT_VLLM,
             )
         pgid = _pgid(pid)
         group = pgid if pgid == pid and pgid not in own_groups else None
@@ -260,7 +341,7 @@ class SignalRestarter:
                 f"server {pid} does not lead its process group ({led}); SIGTERM to its "
                 f"{len(victims)} processes one by one"
             )
-        result = await _terminate(victims, group, self._grace)
+        result = await _terminate(victims, group, self._grace, leader_create_time)
         elapsed = self._clock() - started
         detail = _summarise(what, result, self._grace, elapsed)
         return outcome(not result.survivors, detail)
@@ -388,8 +469,9 @@ class ExecRestarter:
     """`remedy = "exec"`: run a configured command with the verdict in `WEDGEWATCH_*` variables.
 
     The command runs without a shell, in its own session (a timeout kills its whole group),
-    with the environment of wedgewatch plus `restart_environment(request)`. Exit status 0 is
-    success; anything else is a failure whose detail carries the tail of its stderr.
+    with a minimal environment (`exec_environment`: PATH, HOME, LANG, ... of wedgewatch's,
+    never its settings or secrets) plus the event's `WEDGEWATCH_*` variables. Exit status 0
+    is success; anything else is a failure whose detail carries the tail of its stderr.
     """
 
     name = "exec"
@@ -414,8 +496,7 @@ class ExecRestarter:
     async def restart(self, request: RestartRequest) -> RestartOutcome:
         """Run the command for `request` under the deadline."""
         started = self._clock()
-        env = dict(os.environ if self._env is None else self._env)
-        env.update(restart_environment(request))
+        env = exec_environment(request, os.environ if self._env is None else self._env)
         result = await _run(self.argv, env, self._timeout)
         what = f"exec_command {self.argv[0]}"
         return _command_outcome(what, self.argv, result, self._timeout, self._clock() - started)
@@ -505,12 +586,14 @@ class Supervisor:
         if proc is None:
             return None
         tree: list[psutil.Process] = []
+        leader_create_time: float | None = None
         if proc.returncode is None:  # not reaped yet, so its pid cannot have been reused
             with contextlib.suppress(psutil.NoSuchProcess):
                 leader = psutil.Process(proc.pid)
+                leader_create_time = leader.create_time()
                 tree = [leader, *leader.children(recursive=True)]
         tree += [p for p in _group_members(proc.pid) if p not in tree]
-        termination = await _terminate(tree, proc.pid, grace_seconds)
+        termination = await _terminate(tree, proc.pid, grace_seconds, leader_create_time)
         return await proc.wait(), termination
 
     async def restart(self, grace_seconds: float) -> RestartOutcome:

@@ -25,6 +25,7 @@ import httpx
 
 from wedgewatch import __version__
 from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
+from wedgewatch.core.redact import redact_url, scrub_text, secret_fragments
 from wedgewatch.core.states import ScrapeFailureReason
 from wedgewatch.vllm import signals
 
@@ -177,8 +178,13 @@ async def fetch(
     received = 0
     timeout = httpx.Timeout(timeout_seconds)
 
+    secrets = secret_fragments([url], keep_path=True)
+
     def failed(reason: ScrapeFailureReason, detail: str) -> FetchFailed:
+        detail = scrub_text(detail.replace(url, shown), secrets)
         return FetchFailed(reason=reason, detail=detail, elapsed_seconds=clock() - started_at)
+
+    shown = redact_url(url)  # never print credentials or a query
 
     try:
         async with asyncio.timeout(timeout_seconds):
@@ -280,5 +286,6 @@ async def observe(
         return ScrapeFailed(at=at, reason=result.reason, detail=result.detail)
     parsed = signals.parse(result.body, max_engines=limits.max_engines)
     if isinstance(parsed, signals.ParseFailure):
-        return ScrapeFailed(at=at, reason=parsed.reason, detail=f"{url}: {parsed.message}")
+        shown = redact_url(url)
+        return ScrapeFailed(at=at, reason=parsed.reason, detail=f"{shown}: {parsed.message}")
     return Scraped(at=at, exposition=parsed)

@@ -1,0 +1,227 @@
+"""The episode core's inputs, outputs and state (see `core/episode.py` for the rules).
+
+Split out of `core/episode.py` so the rule module stays readable; `core.episode`
+re-exports every name here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from wedgewatch.core import probe_policy, restart_policy
+from wedgewatch.core.detect import TargetVerdict
+from wedgewatch.core.replacement import ServerIdentity
+from wedgewatch.vllm.signals import EngineKey
+
+Phase = Literal["suspect", "wedged"]
+
+# ---------------------------------------------------------------------------------------------
+# State
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """What the core needs to know about the target's configuration."""
+
+    target: str
+    remedy: str
+    can_restart: bool  # a restarter exists for this target (false for remedy "none")
+    restart_policy: restart_policy.RestartPolicy
+    probe_respects_budget: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """One stall episode of a target: from the first stalled engine until all are calm."""
+
+    episode_id: str
+    key: EngineKey
+    family: str
+    opened_at: float
+    opened_timestamp: float
+    bundle: str | None = None
+    suspect_asked: bool = False
+    wedged_asked: bool = False
+    restart_asked: bool = False
+    restart_pending_since: float | None = None  # a restart waits for the backoff to pass
+    triage: str | None = None
+    scrape_failure: str | None = None  # the latest scrape failure reason seen in the episode
+    supervisor_retry_at: float | None = None  # W1: ask the supervisor again from then on
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeState:
+    """Everything the core keeps about one target between inputs."""
+
+    policy: restart_policy.PolicyState = field(default_factory=restart_policy.PolicyState)
+    episode: Episode | None = None
+    verdict: TargetVerdict | None = None  # the latest verdict judged
+    last_bundle: str | None = None
+    restarts: int = 0  # restarts run by this process (for /status)
+    ignore_before_at: float | None = None  # S0: scrapes begun before this saw the old server
+    probe: probe_policy.ProbeMemory = field(default_factory=probe_policy.ProbeMemory)
+    probe_answer: probe_policy.ProbeVerdict | None = None  # Q1: what /probe answers now
+    server: ServerIdentity | None = None  # P1: the answering server, outside restarts
+    old_server: ServerIdentity | None = None  # N1: the server a restart has to replace
+    listener_after: tuple[int, float | None] | None = None  # N2: the listener after it
+    listener_check: bool = False  # N1: a CheckListener runs
+    not_replaced: str | None = None  # N1: why the answering server is not proven new
+    last_restart_failure: Mapping[str, Any] | None = None  # reason, detail, timestamp
+    waiting_for_supervisor: str | None = None  # W1: why no restart runs now
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """The detector judged a scrape; `good` when the scrape succeeded."""
+
+    verdict: TargetVerdict
+    good: bool
+    worker_idle: bool = True  # no capture or restart runs for the target right now
+    mark: probe_policy.ServerMark | None = None  # the server the detector read last (Q1)
+    identity: ServerIdentity | None = None  # what a good scrape says about the server (N1)
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureDone:
+    """An evidence capture asked by a `Capture` effect finished (well or not)."""
+
+    episode_id: str
+    phase: Phase
+    bundle: str | None
+    triage: str | None = None
+    failures: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RestartDue:
+    """The worker reached a queued restart and asks whether to run it now."""
+
+    key: EngineKey
+    family: str
+    reason: str
+    supervisor: str | None = None  # W1: the supervisor says it is restarting the server
+
+
+@dataclass(frozen=True, slots=True)
+class RestartDone:
+    """The restarter finished a `RunRestart` with this outcome."""
+
+    outcome: restart_policy.RestartOutcome
+    listener: tuple[int, float | None] | None = None  # the port's (pid, create time) before
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSeen:
+    """The port's listener after a restart (None: none found), asked by `CheckListener`."""
+
+    pid: int | None
+    create_time: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorReset:
+    """An operator asked to reset the target's restart budget."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeServed:
+    """/probe sent a failing answer about the server `mark` (Q2)."""
+
+    mark: probe_policy.ServerMark
+
+
+Input = (
+    Observed | CaptureDone | RestartDue | RestartDone | ListenerSeen | OperatorReset | ProbeServed
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Effects (data; the shell performs them in order)
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """Queue an evidence capture: `suspect` opens the episode's bundle, `wedged` completes it."""
+
+    phase: Phase
+    key: EngineKey
+    family: str
+    episode_id: str
+    verdict_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """Queue marking a suspect bundle resolved (None: the target's last bundle at that time)."""
+
+    bundle: str | None
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRestart:
+    """Queue a restart behind the captures; the worker sends `RestartDue` when it gets there."""
+
+    key: EngineKey
+    family: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunRestart:
+    """Run the restarter now (the policy allowed it); send `RestartDone` with its outcome."""
+
+    key: EngineKey
+    family: str
+    reason: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckListener:
+    """Look up the process listening on the target's port; send `ListenerSeen` (N1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResetDetector:
+    """Start the target's detector afresh: the startup grace after a restart."""
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """Save the state: `now` before going on, else with the next routine save."""
+
+    now: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One notable fact: a log line (`level`), and a webhook when `notify`.
+
+    `log_only` fields go to the log line but not to the webhook.
+    """
+
+    event: str
+    level: Literal["debug", "info", "warning", "error"]
+    fields: Mapping[str, Any]
+    notify: bool = False
+    log_only: Mapping[str, Any] | None = None
+
+
+Effect = (
+    Capture | Resolve | QueueRestart | RunRestart | CheckListener | ResetDetector | Persist | Report
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The state after one input and the effects it asks for, in order."""
+
+    state: EpisodeState
+    effects: tuple[Effect, ...] = ()
