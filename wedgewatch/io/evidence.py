@@ -2,7 +2,9 @@
 
 Phase 1 (`open_bundle`, at suspect) writes everything: the raw /metrics body, the flight
 recorder, the process tree with a short CPU sample, py-spy dumps of the API server, every
-EngineCore and every worker, nvidia-smi, the triage and `summary.json`. Phase 2
+EngineCore and every worker, nvidia-smi, the triage and `summary.json`. The engine may still
+be healthy then, so its py-spy round is gentle: one `--json --nonblocking` dump per process,
+which never pauses it, the text rendered from the JSON. Phase 2
 (`complete_bundle`, at wedged) adds the /metrics body at the wedge, a second round of
 stacks under `pyspy/wedged/`, a second process sample, re-runs triage over both rounds
 and rewrites `summary.json` (atomically) with the verdict `wedged`. When a wedge arrives
@@ -171,8 +173,13 @@ class EvidenceDeps:
     hostname: str = field(default_factory=socket.gethostname)
     version: str = __version__
 
-    def stack_dumper(self) -> StackDumper:
-        """The configured dumper, or py-spy built from the settings."""
+    def stack_dumper(self, *, gentle: bool = False) -> StackDumper:
+        """The configured dumper, or py-spy built from the settings.
+
+        `gentle` (the suspect round) never pauses a process: one `--json --nonblocking` dump
+        each, the text rendered from it. Otherwise (wedge, manual) py-spy may pause each
+        process briefly, with `--native` and a separate text dump.
+        """
         if self.dumper is not None:
             return self.dumper
         s = self.settings
@@ -180,6 +187,8 @@ class EvidenceDeps:
             pyspy_path=s.pyspy_path,
             timeout_seconds=s.pyspy_timeout_seconds,
             capture_locals=s.capture_locals,
+            native=not gentle,
+            nonblocking=gentle,
             clock=self.monotonic,
         )
 
@@ -205,6 +214,7 @@ class _Round:
     deadline_exceeded: bool = False
     build: dict[str, Any] | None = None
     stacks_skipped: str | None = None  # why no process was dumped: not proven to be vLLM
+    pyspy_mode: str = "blocking"  # "nonblocking" in the suspect round
 
     @property
     def ptrace_denied(self) -> int:
@@ -307,7 +317,8 @@ async def _capture_round(
     if discovery.error:
         rnd.failures.append(f"processes: {discovery.error}")
 
-    dumper = deps.stack_dumper()
+    dumper = deps.stack_dumper(gentle=phase is Phase.SUSPECT)
+    rnd.pyspy_mode = "nonblocking" if phase is Phase.SUSPECT else "blocking"
     to_dump = [p for p in discovery.processes if p.role in _DUMPED_ROLES]
     refusal = dump_refusal(discovery)
     if refusal is not None:  # never py-spy (ptrace, as root) a process not proven the server
@@ -440,6 +451,7 @@ def _round_summary(rnd: _Round, deps: EvidenceDeps, finished_at: float) -> dict[
         "pids": _pids_by_role(discovery),
         "stacks": rnd.stacks,
         "stacks_skipped": rnd.stacks_skipped,
+        "pyspy_mode": rnd.pyspy_mode,
         "ptrace_denied": rnd.ptrace_denied,
         "nvidia_smi": rnd.nvidia_smi,
         "files": sorted(rnd.files),
