@@ -41,7 +41,8 @@ def load_command(  # noqa: PLR0917 - typer maps every parameter to a flag
     profile: Annotated[
         str,
         typer.Option(
-            "--profile", help=f"One of {', '.join(PROFILE_NAMES)}."
+            "--profile",
+            help="agentic, agentic-burst, steady, long-prefill, long-prompt or streaming-session.",
         ),
     ] = "agentic",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the request sequence.")] = 0,
