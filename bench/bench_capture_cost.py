@@ -97,6 +97,7 @@ async def measure(url: str, mode: str, window: float, deps: EvidenceDeps) -> dic
     """Steps per second over one window while `mode` runs; rounds taken and their mean time."""
     selector = ProcessSelector(url=url + "/metrics")
     rounds = 0
+    incomplete = 0
     durations: list[float] = []
     before = await asyncio.to_thread(steps_of, url)
     started = time.monotonic()
@@ -110,14 +111,17 @@ async def measure(url: str, mode: str, window: float, deps: EvidenceDeps) -> dic
             CaptureRequest(target="bench", selector=selector, phase=phase, family="bench"), deps
         )
         durations.append(time.monotonic() - t0)
-        if result.bundle is None or any("py-spy" in f for f in result.failures):
+        if result.bundle is None:
             raise RuntimeError(f"capture failed: {result.failures}")
+        if any(f.startswith("py-spy") for f in result.failures):
+            incomplete += 1  # a process's stacks missing from the round (recorded, counted)
         rounds += 1
     elapsed = time.monotonic() - started
     after = await asyncio.to_thread(steps_of, url)
     return {
         "steps_per_second": (after - before) / elapsed,
         "rounds": rounds,
+        "rounds_missing_stacks": incomplete,
         "round_seconds": statistics.mean(durations) if durations else 0.0,
         "elapsed": elapsed,
     }
@@ -199,6 +203,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "back_to_back_loss_percent": round(100 * (base - rate) / base, 2),
             "round_seconds": round(statistics.mean(w["round_seconds"] for w in windows[mode]), 3),
             "steps_lost_per_round": round(lost_per_round, 2),
+            "rounds": sum(int(w["rounds"]) for w in windows[mode]),
+            "rounds_missing_stacks": sum(int(w["rounds_missing_stacks"]) for w in windows[mode]),
             "loss_at_cadence_percent": round(100 * lost_per_round / (base * CADENCE_SECONDS), 4),
         }
     return out

@@ -288,10 +288,11 @@ async def test_suspect_then_wedged_bundle(
     assert {s["status"] for s in phase["stacks"]} == {"ok"}
     # The suspect round never pauses a process: one nonblocking JSON run each, text rendered.
     assert phase["pyspy_mode"] == "nonblocking"
-    assert [
-        [(a["output"], a["native"], a["nonblocking"]) for a in s["attempts"]]
-        for s in phase["stacks"]
-    ] == [[("json", False, True)]] * len(stems)
+    # (A torn read of a running process is repeated, nonblocking again, at most 3 times.)
+    for stack in phase["stacks"]:
+        runs = {(a["output"], a["native"], a["nonblocking"]) for a in stack["attempts"]}
+        assert runs == {("json", False, True)}, stack
+        assert 1 <= len(stack["attempts"]) <= 3
     engine_txt = (bundle / f"pyspy/engine_core-{tree.engine_pid}.txt").read_text()
     assert "rendered from py-spy dump --json --nonblocking" in engine_txt
     assert phase["nvidia_smi"]["message"] == NVIDIA_SMI_NOT_FOUND

@@ -402,14 +402,30 @@ async def test_nonblocking_dump_is_one_json_run_with_rendered_text(
     assert state_of(target.pid) != "T"
 
 
-async def test_a_failed_nonblocking_dump_is_not_retried(
+async def test_a_torn_nonblocking_read_is_repeated_nonblocking_only(
     target: subprocess.Popen[str], tmp_path: Path
 ) -> None:
-    """The gentle round never falls back to a second (or blocking) run."""
+    """A failed gentle read is repeated, still --nonblocking, at most 3 runs; never blocking."""
     calls = tmp_path / "calls"
-    pyspy = fake_pyspy(tmp_path, f'echo "$@" >> {calls}\necho "Error: boom" >&2\nexit 1\n')
+    pyspy = fake_pyspy(
+        tmp_path,
+        f'echo "$@" >> {calls}\n'
+        'echo "Error: Failed to copy PyFrameObject (os error 14)" >&2\nexit 1\n',
+    )
     dump = await PySpyRunner(pyspy_path=pyspy, timeout_seconds=5, nonblocking=True).dump(target.pid)
     assert dump.status is DumpStatus.FAILED
-    assert dump.error == "Error: boom"
-    assert len(calls.read_text().splitlines()) == 1
+    assert dump.error == "Error: Failed to copy PyFrameObject (os error 14)"
+    assert calls.read_text().splitlines() == [f"dump --pid {target.pid} --json --nonblocking"] * 3
     assert dump.text is None
+
+
+async def test_a_nonblocking_read_that_cannot_succeed_is_not_repeated(
+    target: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    """Permission denied is final: one run."""
+    calls = tmp_path / "calls"
+    pyspy = fake_pyspy(tmp_path, f'echo "$@" >> {calls}\necho "{PERMISSION.strip()}" >&2\nexit 1\n')
+    dump = await PySpyRunner(pyspy_path=pyspy, timeout_seconds=5, nonblocking=True).dump(target.pid)
+    assert dump.status is DumpStatus.PERMISSION_DENIED
+    assert dump.fix == PTRACE_FIX
+    assert len(calls.read_text().splitlines()) == 1

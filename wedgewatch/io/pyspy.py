@@ -11,10 +11,12 @@ already stopped before wedgewatch touched it is left as found, and that is recor
 Failures are data (`DumpStatus`), never exceptions. Several pids may be dumped at once.
 
 `nonblocking` (the suspect round, while the engine may still be healthy) is the gentle mode:
-ONE py-spy run per process, `dump --json --nonblocking` (py-spy reads the stacks without
+ONE py-spy dump per process, `dump --json --nonblocking` (py-spy reads the stacks without
 pausing the target; it refuses `--native` in that mode, so there is no native run), and the
-text form is rendered from that JSON instead of taken by a second dump. The blocking mode
-(the wedge round: the engine is stuck anyway) is the full sequence above.
+text form is rendered from that JSON instead of taken by a second dump. Reading a running
+process can tear (py-spy: "Failed to copy PyFrameObject"); such a failed read is repeated,
+still nonblocking, up to `NONBLOCKING_ATTEMPTS` runs in all: it costs the target nothing.
+The blocking mode (the wedge round: the engine is stuck anyway) is the full sequence above.
 
 `argv_prefix` runs py-spy through a wrapper (`setpriv --reuid=...`, `nsenter ...`); tests
 use it to get a real "Permission Denied" from an unprivileged py-spy.
@@ -49,6 +51,7 @@ PYSPY_MISSING_FIX = (
 _STDERR_TAIL_BYTES = 2000
 #: A py-spy dump (JSON with locals of every thread) larger than this is cut, and unusable.
 _STDOUT_BYTES = 64 * 1024 * 1024
+NONBLOCKING_ATTEMPTS = 3
 
 
 class DumpStatus(StrEnum):
@@ -296,9 +299,15 @@ class PySpyRunner:
             )
         attempts: list[Attempt] = []
         if self.nonblocking:
-            return self._gentle_result(
-                pid, await self._run(pyspy, pid, "json", False, stopped_before), notes, started
-            )
+            runs: list[_Run] = []
+            while len(runs) < NONBLOCKING_ATTEMPTS:
+                run = await self._run(pyspy, pid, "json", False, stopped_before)
+                if run.status is DumpStatus.OK and isinstance(_decode(run.stdout), str):
+                    run = _Run(DumpStatus.FAILED, run.stdout, run.attempt)
+                runs.append(run)
+                if run.status is not DumpStatus.FAILED:
+                    break  # done, or a failure a retry cannot fix (permissions, gone, timeout)
+            return self._gentle_result(pid, runs, notes, started)
         json_run, native = await self._with_fallback(pyspy, pid, "json", stopped_before, attempts)
         threads: tuple[Thread, ...] | None = None
         json_text: str | None = None
@@ -344,8 +353,13 @@ class PySpyRunner:
             duration_seconds=self.clock() - started,
         )
 
-    def _gentle_result(self, pid: int, run: _Run, notes: list[str], started: float) -> StackDump:
-        """The one nonblocking JSON run as a dump; the text is rendered from its threads."""
+    def _gentle_result(
+        self, pid: int, runs: Sequence[_Run], notes: list[str], started: float
+    ) -> StackDump:
+        """The nonblocking JSON dump as a dump; the text is rendered from its threads."""
+        run = runs[-1]
+        attempts = tuple(r.attempt for r in runs)
+        resumed = any(a.resumed_target for a in attempts)
         threads: tuple[Thread, ...] | None = None
         json_text: str | None = None
         text: str | None = None
@@ -358,7 +372,7 @@ class PySpyRunner:
             else:
                 threads, json_text = parsed, run.stdout
                 text = render_text(pid, parsed)
-        if run.attempt.resumed_target:
+        if resumed:
             notes.append(f"process {pid} was left stopped (state T) by py-spy; sent SIGCONT")
         return StackDump(
             pid=pid,
@@ -367,8 +381,8 @@ class PySpyRunner:
             json_text=json_text,
             threads=threads,
             native=False,
-            attempts=(run.attempt,),
-            resumed_target=run.attempt.resumed_target,
+            attempts=attempts,
+            resumed_target=resumed,
             notes=tuple(notes),
             error=None if status is DumpStatus.OK else error,
             fix=PTRACE_FIX if status is DumpStatus.PERMISSION_DENIED else None,
