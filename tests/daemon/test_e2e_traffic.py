@@ -25,8 +25,6 @@ from test_e2e_daemon import (
     DaemonProcess,
     Sim,
     _timestamp,
-    daemons,  # noqa: F401 - a fixture
-    sims,  # noqa: F401 - a fixture
 )
 
 from wedgewatch.sim.load import plan_requests, run_load
