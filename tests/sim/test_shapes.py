@@ -177,6 +177,29 @@ def test_nan_gauges_is_a_serving_process_fault() -> None:
     assert isinstance(parse_fault("nan-gauges@1:0"), str)  # no rank: not an engine fault
 
 
+def test_an_abort_only_batch_moves_the_abort_and_iteration_counts_but_no_token() -> None:
+    """As vLLM records it: request_success{abort} +1, iteration count +1, every token sum +0."""
+    scheduler = Scheduler(small())
+    scheduler.add_request(SimRequest("s", 64, 1, streaming_input=True))
+    run(scheduler, 3)  # its segment is done: paused, nothing runs
+    scheduler.abort_request("s")
+    result = scheduler.step()
+    assert not result.scheduled
+    aborted = result.iteration_stats
+    assert aborted is not None
+    assert [(f.request_id, f.finish_reason) for f in aborted.finished] == [("s", "abort")]
+    assert (aborted.num_generation_tokens, aborted.num_iteration_tokens) == (0, 0)
+    expo = exposition()
+    assert expo.stats is not None
+    expo.stats.record(0, None, aborted)
+    text = expo.render().decode()
+    assert value(text, "vllm:request_success_total", finished_reason="abort") == 1
+    assert value(text, "vllm:iteration_tokens_total_count") == 1
+    assert value(text, "vllm:iteration_tokens_total_sum") == 0
+    assert value(text, "vllm:generation_tokens_total") == 0
+    assert value(text, "vllm:prompt_tokens_total") == 0
+
+
 def test_nan_gauges_poison_the_queue_and_kv_gauges_for_good_and_nothing_else() -> None:
     """Running, waiting (by reason) and KV usage read NaN, also after later steps; counters stay."""
     expo = exposition()
