@@ -174,12 +174,7 @@ class EvidenceDeps:
     version: str = __version__
 
     def stack_dumper(self, *, gentle: bool = False) -> StackDumper:
-        """The configured dumper, or py-spy built from the settings.
-
-        `gentle` (the suspect round) never pauses a process: one `--json --nonblocking` dump
-        each, the text rendered from it. Otherwise (wedge, manual) py-spy may pause each
-        process briefly, with `--native` and a separate text dump.
-        """
+        """The configured dumper, or py-spy from the settings; `gentle` never pauses a process."""
         if self.dumper is not None:
             return self.dumper
         s = self.settings
