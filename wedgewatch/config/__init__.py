@@ -8,16 +8,15 @@ Config, load_config`.
 
 from wedgewatch.config.model import (
     SECTIONS,
-    SETTINGS,
     Config,
     ConfigError,
-    Setting,
     Target,
     default_target_name,
     metrics_url_of,
     parse_byte_size,
 )
 from wedgewatch.config.reference import config_as_json, render_reference, render_table, render_toml
+from wedgewatch.config.settings import SETTINGS, Setting
 from wedgewatch.config.sources import LoadedConfig, load_config
 
 __all__ = [

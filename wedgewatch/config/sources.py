@@ -19,13 +19,12 @@ from pydantic import ValidationError
 from wedgewatch.config.model import (
     CONFIG_FILE_ENV,
     ENV_PREFIX,
-    SETTINGS,
     Config,
     ConfigError,
     FieldRuleError,
-    Setting,
     Target,
 )
+from wedgewatch.config.settings import SETTINGS, Setting
 from wedgewatch.core.redact import redact_url, redact_webhook_url
 
 Source = str  # "default" | "file:PATH" | "env:NAME" | "flag:--x"

@@ -409,22 +409,11 @@ class _Run:
         self.effects.append(QueueRestart(action.key, str(action.family), reason))
 
     def suspect_capture_too_soon(self, episode: Episode) -> bool:
-        limit = self.rules.suspect_capture_min_interval_seconds
-        last = self.state.last_suspect_capture_at
-        if last is None or limit <= 0 or self.at - last >= limit:
-            return False
-        if not episode.suspect_skipped:  # the action repeats every tick while suspect
+        why = suspect_rate_limited(self.rules, self.state, self.at)
+        if why is not None and not episode.suspect_skipped:  # once, not every tick
             self.update_episode(suspect_skipped=True)
-            self.report(
-                "suspect_capture_skipped",
-                "info",
-                episode=episode.episode_id,
-                reason=(
-                    f"a suspect capture ran {self.at - last:.0f} s ago; at most one per "
-                    f"{limit:g} s (suspect_capture_min_interval_seconds)"
-                ),
-            )
-        return True
+            self.report("suspect_capture_skipped", "info", episode=episode.episode_id, reason=why)
+        return why is not None
 
     def retry_restart(self, verdict: TargetVerdict) -> None:
         episode = self.state.episode
@@ -569,3 +558,15 @@ class _Run:
                 self.report("gave_up", "error", notify=True, **fields)
             else:
                 self.report(str(kind), "info", notify=True, **fields)
+
+
+def suspect_rate_limited(rules: Rules, state: EpisodeState, at: float) -> str | None:
+    """C4: why a suspect capture at `at` is skipped (the last was too recent), or None."""
+    limit = rules.suspect_capture_min_interval_seconds
+    last = state.last_suspect_capture_at
+    if last is None or limit <= 0 or at - last >= limit:
+        return None
+    return (
+        f"a suspect capture ran {at - last:.0f} s ago; at most one per {limit:g} s "
+        "(suspect_capture_min_interval_seconds)"
+    )

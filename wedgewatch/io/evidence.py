@@ -1,14 +1,11 @@
 """Evidence bundles: one private directory per episode, taken at `suspect`, completed at `wedged`.
 
-Phase 1 (`open_bundle`, at suspect) writes everything: the raw /metrics body, the flight
-recorder, the process tree with a short CPU sample, py-spy dumps of the API server, every
-EngineCore and every worker, nvidia-smi, the triage and `summary.json`. The engine may still
-be healthy then, so its py-spy round is gentle: one `--json --nonblocking` dump per process,
-which never pauses it, the text rendered from the JSON. Phase 2
-(`complete_bundle`, at wedged) adds the /metrics body at the wedge, a second round of
-stacks under `pyspy/wedged/`, a second process sample, re-runs triage over both rounds
-and rewrites `summary.json` (atomically) with the verdict `wedged`. When a wedge arrives
-without a suspect bundle, or for `wedgewatch capture`, `capture_bundle` does it in one call.
+Phase 1 (`open_bundle`, at suspect): /metrics body, flight recorder, process tree and CPU
+sample, py-spy of the API server, EngineCores and workers (`--nonblocking`: a maybe-healthy
+engine is never paused), nvidia-smi, triage, `summary.json`. Phase 2 (`complete_bundle`, at
+wedged): the body at the wedge, stacks under `pyspy/wedged/`, a second sample, triage over
+both rounds, `summary.json` rewritten atomically (verdict `wedged`). A wedge without a
+suspect bundle, or `wedgewatch capture`: `capture_bundle` does it all in one call.
 
 Every failure inside a capture is recorded in `summary.json` and in the returned
 `BundleResult`, never raised: the restart that follows must not wait on evidence. The
@@ -182,8 +179,7 @@ class EvidenceDeps:
             pyspy_path=s.pyspy_path,
             timeout_seconds=s.pyspy_timeout_seconds,
             capture_locals=s.capture_locals,
-            native=not gentle,
-            nonblocking=gentle,
+            nonblocking=gentle,  # implies no --native (py-spy refuses both)
             clock=self.monotonic,
         )
 
@@ -209,7 +205,6 @@ class _Round:
     deadline_exceeded: bool = False
     build: dict[str, Any] | None = None
     stacks_skipped: str | None = None  # why no process was dumped: not proven to be vLLM
-    pyspy_mode: str = "blocking"  # "nonblocking" in the suspect round
 
     @property
     def ptrace_denied(self) -> int:
@@ -313,7 +308,6 @@ async def _capture_round(
         rnd.failures.append(f"processes: {discovery.error}")
 
     dumper = deps.stack_dumper(gentle=phase is Phase.SUSPECT)
-    rnd.pyspy_mode = "nonblocking" if phase is Phase.SUSPECT else "blocking"
     to_dump = [p for p in discovery.processes if p.role in _DUMPED_ROLES]
     refusal = dump_refusal(discovery)
     if refusal is not None:  # never py-spy (ptrace, as root) a process not proven the server
@@ -446,7 +440,7 @@ def _round_summary(rnd: _Round, deps: EvidenceDeps, finished_at: float) -> dict[
         "pids": _pids_by_role(discovery),
         "stacks": rnd.stacks,
         "stacks_skipped": rnd.stacks_skipped,
-        "pyspy_mode": rnd.pyspy_mode,
+        "pyspy_mode": "nonblocking" if rnd.phase is Phase.SUSPECT else "blocking",
         "ptrace_denied": rnd.ptrace_denied,
         "nvidia_smi": rnd.nvidia_smi,
         "files": sorted(rnd.files),
