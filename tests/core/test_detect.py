@@ -127,7 +127,12 @@ def asleep(n: float, key: EngineKey = K0) -> EngineReading:
 
 
 def aborting(n: float, aborts: float, reason: str = "abort", key: EngineKey = K0) -> EngineReading:
-    """The deferred wedge while clients time out and retry: only abort (or error) finishes move."""
+    """The deferred wedge while clients time out and retry: only abort (or error) finishes move.
+
+    Each batch that carries an aborted finish is an `IterationStats` with 0 tokens, which vLLM's
+    stat logger also observes into `vllm:iteration_tokens_total`: the iteration count climbs
+    with the aborts (the simulator does the same; tests/sim/test_shapes.py).
+    """
     return reading(
         key,
         running=0,
@@ -136,7 +141,7 @@ def aborting(n: float, aborts: float, reason: str = "abort", key: EngineKey = K0
         prompt=100 * n,
         gen=50 * n,
         finished={"stop": n, reason: aborts},
-        iters=10 * n,
+        iters=10 * n + aborts,
     )
 
 

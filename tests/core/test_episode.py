@@ -54,6 +54,7 @@ AT = 1000.0
 POLICY = RestartPolicy(restart_budget=3, restart_backoff_seconds=60.0)
 RULES = Rules("sim", "signal", can_restart=True, restart_policy=POLICY)
 OBSERVE = Rules("sim", "none", can_restart=False, restart_policy=POLICY)
+LIMITED = replace(RULES, suspect_capture_min_interval_seconds=600.0)
 OK = RestartOutcome(True, "all exited on SIGTERM", 0.5)
 FAILED = RestartOutcome(False, "kill: permission denied", 0.1, FailureReason.REMEDY_ERROR)
 DEFERRED = Family.DEFERRED_STALL
@@ -223,6 +224,51 @@ ROWS = {
         with_episode(suspect_asked=True),
         Observed(SUSPECT_V, good=True),
         lambda s: not any(isinstance(e, Capture) for e in s.effects),
+    ),
+    "C1 the suspect capture remembers when it was asked (for C4)": Row(
+        with_episode(),
+        Observed(SUSPECT_V, good=True),
+        lambda s: _all(
+            any(isinstance(e, Capture) and e.phase == "suspect" for e in s.effects),
+            s.state.last_suspect_capture_at == AT,
+        ),
+        LIMITED,
+    ),
+    # C4
+    "C4 a suspect capture within the rate limit is skipped and reported once": Row(
+        replace(with_episode(), last_suspect_capture_at=AT - 100.0),
+        Observed(SUSPECT_V, good=True),
+        lambda s: _all(
+            not any(isinstance(e, Capture) for e in s.effects),
+            "at most one per 600 s" in report(s, "suspect_capture_skipped").fields["reason"],
+            s.state.episode is not None and s.state.episode.suspect_skipped,
+            s.state.episode is not None and not s.state.episode.suspect_asked,
+            s.state.last_suspect_capture_at == AT - 100.0,
+        ),
+        LIMITED,
+    ),
+    "C4 the skip is reported once per episode, not every tick": Row(
+        replace(with_episode(suspect_skipped=True), last_suspect_capture_at=AT - 100.0),
+        Observed(SUSPECT_V, good=True),
+        lambda s: not any(isinstance(e, Capture) for e in s.effects) and reports(s) == [],
+        LIMITED,
+    ),
+    "C4 past the interval the suspect capture runs again": Row(
+        replace(with_episode(), last_suspect_capture_at=AT - 600.0),
+        Observed(SUSPECT_V, good=True),
+        lambda s: any(isinstance(e, Capture) for e in s.effects),
+        LIMITED,
+    ),
+    "C4 a limit of 0 never skips": Row(
+        replace(with_episode(), last_suspect_capture_at=AT - 1.0),
+        Observed(SUSPECT_V, good=True),
+        lambda s: any(isinstance(e, Capture) for e in s.effects),
+    ),
+    "C4 a wedge inside the window still gets its (one-shot) capture": Row(
+        replace(with_episode(suspect_skipped=True), last_suspect_capture_at=AT - 100.0),
+        Observed(WEDGED_V, good=True),
+        lambda s: any(isinstance(e, Capture) and e.phase == "wedged" for e in s.effects),
+        LIMITED,
     ),
     "C2 the wedged capture comes before the queued restart": Row(
         with_episode(suspect_asked=True),

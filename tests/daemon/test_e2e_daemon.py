@@ -374,8 +374,15 @@ class Sim:
         """Pids of the serving processes the supervisor started, in order."""
         return [int(p) for p in self.pids_file.read_text().split()]
 
-    def load(self, profile: str, duration_seconds: float, seed: str = "7") -> Load:
-        """Start `wedgewatch sim load` against this server."""
+    def load(
+        self,
+        profile: str,
+        duration_seconds: float,
+        seed: str = "7",
+        timeout_seconds: float = 300,
+        retries: int = 0,
+    ) -> Load:
+        """Start `wedgewatch sim load` against this server (clients retry timed-out requests)."""
         return Load(
             [
                 *WEDGEWATCH,
@@ -390,7 +397,11 @@ class Sim:
                 "--duration",
                 str(duration_seconds),
                 "--request-timeout-seconds",
-                "300",
+                str(timeout_seconds),
+                "--retries",
+                str(retries),
+                "--retry-backoff-seconds",
+                "0.5",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -623,12 +634,16 @@ def test_sim_faults_are_their_own_families(
 def test_sim_no_false_alarm(
     daemons: Callable[..., DaemonProcess], sims: Callable[..., Sim]
 ) -> None:
-    """Three minutes of agentic load, an idle server, long prefills, a sleeping engine: no wedge.
+    """Three minutes of healthy traffic shapes, none of which may become a wedge.
 
-    One daemon watches the four servers at once, so the cases share the three minutes. The
-    long-prefill server runs whole (unchunked) prompts in 4 s steps, so its counters stay flat
-    for seconds while requests run: the test checks that this flat window was really seen
-    (suspect, progress_stall) and that it never became a wedge.
+    Agentic load from clients that time out and retry (aborts moving), an idle server, long
+    unchunked prefills, a sleeping engine, a 90 s chunked prefill (three times
+    hang_after_seconds, counters flat, KV growing) and a streaming-input session waiting
+    deferred between its chunks with nothing else queued. One daemon watches the six servers at
+    once, so the cases share the three minutes. The long-prefill server runs whole (unchunked)
+    prompts in 4 s steps, so its counters stay flat for seconds while requests run: the test
+    checks that this flat window was really seen (suspect, progress_stall) and that it never
+    became a wedge.
     """
     duration = 180.0
     fixed = ["--scheduler-fix", "skip-head-when-idle"]
@@ -647,6 +662,12 @@ def test_sim_no_false_alarm(
     )
     sleeping = sims("sleeping", [])
     assert httpx.post(sleeping.base_url + "/sleep", timeout=10).status_code == 200
+    # 30 000 tokens in 1024-token chunks of 3 s: a 90 s prefill, 3x hang_after_seconds.
+    chunked = sims(
+        "chunked",
+        ["--max-num-batched-tokens", "1024", "--prefill-step-time-seconds", "3"],
+    )
+    session = sims("session", [])
     daemon = daemons(
         [
             "--target",
@@ -657,6 +678,10 @@ def test_sim_no_false_alarm(
             f"prefill={prefill.base_url}",
             "--target",
             f"sleeping={sleeping.base_url}",
+            "--target",
+            f"chunked={chunked.base_url}",
+            "--target",
+            f"session={session.base_url}",
             "--interval-seconds",
             "1",
             "--stall-after-seconds",
@@ -668,9 +693,12 @@ def test_sim_no_false_alarm(
         ]
     )
     loads = [
-        agentic.load("agentic", duration),
+        # Impatient agentic clients: many give up after 1 s, are aborted and retry.
+        agentic.load("agentic", duration, timeout_seconds=1, retries=3),
         prefill.load("long-prefill", duration),
         sleeping.load("steady", duration),
+        chunked.load("long-prompt", duration),
+        session.load("streaming-session", duration),
     ]
     try:
         flat_seen = 0.0
@@ -681,9 +709,12 @@ def test_sim_no_false_alarm(
                 if target["name"] == "prefill" and target["engines"]:
                     flat_seen = max(flat_seen, target["engines"][0]["stalled_seconds"])
         targets = {t["name"]: t for t in daemon.get("/status").json()["targets"]}
-        for busy in ("agentic", "prefill"):  # the load really reached them
+        for busy in ("agentic", "prefill", "chunked", "session"):  # the load really reached them
             reading = targets[busy]["engines"][0]["last_reading"]
             assert reading["generation_tokens"] > 0, targets[busy]
+        # The agentic clients really gave up and retried (their aborts were counted).
+        agentic_body = httpx.get(agentic.base_url + "/metrics", timeout=10).text
+        assert 'finished_reason="abort",model_name="Qwen/Qwen3-0.6B"} 0.0' not in agentic_body
         # The long prefill really looked like a stall for a while (so this case can fail).
         suspected = daemon.events("stall_suspected", target="prefill")
         assert suspected, "the long prefill never left the counters flat"

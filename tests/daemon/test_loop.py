@@ -460,6 +460,39 @@ async def test_suspect_that_recovers_is_resolved(tmp_path: Path) -> None:
     assert world.restarter.requests == []
 
 
+def two_short_stalls(t: float) -> str:
+    """Two stalls shorter than stall_after_seconds, 70 s apart, then a wedge at 200 s."""
+    return "wedged" if 30 <= t < 50 or 100 <= t < 120 or t >= 200 else "healthy"
+
+
+async def test_suspect_round_is_rate_limited_per_target(tmp_path: Path) -> None:
+    """Within suspect_capture_min_interval_seconds a new suspect episode takes no capture."""
+    world = make_world(tmp_path, two_short_stalls, until=300, remedy_name="none")
+    _, logs = await play(world)
+    phases = [(r.phase, r.bundle) for r in world.evidence.requests]
+    # One suspect round (the first episode), none for the second; the wedge in the window
+    # still gets its capture, as a one-shot bundle (no suspect bundle to complete).
+    assert phases == [("suspect", None), ("wedged", None)]
+    skipped = events(logs, "suspect_capture_skipped")
+    assert len(skipped) == 2  # once per rate-limited episode, not once per tick
+    assert "at most one per 600 s" in skipped[0]["reason"]
+
+
+async def test_suspect_round_runs_again_once_the_interval_passed(tmp_path: Path) -> None:
+    """A shorter limit lets the second episode capture; 0 disables the limit."""
+    for limit in (60.0, 0.0):
+        world = make_world(
+            tmp_path / str(limit),
+            two_short_stalls,
+            until=150,
+            remedy_name="none",
+            suspect_capture_min_interval_seconds=limit,
+        )
+        _, logs = await play(world)
+        assert [r.phase for r in world.evidence.requests] == ["suspect", "suspect"], limit
+        assert events(logs, "suspect_capture_skipped") == []
+
+
 async def test_webhook_failures_are_counted(tmp_path: Path) -> None:
     """Notifications the notifier gave up on show in wedgewatch_webhook_failures_total."""
     world = make_world(tmp_path, lambda t: "healthy", until=5)

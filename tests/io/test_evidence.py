@@ -286,6 +286,15 @@ async def test_suspect_then_wedged_bundle(
     assert summary["triage"]["kind"] == "scheduler_wedge"
     phase = summary["phases"]["suspect"]
     assert {s["status"] for s in phase["stacks"]} == {"ok"}
+    # The suspect round never pauses a process: one nonblocking JSON run each, text rendered.
+    assert phase["pyspy_mode"] == "nonblocking"
+    # (A torn read of a running process is repeated, nonblocking again, at most 3 times.)
+    for stack in phase["stacks"]:
+        runs = {(a["output"], a["native"], a["nonblocking"]) for a in stack["attempts"]}
+        assert runs == {("json", False, True)}, stack
+        assert 1 <= len(stack["attempts"]) <= 3
+    engine_txt = (bundle / f"pyspy/engine_core-{tree.engine_pid}.txt").read_text()
+    assert "rendered from py-spy dump --json --nonblocking" in engine_txt
     assert phase["nvidia_smi"]["message"] == NVIDIA_SMI_NOT_FOUND
     assert set(phase["durations"]) == {
         "discovery_seconds",
@@ -337,6 +346,9 @@ async def test_suspect_then_wedged_bundle(
     assert summary["verdict"] == "wedged"
     assert summary["reason"] == "deferred stall for 31 s"
     assert set(summary["phases"]) == {"suspect", "wedged"}
+    wedge_round = summary["phases"]["wedged"]
+    assert wedge_round["pyspy_mode"] == "blocking"  # the engine is stuck anyway
+    assert all(not a["nonblocking"] for s in wedge_round["stacks"] for a in s["attempts"])
     assert_private(bundle)
     assert not list(bundle.rglob(".*.tmp"))
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from wedgewatch.core.triage import Frame, Thread
 from wedgewatch.io.pyspy import (
     PTRACE_FIX,
     PYSPY_MISSING_FIX,
@@ -29,6 +30,7 @@ from wedgewatch.io.pyspy import (
     classify_output,
     first_error_line,
     parse_stat_state,
+    render_text,
     resolve_pyspy,
 )
 
@@ -346,3 +348,84 @@ async def test_dumps_of_several_processes_in_parallel(
     record = json.loads(json.dumps(dumps[0].to_json()))
     assert record["status"] == "ok"
     assert [a["output"] for a in record["attempts"]] == ["json", "text"]
+
+
+# ---------------------------------------------------------------- the gentle (suspect) mode
+
+
+def test_render_text_follows_pyspys_text_layout() -> None:
+    """Threads from a JSON dump render as py-spy's text: a thread line, then its frames."""
+    threads = (
+        Thread(
+            1, 42, "MainThread", True, (Frame("step", "engine.py", 7), Frame("loop", "c.py", 2))
+        ),
+        Thread(2, None, None, False, (Frame("get", "queue.py", 171),)),
+    )
+    assert render_text(9, threads) == (
+        "Process 9: (rendered from py-spy dump --json --nonblocking)\n"
+        "\n"
+        'Thread 42 (active): "MainThread"\n'
+        "    step (engine.py:7)\n"
+        "    loop (c.py:2)\n"
+        "Thread 2 (idle)\n"
+        "    get (queue.py:171)\n"
+    )
+
+
+def test_build_argv_nonblocking() -> None:
+    """The gentle run asks py-spy not to pause the target."""
+    argv = build_argv(
+        "py-spy", 7, output="json", native=False, capture_locals=False, nonblocking=True
+    )
+    assert argv == ["py-spy", "dump", "--pid", "7", "--json", "--nonblocking"]
+
+
+@needs_pyspy
+async def test_nonblocking_dump_is_one_json_run_with_rendered_text(
+    target: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    """One py-spy run per process, `--json --nonblocking`, no --native; the text comes from it."""
+    calls = tmp_path / "calls"
+    pyspy = fake_pyspy(tmp_path, f'echo "$@" >> {calls}\nexec {PYSPY} "$@"\n')
+    dump = await PySpyRunner(pyspy_path=pyspy, timeout_seconds=20, nonblocking=True).dump(
+        target.pid
+    )
+    assert dump.status is DumpStatus.OK, dump
+    assert calls.read_text().splitlines() == [f"dump --pid {target.pid} --json --nonblocking"]
+    assert [(a.output, a.native, a.nonblocking) for a in dump.attempts] == [("json", False, True)]
+    assert dump.threads is not None
+    assert any(f.bare == "wait_here" for t in dump.threads for f in t.frames)
+    assert dump.text is not None
+    assert dump.text.startswith(f"Process {target.pid}: (rendered from")
+    assert "wait_here (<string>:" in dump.text
+    assert dump.to_json()["attempts"][0]["nonblocking"] is True  # type: ignore[index]
+    assert state_of(target.pid) != "T"
+
+
+async def test_a_torn_nonblocking_read_is_repeated_nonblocking_only(
+    target: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    """A failed gentle read is repeated, still --nonblocking, at most 3 runs; never blocking."""
+    calls = tmp_path / "calls"
+    pyspy = fake_pyspy(
+        tmp_path,
+        f'echo "$@" >> {calls}\n'
+        'echo "Error: Failed to copy PyFrameObject (os error 14)" >&2\nexit 1\n',
+    )
+    dump = await PySpyRunner(pyspy_path=pyspy, timeout_seconds=5, nonblocking=True).dump(target.pid)
+    assert dump.status is DumpStatus.FAILED
+    assert dump.error == "Error: Failed to copy PyFrameObject (os error 14)"
+    assert calls.read_text().splitlines() == [f"dump --pid {target.pid} --json --nonblocking"] * 3
+    assert dump.text is None
+
+
+async def test_a_nonblocking_read_that_cannot_succeed_is_not_repeated(
+    target: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    """Permission denied is final: one run."""
+    calls = tmp_path / "calls"
+    pyspy = fake_pyspy(tmp_path, f'echo "$@" >> {calls}\necho "{PERMISSION.strip()}" >&2\nexit 1\n')
+    dump = await PySpyRunner(pyspy_path=pyspy, timeout_seconds=5, nonblocking=True).dump(target.pid)
+    assert dump.status is DumpStatus.PERMISSION_DENIED
+    assert dump.fix == PTRACE_FIX
+    assert len(calls.read_text().splitlines()) == 1

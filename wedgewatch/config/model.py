@@ -420,6 +420,16 @@ class Config(BaseModel):
         "How long CPU usage of the server's processes is sampled for an evidence bundle.",
         gt=0,
     )
+    suspect_capture_min_interval_seconds: float = _setting(
+        600.0,
+        "evidence",
+        "At most one suspect-round capture per target within this many seconds. The suspect "
+        "round runs while the engine may still be healthy (a long prefill, a short deferral); "
+        "it is gentle (py-spy `--nonblocking`, one dump per process), and this limit keeps a "
+        "target that flaps between ok and suspect from being sampled again and again. A "
+        "wedge inside the window still gets a full bundle (one-shot). 0 = no limit.",
+        ge=0,
+    )
 
     # -- remedy ----------------------------------------------------------------------
     remedy: Literal["none", "signal", "systemd", "exec", "supervise"] = _setting(

@@ -9,7 +9,8 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #
 # Terms (what a movement *means* is `wedgewatch.vllm.semantics`; this table only uses it)
 #   progress counters  prompt tokens, generation tokens, completed requests (every finished
-#                      reason except abort and error), preemptions, iterations.
+#                      reason except abort and error), preemptions. Not iterations: an
+#                      abort-only batch moves the iteration count too (with 0 tokens).
 #   progress moved     a progress counter moved (both values finite and different) since the
 #                      previous good reading of the engine. Aborted and errored finishes are
 #                      never progress and never output.

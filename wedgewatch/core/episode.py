@@ -35,7 +35,11 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  capture, so it sees the finished bundle).
 #                              E3  episode open and the scrape failed: remember the reason.
 #                              C1  CaptureEvidence(suspect), no capture asked in the episode:
-#                                  Capture(suspect), which opens the bundle.
+#                                  Capture(suspect), which opens the bundle, and remember when.
+#                              C4  ... unless the target's last suspect capture is less than
+#                                  `suspect_capture_min_interval_seconds` (> 0) ago: no capture;
+#                                  Report suspect_capture_skipped once per episode. A wedge
+#                                  then gets a one-shot bundle (C2).
 #                              C2  CaptureEvidence(wedged), not asked yet: Capture(wedged), which
 #                                  completes the bundle the suspect capture opened (if any).
 #                              R1  Restart, not asked yet in the episode: restart asked. No
@@ -377,7 +381,10 @@ class _Run:
             if action.phase == "suspect":  # C1
                 if episode.suspect_asked or episode.wedged_asked:
                     return
+                if self.suspect_capture_too_soon(episode):  # C4
+                    return
                 self.update_episode(suspect_asked=True)
+                self.state = replace(self.state, last_suspect_capture_at=self.at)
             else:  # C2
                 if episode.wedged_asked:
                     return
@@ -400,6 +407,13 @@ class _Run:
             self.report("restart_skipped", "info", episode=episode.episode_id, reason=why)
             return
         self.effects.append(QueueRestart(action.key, str(action.family), reason))
+
+    def suspect_capture_too_soon(self, episode: Episode) -> bool:
+        why = suspect_rate_limited(self.rules, self.state, self.at)
+        if why is not None and not episode.suspect_skipped:  # once, not every tick
+            self.update_episode(suspect_skipped=True)
+            self.report("suspect_capture_skipped", "info", episode=episode.episode_id, reason=why)
+        return why is not None
 
     def retry_restart(self, verdict: TargetVerdict) -> None:
         episode = self.state.episode
@@ -544,3 +558,15 @@ class _Run:
                 self.report("gave_up", "error", notify=True, **fields)
             else:
                 self.report(str(kind), "info", notify=True, **fields)
+
+
+def suspect_rate_limited(rules: Rules, state: EpisodeState, at: float) -> str | None:
+    """C4: why a suspect capture at `at` is skipped (the last was too recent), or None."""
+    limit = rules.suspect_capture_min_interval_seconds
+    last = state.last_suspect_capture_at
+    if last is None or limit <= 0 or at - last >= limit:
+        return None
+    return (
+        f"a suspect capture ran {at - last:.0f} s ago; at most one per {limit:g} s "
+        "(suspect_capture_min_interval_seconds)"
+    )

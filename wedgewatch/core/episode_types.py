@@ -30,6 +30,7 @@ class Rules:
     can_restart: bool  # a restarter exists for this target (false for remedy "none")
     restart_policy: restart_policy.RestartPolicy
     probe_respects_budget: bool = True
+    suspect_capture_min_interval_seconds: float = 0.0  # C4; 0 = no rate limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ class Episode:
     opened_timestamp: float
     bundle: str | None = None
     suspect_asked: bool = False
+    suspect_skipped: bool = False  # C4: the suspect capture was rate-limited
     wedged_asked: bool = False
     restart_asked: bool = False
     restart_pending_since: float | None = None  # a restart waits for the backoff to pass
@@ -61,6 +63,7 @@ class EpisodeState:
     last_bundle: str | None = None
     restarts: int = 0  # restarts run by this process (for /status)
     ignore_before_at: float | None = None  # S0: scrapes begun before this saw the old server
+    last_suspect_capture_at: float | None = None  # C1/C4: when a suspect capture was last asked
     probe: probe_policy.ProbeMemory = field(default_factory=probe_policy.ProbeMemory)
     probe_answer: probe_policy.ProbeVerdict | None = None  # Q1: what /probe answers now
     server: ServerIdentity | None = None  # P1: the answering server, outside restarts

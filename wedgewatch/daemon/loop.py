@@ -149,6 +149,9 @@ class Daemon:
                     can_restart=t.name in deps.restarters,
                     restart_policy=self.restart_policy,
                     probe_respects_budget=config.probe_respects_budget,
+                    suspect_capture_min_interval_seconds=(
+                        config.suspect_capture_min_interval_seconds
+                    ),
                 ),
                 reporter=reporter,
                 timeouts=self.timeouts,

@@ -1,12 +1,11 @@
 """Evidence bundles: one private directory per episode, taken at `suspect`, completed at `wedged`.
 
-Phase 1 (`open_bundle`, at suspect) writes everything: the raw /metrics body, the flight
-recorder, the process tree with a short CPU sample, py-spy dumps of the API server, every
-EngineCore and every worker, nvidia-smi, the triage and `summary.json`. Phase 2
-(`complete_bundle`, at wedged) adds the /metrics body at the wedge, a second round of
-stacks under `pyspy/wedged/`, a second process sample, re-runs triage over both rounds
-and rewrites `summary.json` (atomically) with the verdict `wedged`. When a wedge arrives
-without a suspect bundle, or for `wedgewatch capture`, `capture_bundle` does it in one call.
+Phase 1 (`open_bundle`, at suspect): /metrics body, flight recorder, process tree and CPU
+sample, py-spy of the API server, EngineCores and workers (`--nonblocking`: a maybe-healthy
+engine is never paused), nvidia-smi, triage, `summary.json`. Phase 2 (`complete_bundle`, at
+wedged): the body at the wedge, stacks under `pyspy/wedged/`, a second sample, triage over
+both rounds, `summary.json` rewritten atomically (verdict `wedged`). A wedge without a
+suspect bundle, or `wedgewatch capture`: `capture_bundle` does it all in one call.
 
 Every failure inside a capture is recorded in `summary.json` and in the returned
 `BundleResult`, never raised: the restart that follows must not wait on evidence. The
@@ -171,8 +170,8 @@ class EvidenceDeps:
     hostname: str = field(default_factory=socket.gethostname)
     version: str = __version__
 
-    def stack_dumper(self) -> StackDumper:
-        """The configured dumper, or py-spy built from the settings."""
+    def stack_dumper(self, *, gentle: bool = False) -> StackDumper:
+        """The configured dumper, or py-spy from the settings; `gentle` never pauses a process."""
         if self.dumper is not None:
             return self.dumper
         s = self.settings
@@ -180,6 +179,7 @@ class EvidenceDeps:
             pyspy_path=s.pyspy_path,
             timeout_seconds=s.pyspy_timeout_seconds,
             capture_locals=s.capture_locals,
+            nonblocking=gentle,  # implies no --native (py-spy refuses both)
             clock=self.monotonic,
         )
 
@@ -307,7 +307,7 @@ async def _capture_round(
     if discovery.error:
         rnd.failures.append(f"processes: {discovery.error}")
 
-    dumper = deps.stack_dumper()
+    dumper = deps.stack_dumper(gentle=phase is Phase.SUSPECT)
     to_dump = [p for p in discovery.processes if p.role in _DUMPED_ROLES]
     refusal = dump_refusal(discovery)
     if refusal is not None:  # never py-spy (ptrace, as root) a process not proven the server
@@ -440,6 +440,7 @@ def _round_summary(rnd: _Round, deps: EvidenceDeps, finished_at: float) -> dict[
         "pids": _pids_by_role(discovery),
         "stacks": rnd.stacks,
         "stacks_skipped": rnd.stacks_skipped,
+        "pyspy_mode": "nonblocking" if rnd.phase is Phase.SUSPECT else "blocking",
         "ptrace_denied": rnd.ptrace_denied,
         "nvidia_smi": rnd.nvidia_smi,
         "files": sorted(rnd.files),

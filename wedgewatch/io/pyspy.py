@@ -10,6 +10,14 @@ already stopped before wedgewatch touched it is left as found, and that is recor
 
 Failures are data (`DumpStatus`), never exceptions. Several pids may be dumped at once.
 
+`nonblocking` (the suspect round, while the engine may still be healthy) is the gentle mode:
+ONE py-spy dump per process, `dump --json --nonblocking` (py-spy reads the stacks without
+pausing the target; it refuses `--native` in that mode, so there is no native run), and the
+text form is rendered from that JSON instead of taken by a second dump. Reading a running
+process can tear (py-spy: "Failed to copy PyFrameObject"); such a failed read is repeated,
+still nonblocking, up to `NONBLOCKING_ATTEMPTS` runs in all: it costs the target nothing.
+The blocking mode (the wedge round: the engine is stuck anyway) is the full sequence above.
+
 `argv_prefix` runs py-spy through a wrapper (`setpriv --reuid=...`, `nsenter ...`); tests
 use it to get a real "Permission Denied" from an unprivileged py-spy.
 """
@@ -43,6 +51,7 @@ PYSPY_MISSING_FIX = (
 _STDERR_TAIL_BYTES = 2000
 #: A py-spy dump (JSON with locals of every thread) larger than this is cut, and unusable.
 _STDOUT_BYTES = 64 * 1024 * 1024
+NONBLOCKING_ATTEMPTS = 3
 
 
 class DumpStatus(StrEnum):
@@ -72,6 +81,7 @@ class Attempt:
     duration_seconds: float
     error: str | None = None
     resumed_target: bool = False
+    nonblocking: bool = False  # `--nonblocking`: the target was not paused
 
     def to_json(self) -> dict[str, object]:
         """JSON-safe form."""
@@ -83,6 +93,7 @@ class Attempt:
             "duration_seconds": round(self.duration_seconds, 4),
             "error": self.error,
             "resumed_target": self.resumed_target,
+            "nonblocking": self.nonblocking,
         }
 
 
@@ -177,11 +188,14 @@ def build_argv(
     native: bool,
     capture_locals: bool,
     prefix: Sequence[str] = (),
+    nonblocking: bool = False,
 ) -> list[str]:
     """The argv of one py-spy run."""
     argv = [*prefix, pyspy, "dump", "--pid", str(pid)]
     if output == "json":
         argv.append("--json")
+    if nonblocking:
+        argv.append("--nonblocking")
     if native:
         argv.append("--native")
     if capture_locals:
@@ -259,6 +273,8 @@ class PySpyRunner:
     native: bool = True
     argv_prefix: tuple[str, ...] = ()
     clock: Callable[[], float] = time.monotonic
+    nonblocking: bool = False
+    """The gentle mode: one `--json --nonblocking` run per pid, text rendered from it."""
 
     async def dump(self, pid: int) -> StackDump:
         """JSON and text dumps of one process; see the module docstring for the sequence."""
@@ -282,6 +298,16 @@ class PySpyRunner:
                 f"process {pid} was already stopped (state T) before capture; left as found"
             )
         attempts: list[Attempt] = []
+        if self.nonblocking:
+            runs: list[_Run] = []
+            while len(runs) < NONBLOCKING_ATTEMPTS:
+                run = await self._run(pyspy, pid, "json", False, stopped_before)
+                if run.status is DumpStatus.OK and isinstance(_decode(run.stdout), str):
+                    run = _Run(DumpStatus.FAILED, run.stdout, run.attempt)
+                runs.append(run)
+                if run.status is not DumpStatus.FAILED:
+                    break  # done, or a failure a retry cannot fix (permissions, gone, timeout)
+            return self._gentle_result(pid, runs, notes, started)
         json_run, native = await self._with_fallback(pyspy, pid, "json", stopped_before, attempts)
         threads: tuple[Thread, ...] | None = None
         json_text: str | None = None
@@ -327,6 +353,42 @@ class PySpyRunner:
             duration_seconds=self.clock() - started,
         )
 
+    def _gentle_result(
+        self, pid: int, runs: Sequence[_Run], notes: list[str], started: float
+    ) -> StackDump:
+        """The nonblocking JSON dump as a dump; the text is rendered from its threads."""
+        run = runs[-1]
+        attempts = tuple(r.attempt for r in runs)
+        resumed = any(a.resumed_target for a in attempts)
+        threads: tuple[Thread, ...] | None = None
+        json_text: str | None = None
+        text: str | None = None
+        status = run.status
+        error = run.attempt.error
+        if status is DumpStatus.OK:
+            parsed = _decode(run.stdout)
+            if isinstance(parsed, str):
+                status, error = DumpStatus.FAILED, f"py-spy JSON unusable: {parsed}"
+            else:
+                threads, json_text = parsed, run.stdout
+                text = render_text(pid, parsed)
+        if resumed:
+            notes.append(f"process {pid} was left stopped (state T) by py-spy; sent SIGCONT")
+        return StackDump(
+            pid=pid,
+            status=status,
+            text=text,
+            json_text=json_text,
+            threads=threads,
+            native=False,
+            attempts=attempts,
+            resumed_target=resumed,
+            notes=tuple(notes),
+            error=None if status is DumpStatus.OK else error,
+            fix=PTRACE_FIX if status is DumpStatus.PERMISSION_DENIED else None,
+            duration_seconds=self.clock() - started,
+        )
+
     async def _with_fallback(
         self, pyspy: str, pid: int, output: str, stopped_before: bool, attempts: list[Attempt]
     ) -> tuple[_Run, bool]:
@@ -356,6 +418,7 @@ class PySpyRunner:
             native=native,
             capture_locals=self.capture_locals,
             prefix=self.argv_prefix,
+            nonblocking=self.nonblocking,
         )
         started = self.clock()
         try:
@@ -375,7 +438,13 @@ class PySpyRunner:
         exit_code: int | None = None
         if result.start_error is not None:
             attempt = Attempt(
-                output, native, DumpStatus.FAILED, None, 0.0, f"cannot start: {result.start_error}"
+                output,
+                native,
+                DumpStatus.FAILED,
+                None,
+                0.0,
+                f"cannot start: {result.start_error}",
+                nonblocking=self.nonblocking,
             )
             return _Run(DumpStatus.FAILED, "", attempt)
         if result.timed_out:
@@ -389,8 +458,28 @@ class PySpyRunner:
                 exit_code if exit_code is not None else -1, stdout, stderr
             )
         resumed = False if stopped_before else resume_if_stopped(pid)
-        attempt = Attempt(output, native, status, exit_code, self.clock() - started, error, resumed)
+        attempt = Attempt(
+            output,
+            native,
+            status,
+            exit_code,
+            self.clock() - started,
+            error,
+            resumed,
+            nonblocking=self.nonblocking,
+        )
         return _Run(status, stdout, attempt)
+
+
+def render_text(pid: int, threads: Sequence[Thread]) -> str:
+    """py-spy's text dump layout, rendered from the threads of a JSON dump (pure)."""
+    lines = [f"Process {pid}: (rendered from py-spy dump --json --nonblocking)", ""]
+    for thread in threads:
+        ident = thread.os_thread_id if thread.os_thread_id is not None else thread.thread_id
+        name = f': "{thread.name}"' if thread.name else ""
+        lines.append(f"Thread {ident} ({'active' if thread.active else 'idle'}){name}")
+        lines.extend(f"    {frame.name} ({frame.filename}:{frame.line})" for frame in thread.frames)
+    return "\n".join(lines) + "\n"
 
 
 def _decode(stdout: str) -> tuple[Thread, ...] | str:

@@ -10,6 +10,11 @@ Routes (as vLLM serves them):
 * `POST /v1/completions`: answers when the simulated request finishes (or streams with
   `"stream": true`). Extensions: `prompt_tokens` (int), `prefix_id`, `prefix_tokens`.
 * Dev endpoints: `POST /sleep?level=1|2`, `POST /wake_up`, `GET /is_sleeping`.
+* `POST /v1/streaming_input` (simulator extension): a streaming-input session. The body is
+  NDJSON read as it arrives: the first line is a completion request, each later line
+  (`prompt_tokens`/`prompt`, `max_tokens`) is the session's next input chunk, and the end of
+  the body closes the session. Between chunks the request waits in `skipped_waiting` as
+  WAITING_FOR_STREAMING_REQ (reason "deferred"). Answers when the session finishes.
 
 A text prompt counts as `ceil(len(text) / 4)` tokens, a token-id list as its length.
 """
@@ -32,7 +37,7 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -62,6 +67,7 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
 WATCHDOG_INTERVAL_SECONDS = 5.0  # vLLM's VLLM_WATCHDOG_TIME_S
 DEFAULT_MAX_TOKENS = 16
 CHARS_PER_TOKEN = 4
+MAX_NDJSON_LINE_BYTES = 65_536
 
 
 class BadRequest(Exception):
@@ -179,6 +185,31 @@ def parse_completion(
     return CompletionParams(model, prompt_tokens, max_tokens, prefix_id, prefix_tokens, stream)
 
 
+async def ndjson_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
+    """JSON objects, one per line, as the bytes arrive (raises BadRequest for a bad line)."""
+    buffer = b""
+    async for chunk in chunks:
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield _ndjson_object(line)
+        if len(buffer) > MAX_NDJSON_LINE_BYTES:
+            raise BadRequest(f"an input line is longer than {MAX_NDJSON_LINE_BYTES} bytes")
+    if buffer.strip():
+        yield _ndjson_object(buffer)
+
+
+def _ndjson_object(line: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"an input line is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise BadRequest("each input line must be a JSON object")
+    return value
+
+
 def completion_text(num_tokens: int) -> str:
     """The text of `num_tokens` simulated tokens."""
     return " sim" * num_tokens
@@ -267,6 +298,7 @@ class SimServer:
             Route("/load", self.load, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/streaming_input", self.streaming_input, methods=["POST"]),
             Route("/sleep", self.sleep, methods=["POST"]),
             Route("/wake_up", self.wake_up, methods=["POST"]),
             Route("/is_sleeping", self.is_sleeping, methods=["GET"]),
@@ -320,6 +352,14 @@ class SimServer:
 
     def _metrics_fault_response(self, body: Callable[[], bytes]) -> Response | None:
         now = time.monotonic()
+        stats = self.exposition.stats
+        if (
+            stats is not None
+            and not stats.non_finite_gauges
+            and self.faults.active("nan-gauges", now)
+        ):
+            log.warning("fault nan-gauges: the queue and KV-usage gauges now read NaN")
+            stats.write_nan_gauges()
         if self.faults.active("garbage-metrics", now):
             return Response(GARBAGE_METRICS_BODY, media_type="text/html")
         if self.faults.active("slow-metrics", now):
@@ -418,6 +458,69 @@ class SimServer:
         if self.client.errored:
             return error_response(f"EngineDeadError: {self.client.dead_reason}", 500)
         return JSONResponse(self._completion_body(request_id, params, finished))
+
+    async def streaming_input(self, request: Request) -> Response:
+        """A streaming-input session over one request (see the module docstring)."""
+        arrival_time = time.time()
+        lines = ndjson_lines(request.stream())
+        try:
+            first = await anext(lines)
+            params = parse_completion(
+                first, served_names=self._served_names, max_model_len=self.args.max_model_len
+            )
+        except StopAsyncIteration:
+            return error_response("the body must start with a completion request line", 400)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        except BadRequest as exc:
+            return error_response(str(exc), exc.status_code)
+        rejection = self._admission_rejection(params.prompt_tokens)
+        if rejection is not None:
+            return rejection
+        request_id = self._request_ids.next()
+        sim_request = SimRequest(
+            request_id=request_id,
+            prompt_tokens=params.prompt_tokens,
+            max_tokens=params.max_tokens,
+            prefix_id=params.prefix_id,
+            prefix_tokens=params.prefix_tokens,
+            streaming_input=True,
+        )
+        try:
+            state = self.client.add_request(sim_request, arrival_time)
+        except EngineDeadError as exc:
+            return error_response(str(exc), 500)
+        total = params.prompt_tokens + params.max_tokens
+        segments = 1
+        try:
+            async for line in lines:
+                prompt_tokens = count_prompt_tokens(line)
+                max_tokens = _int_field(line, "max_tokens", DEFAULT_MAX_TOKENS) or 0
+                if max_tokens < 1:
+                    raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
+                total += prompt_tokens + max_tokens
+                if total > self.args.max_model_len:
+                    raise BadRequest(
+                        f"This model's maximum context length is {self.args.max_model_len} "
+                        f"tokens; the session would reach {total}"
+                    )
+                self.client.add_streaming_input(request_id, prompt_tokens, max_tokens)
+                segments += 1
+        except ClientDisconnect:
+            self.client.abort_request(request_id)
+            return Response(status_code=499)
+        except BadRequest as exc:
+            self.client.abort_request(request_id)
+            return error_response(str(exc), exc.status_code)
+        self.client.close_streaming_input(request_id)
+        finished = await self._wait_finished(request, request_id, state.events)
+        if finished is None:
+            return Response(status_code=499)
+        if self.client.errored:
+            return error_response(f"EngineDeadError: {self.client.dead_reason}", 500)
+        body = self._completion_body(request_id, params, finished)
+        body["segments"] = segments
+        return JSONResponse(body)
 
     def _admission_rejection(self, prompt_tokens: int) -> Response | None:
         queued_requests, queued_tokens = self.client.queued()
@@ -648,6 +751,7 @@ def serve(args: ServeArgs, origin_at: float) -> int:
             faults=faults.for_engine(rank),
             log_stats=not args.disable_log_stats,
             execute_model_timeout_seconds=_execute_model_timeout(args.tensor_parallel_size),
+            prefill_step_time_seconds=args.prefill_step_time_seconds,
         )
         for rank in range(args.data_parallel_size)
     ]

@@ -52,6 +52,7 @@ class ServeArgs:
     # simulator-only
     num_gpu_blocks: int | None = None  # None: the scheduler model's default pool size
     step_time_seconds: float = DEFAULT_STEP_TIME_SECONDS
+    prefill_step_time_seconds: float | None = None  # None: step_time_seconds
     scheduler_fix: SchedulerFix = "stock"
     kv_load_steps: int | None = None  # None: the scheduler model's default
     faults: tuple[FaultSpec, ...] = ()
@@ -199,6 +200,10 @@ _VALUE_FLAGS: dict[str, tuple[str, Converter]] = {
     "--step-time-seconds": (
         "step_time_seconds",
         lambda f, t: _float(f, t, low=0.0, high=60.0),
+    ),
+    "--prefill-step-time-seconds": (
+        "prefill_step_time_seconds",
+        lambda f, t: _float(f, t, low=0.0, high=600.0),
     ),
     "--scheduler-fix": ("scheduler_fix", lambda f, t: _choice(f, t, SCHEDULER_FIXES)),
     "--kv-load-steps": ("kv_load_steps", _non_negative_int),
@@ -414,10 +419,14 @@ Any other vLLM flag is accepted with a warning and ignored.
 Simulator flags:
   --num-gpu-blocks N               GPU KV block pool size (default: the model's default)
   --step-time-seconds S            simulated model step time (default: 0.005)
+  --prefill-step-time-seconds S    time of a step that computes a prefill chunk
+                                   (default: the step time); with a small
+                                   --max-num-batched-tokens a long prompt
+                                   prefills for minutes, chunk by chunk
   --scheduler-fix POLICY           stock | skip-head-when-idle (default: stock)
   --kv-load-steps N                steps an async CPU->GPU KV load takes
   --fault NAME@SECONDS[:RANK]      inject a fault SECONDS after start (repeatable):
                                    collective-hang, engine-crash, api-hang,
-                                   garbage-metrics, slow-metrics; RANK picks one
+                                   garbage-metrics, slow-metrics, nan-gauges; RANK picks one
                                    data-parallel engine for engine faults
 """

@@ -39,7 +39,11 @@ def load_command(  # noqa: PLR0917 - typer maps every parameter to a flag
         typer.Option("--url", help="Base URL of the server, e.g. http://127.0.0.1:8000."),
     ],
     profile: Annotated[
-        str, typer.Option("--profile", help="agentic, agentic-burst, steady or long-prefill.")
+        str,
+        typer.Option(
+            "--profile",
+            help="agentic, agentic-burst, steady, long-prefill, long-prompt or streaming-session.",
+        ),
     ] = "agentic",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the request sequence.")] = 0,
     duration: Annotated[
@@ -55,6 +59,18 @@ def load_command(  # noqa: PLR0917 - typer maps every parameter to a flag
         float,
         typer.Option("--request-timeout-seconds", help="Give up on a request after this long."),
     ] = 30.0,
+    retries: Annotated[
+        int,
+        typer.Option(
+            "--retries",
+            help="Send a timed-out request again (as a new request), up to N times, while "
+            "--duration lasts; the abandoned attempt is aborted by the server.",
+        ),
+    ] = 0,
+    retry_backoff_seconds: Annotated[
+        float,
+        typer.Option("--retry-backoff-seconds", help="Pause before sending a request again."),
+    ] = 1.0,
     model: Annotated[
         str | None,
         typer.Option("--model", help="Model name to send (default: the first of /v1/models)."),
@@ -86,6 +102,10 @@ def load_command(  # noqa: PLR0917 - typer maps every parameter to a flag
         if value <= 0:
             typer.echo(f"error: {name} must be positive, got {value}", err=True)
             raise typer.Exit(2)
+    for name, value in (("--retries", retries), ("--retry-backoff-seconds", retry_backoff_seconds)):
+        if value < 0:
+            typer.echo(f"error: {name} must be >= 0, got {value}", err=True)
+            raise typer.Exit(2)
     planned = plan_requests(profile, seed, duration)
     progress = terminal_progress(sys.stdout) if sys.stdout.isatty() else None
 
@@ -102,6 +122,8 @@ def load_command(  # noqa: PLR0917 - typer maps every parameter to a flag
             duration_seconds=duration,
             concurrency=concurrency,
             request_timeout_seconds=request_timeout_seconds,
+            retries=retries,
+            retry_backoff_seconds=retry_backoff_seconds,
             model=model,
             progress=progress,
             stop=stop,

@@ -31,12 +31,14 @@ from multiprocessing.context import ForkProcess
 from wedgewatch.sim.engine import (
     AbortRequest,
     AddRequest,
+    CloseStreamingInput,
     EngineConfig,
     EngineDead,
     EngineInput,
     EngineOutputs,
     EngineReady,
     Shutdown,
+    StreamingInputChunk,
     UtilityCall,
     UtilityResult,
     run_engine_core,
@@ -279,6 +281,20 @@ class EngineClient:
         state = self._requests.get(request_id)
         if state is not None:
             self._send_queue.put((state.engine, AbortRequest(request_id)))
+
+    def add_streaming_input(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
+        """Send the next input chunk of a streaming-input session to its engine."""
+        state = self._requests.get(request_id)
+        if state is not None:
+            self._send_queue.put(
+                (state.engine, StreamingInputChunk(request_id, prompt_tokens, max_tokens))
+            )
+
+    def close_streaming_input(self, request_id: str) -> None:
+        """Tell a streaming-input session's engine that no more input follows."""
+        state = self._requests.get(request_id)
+        if state is not None:
+            self._send_queue.put((state.engine, CloseStreamingInput(request_id)))
 
     async def call_utility(self, method: str, level: int = 1) -> list[bool]:
         """Run `sleep` / `wake_up` / `is_sleeping` on every engine; their answers, by rank."""

@@ -74,6 +74,22 @@ class AbortRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamingInputChunk:
+    """The next input chunk of a streaming-input session."""
+
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseStreamingInput:
+    """A streaming-input session will get no more input."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class UtilityCall:
     """A control call answered with `UtilityResult` (`sleep`, `wake_up`, `is_sleeping`)."""
 
@@ -87,7 +103,9 @@ class Shutdown:
     """Stop the engine and its workers."""
 
 
-EngineInput = AddRequest | AbortRequest | UtilityCall | Shutdown
+EngineInput = (
+    AddRequest | AbortRequest | StreamingInputChunk | CloseStreamingInput | UtilityCall | Shutdown
+)
 
 
 # ---------------------------------------------------------------- messages: engine -> client
@@ -152,6 +170,8 @@ class EngineConfig:
     faults: FaultClock
     log_stats: bool = True
     execute_model_timeout_seconds: float | None = None  # TP>1 only, like vLLM
+    prefill_step_time_seconds: float | None = None
+    """How long a step that computes a prefill chunk takes (None: `step_time_seconds`)."""
 
     @property
     def title(self) -> str:
@@ -159,6 +179,21 @@ class EngineConfig:
         if self.data_parallel_size > 1:
             return f"EngineCore_DP{self.engine_index}"
         return "EngineCore"
+
+
+def model_step_seconds(result: StepResult, config: EngineConfig) -> float | None:
+    """How long the forward pass of `result` takes, or None for the workers' step time (pure).
+
+    A step computes a prefill chunk when it scheduled more tokens than it emitted (a decode
+    schedules one token and emits one); such a step takes `prefill_step_time_seconds`, so a
+    long chunked prefill lasts (prompt / token budget) x that, as on a GPU where a chunk of
+    thousands of tokens costs far more than a decode step.
+    """
+    if config.prefill_step_time_seconds is None:
+        return None
+    if result.num_scheduled_tokens > len(result.token_events):
+        return config.prefill_step_time_seconds
+    return None
 
 
 def _merge_counters(total: SchedulerStats | None, newest: SchedulerStats) -> SchedulerStats:
@@ -246,6 +281,12 @@ class EngineCoreProc:
             self.scheduler.add_request(message.request)
         elif isinstance(message, AbortRequest):
             self.scheduler.abort_request(message.request_id)
+        elif isinstance(message, StreamingInputChunk):
+            self.scheduler.add_streaming_input(
+                message.request_id, message.prompt_tokens, message.max_tokens
+            )
+        elif isinstance(message, CloseStreamingInput):
+            self.scheduler.close_streaming_input(message.request_id)
         elif isinstance(message, UtilityCall):
             self._handle_utility(message)
         elif isinstance(message, Shutdown):
@@ -288,7 +329,12 @@ class EngineCoreProc:
         if hang:
             self._flush_outputs()  # what was published stays: the gauges freeze here
         future = self.model_executor.execute_model(
-            ModelStep(step=result.step, num_scheduled_tokens=result.num_scheduled_tokens, hang=hang)
+            ModelStep(
+                step=result.step,
+                num_scheduled_tokens=result.num_scheduled_tokens,
+                hang=hang,
+                seconds=model_step_seconds(result, self.config),
+            )
         )
         future.result()
         return result, True

@@ -10,6 +10,8 @@ watchdog sees from outside (docs/simulator.md has the full table):
 * `api-hang` (serving process): the port accepts connections, nothing ever answers.
 * `garbage-metrics`: /metrics answers 200 with a body that is not Prometheus exposition.
 * `slow-metrics`: /metrics answers 200 but trickles the body at ~256 bytes/s.
+* `nan-gauges`: the stat logger records NaN for the queue and KV-usage gauges (as a 0/0
+  division in a stats path would); counters and everything else stay real.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 FaultName = Literal[
-    "collective-hang", "engine-crash", "api-hang", "garbage-metrics", "slow-metrics"
+    "collective-hang", "engine-crash", "api-hang", "garbage-metrics", "slow-metrics", "nan-gauges"
 ]
 ENGINE_FAULTS: frozenset[FaultName] = frozenset({"collective-hang", "engine-crash"})
 FAULT_NAMES: tuple[FaultName, ...] = (
@@ -32,6 +34,7 @@ FAULT_NAMES: tuple[FaultName, ...] = (
     "api-hang",
     "garbage-metrics",
     "slow-metrics",
+    "nan-gauges",
 )
 
 # What /metrics serves under `garbage-metrics`: the error page a broken proxy or a

@@ -15,6 +15,18 @@ Profiles:
   usage to 100 %, forces preemptions and pushes the prefixes out to the CPU tier.
 * `steady`: ~4 req/s of 256-1024 token prompts without shared prefixes.
 * `long-prefill`: one 16k-30k token prompt every two seconds.
+* `long-prompt`: one 30k-token prompt at the start and nothing else: a single chunked prefill
+  (long on a server with `--prefill-step-time-seconds`) whose KV usage grows chunk by chunk.
+* `streaming-session`: one streaming-input session (`POST /v1/streaming_input`): a 512-token
+  chunk at the start, another every 60 s, and the input closed at `--duration`. Between chunks
+  the session waits in the server's deferred queue (WAITING_FOR_STREAMING_REQ) with nothing
+  else waiting: the realtime-streaming shape.
+
+Clients that give up: a request not answered within `--request-timeout-seconds` is abandoned
+(its connection closed, so the server aborts it, as vLLM does for a client that went away) and,
+with `--retries N`, sent again as a new request after `--retry-backoff-seconds`, up to N times,
+while the run's `--duration` lasts. That is the agentic client of a real deployment, and
+during a wedge it keeps `vllm:request_success_total{finished_reason="abort"}` moving.
 
 Requests carry the simulator's extension fields (`prompt_tokens`, `prefix_id`,
 `prefix_tokens`) next to a short text `prompt`; a real vLLM ignores the extensions.
@@ -28,14 +40,23 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, TextIO
 
 import httpx
 
-ProfileName = Literal["agentic", "agentic-burst", "steady", "long-prefill"]
-PROFILE_NAMES: tuple[ProfileName, ...] = ("agentic", "agentic-burst", "steady", "long-prefill")
+ProfileName = Literal[
+    "agentic", "agentic-burst", "steady", "long-prefill", "long-prompt", "streaming-session"
+]
+PROFILE_NAMES: tuple[ProfileName, ...] = (
+    "agentic",
+    "agentic-burst",
+    "steady",
+    "long-prefill",
+    "long-prompt",
+    "streaming-session",
+)
 
 AGENTIC_RATE_PER_SECOND = 4.0
 AGENTIC_PREFIXES = 8
@@ -53,6 +74,12 @@ STEADY_MAX_TOKENS = (64, 256)
 LONG_PREFILL_INTERVAL_SECONDS = 2.0
 LONG_PROMPT_TOKENS = (16_000, 30_000)
 LONG_MAX_TOKENS = (16, 64)
+LONG_PROMPT_TOKENS_ONE = 30_000
+LONG_PROMPT_MAX_TOKENS = 16
+SESSION_CHUNK_INTERVAL_SECONDS = 60.0
+SESSION_FIRST_CHUNK_TOKENS = 512
+SESSION_CHUNK_TOKENS = 256
+SESSION_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +92,15 @@ class PlannedRequest:
     max_tokens: int
     prefix_id: str | None = None
     prefix_tokens: int = 0
-    kind: str = "request"  # "session", "burst", "steady", "long"
+    kind: str = "request"  # "session", "burst", "steady", "long", "stream"
+    input_chunks: tuple[tuple[float, int, int], ...] = ()
+    """A streaming-input session's later chunks: (seconds after its start, prompt tokens,
+    max tokens). The session's input is closed when the run's duration ends."""
+
+    @property
+    def streaming_input(self) -> bool:
+        """Whether this is a streaming-input session (`POST /v1/streaming_input`)."""
+        return self.kind == "stream"
 
     def body(self, model: str) -> dict[str, object]:
         """The `/v1/completions` JSON body."""
@@ -185,6 +220,32 @@ def plan_requests(
         while at < duration_seconds:
             requests.append(_request(content, at, LONG_PROMPT_TOKENS, LONG_MAX_TOKENS, kind="long"))
             at += LONG_PREFILL_INTERVAL_SECONDS
+    elif profile == "streaming-session":
+        chunks: list[tuple[float, int, int]] = []
+        at = SESSION_CHUNK_INTERVAL_SECONDS
+        while at < duration_seconds:
+            chunks.append((at, SESSION_CHUNK_TOKENS, SESSION_MAX_TOKENS))
+            at += SESSION_CHUNK_INTERVAL_SECONDS
+        requests = [
+            PlannedRequest(
+                index=0,
+                send_at_seconds=0.0,
+                prompt_tokens=SESSION_FIRST_CHUNK_TOKENS,
+                max_tokens=SESSION_MAX_TOKENS,
+                kind="stream",
+                input_chunks=tuple(chunks),
+            )
+        ]
+    elif profile == "long-prompt":
+        requests = [
+            PlannedRequest(
+                index=0,
+                send_at_seconds=0.0,
+                prompt_tokens=LONG_PROMPT_TOKENS_ONE,
+                max_tokens=LONG_PROMPT_MAX_TOKENS,
+                kind="long",
+            )
+        ]
     else:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILE_NAMES)}")
     ordered = sorted(requests, key=lambda r: (r.send_at_seconds, r.kind))
@@ -202,6 +263,8 @@ class RequestOutcome:
     status: Literal["completed", "failed", "timed_out"]
     latency_seconds: float
     detail: str = ""
+    attempts: int = 1
+    """Times the request was sent (1 + retries); every attempt but the last timed out."""
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -229,6 +292,11 @@ class LoadSummary:
         """Requests sent."""
         return len(self.outcomes)
 
+    @property
+    def retries(self) -> int:
+        """Requests sent again after a timeout (each abandoned attempt is one)."""
+        return sum(o.attempts - 1 for o in self.outcomes)
+
     def count(self, status: str) -> int:
         """Requests that ended with `status`."""
         return sum(1 for o in self.outcomes if o.status == status)
@@ -249,6 +317,7 @@ class LoadSummary:
             "completed": self.count("completed"),
             "failed": self.count("failed"),
             "timed_out": self.count("timed_out"),
+            "retries": self.retries,
             "latency_seconds": {
                 "p50": self.latency(0.5),
                 "p90": self.latency(0.9),
@@ -268,6 +337,7 @@ class LoadSummary:
             f"profile {self.profile}  seed {self.seed}  elapsed {self.elapsed_seconds:.1f}s",
             f"sent {self.sent}  completed {self.count('completed')}  failed "
             f"{self.count('failed')}  timed out {self.count('timed_out')}"
+            + (f"  retries {self.retries}" if self.retries else "")
             + (f"  (not sent: {self.planned - self.sent})" if self.planned > self.sent else ""),
             f"latency p50 {fmt(self.latency(0.5))}  p90 {fmt(self.latency(0.9))}  "
             f"p99 {fmt(self.latency(0.99))}",
@@ -322,6 +392,50 @@ async def _send(
     return RequestOutcome(planned.index, "completed", latency)
 
 
+async def _send_session(
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    planned: PlannedRequest,
+    *,
+    timeout_seconds: float,
+    close_at: float,
+) -> RequestOutcome:
+    """One streaming-input session: chunks at their instants, input closed at `close_at`."""
+    started = time.monotonic()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield (json.dumps(planned.body(model)) + "\n").encode()
+        for offset, prompt_tokens, max_tokens in planned.input_chunks:
+            await asyncio.sleep(max(0.0, started + offset - time.monotonic()))
+            yield (
+                json.dumps({"prompt_tokens": prompt_tokens, "max_tokens": max_tokens}) + "\n"
+            ).encode()
+        await asyncio.sleep(max(0.0, close_at - time.monotonic()))
+
+    budget = max(close_at - started, 0.0) + timeout_seconds
+    try:
+        response = await asyncio.wait_for(
+            client.post(
+                f"{url}/v1/streaming_input",
+                content=body(),
+                headers={"Content-Type": "application/x-ndjson"},
+                timeout=httpx.Timeout(budget, connect=min(5.0, budget)),
+            ),
+            budget,
+        )
+    except (TimeoutError, httpx.TimeoutException):
+        return RequestOutcome(planned.index, "timed_out", time.monotonic() - started, "timeout")
+    except httpx.HTTPError as exc:
+        return RequestOutcome(
+            planned.index, "failed", time.monotonic() - started, type(exc).__name__
+        )
+    latency = time.monotonic() - started
+    if response.status_code != 200:
+        return RequestOutcome(planned.index, "failed", latency, f"HTTP {response.status_code}")
+    return RequestOutcome(planned.index, "completed", latency)
+
+
 async def run_load(
     url: str,
     requests: Sequence[PlannedRequest],
@@ -332,6 +446,8 @@ async def run_load(
     concurrency: int = 256,
     request_timeout_seconds: float = 30.0,
     model: str | None = None,
+    retries: int = 0,
+    retry_backoff_seconds: float = 1.0,
     progress: Callable[[float, int, int, int], None] | None = None,
     stop: asyncio.Event | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
@@ -339,8 +455,14 @@ async def run_load(
     """Send `requests` at their planned instants during `duration_seconds`; then drain.
 
     Setting `stop` ends the run early: nothing more is sent and requests in flight are
-    abandoned (counted as failed, "interrupted").
+    abandoned (counted as failed, "interrupted"). A request that times out is sent again
+    after `retry_backoff_seconds`, up to `retries` times, unless `duration_seconds` is over.
     """
+    if retries < 0 or retry_backoff_seconds < 0:
+        raise ValueError(
+            f"retries and retry_backoff_seconds must be >= 0, got {retries}, "
+            f"{retry_backoff_seconds}"
+        )
     stop = stop or asyncio.Event()
     url = url.rstrip("/")
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -355,9 +477,32 @@ async def run_load(
         async def one(planned: PlannedRequest) -> None:
             sent_at = time.monotonic()
             try:
-                outcomes.append(
-                    await _send(client, url, served_model, planned, request_timeout_seconds)
-                )
+                if planned.streaming_input:
+                    outcomes.append(
+                        await _send_session(
+                            client,
+                            url,
+                            served_model,
+                            planned,
+                            timeout_seconds=request_timeout_seconds,
+                            close_at=started + duration_seconds,
+                        )
+                    )
+                    return
+                attempts = 1
+                outcome = await _send(client, url, served_model, planned, request_timeout_seconds)
+                while (
+                    outcome.status == "timed_out"
+                    and attempts <= retries
+                    and time.monotonic() - started + retry_backoff_seconds < duration_seconds
+                ):
+                    # The timed-out attempt's connection is closed: the server aborts it.
+                    await asyncio.sleep(retry_backoff_seconds)
+                    attempts += 1
+                    outcome = await _send(
+                        client, url, served_model, planned, request_timeout_seconds
+                    )
+                outcomes.append(replace(outcome, attempts=attempts))
             except asyncio.CancelledError:
                 outcomes.append(
                     RequestOutcome(

@@ -15,6 +15,7 @@ Every server keeps its metrics on its own `CollectorRegistry`; nothing registers
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -120,6 +121,7 @@ class VllmStatLogger:
         self._registry = registry
         self._model_name = model_name
         self._engines = tuple(engine_indexes)
+        self.non_finite_gauges = False
         token_buckets = build_1_2_5_buckets(max_model_len)
 
         def labels_per_engine(metric: _M) -> dict[int, _M]:
@@ -369,7 +371,9 @@ class VllmStatLogger:
         times: IterationTimes | None = None,
     ) -> None:
         """Record one step of one engine, exactly as vLLM's stat logger does."""
-        if scheduler_stats is not None:
+        if scheduler_stats is not None and self.non_finite_gauges:
+            self.write_nan_gauges()
+        elif scheduler_stats is not None:
             self.running[engine].set(scheduler_stats.num_running_reqs)
             self.waiting[engine].set(
                 scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
@@ -435,6 +439,24 @@ class VllmStatLogger:
             self.decode_time[engine].observe(phases.decode_time)
             if finished.num_generation_tokens > 1:
                 self.time_per_output_token[engine].observe(phases.mean_time_per_output_token)
+
+    def write_nan_gauges(self) -> None:
+        """The `nan-gauges` fault: from now on the queue and KV-usage gauges read NaN.
+
+        Counters, histograms and the sleep and info gauges keep their real values, so the
+        exposition stays valid and only the values a 0/0 in a stats path would poison change.
+        """
+        self.non_finite_gauges = True
+        nan = math.nan
+        for engine in self._engines:
+            for gauge in (
+                self.running[engine],
+                self.waiting[engine],
+                self.waiting_capacity[engine],
+                self.waiting_deferred[engine],
+                self.kv_cache_usage[engine],
+            ):
+                gauge.set(nan)
 
     def record_sleep_state(self, engine: int, *, awake: bool, level: int) -> None:
         """Set `vllm:engine_sleep_state` (level 1 offloads weights, level 2 discards all)."""

@@ -36,6 +36,12 @@ Rules (in the order one step applies them)
    preempted requests' full blocks are offloaded to the CPU tier through a store pipe of
    ``kv_store_blocks_per_step``; each block is readable once it has gone through.
 
+Streaming input (vLLM's resumable sessions): a request added with ``streaming_input`` does not
+finish when its segment's output is done; it pauses as WAITING_FOR_STREAMING_REQ in
+``skipped_waiting`` (reason "deferred"), keeping its KV blocks and its place in the batch limit,
+and the scan passes over it (``continue``) until ``add_streaming_input`` appends the next input
+chunk; ``close_streaming_input`` finishes a paused session ("stop").
+
 No rule looks at the gauges: when the scan keeps breaking at a head that can never fit while the
 blocks it needs are held by parked loads behind it, the model schedules nothing forever on its
 own. ``docs/simulator.md`` ("Scheduler model") names the interleaving.
@@ -168,6 +174,8 @@ class SimRequest:
     prefix_id: str | None = None
     """Requests with the same prefix_id have identical first ``prefix_tokens`` tokens."""
     prefix_tokens: int = 0
+    streaming_input: bool = False
+    """A resumable session: more input chunks follow (``add_streaming_input``) until closed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +249,8 @@ class QueuedRequest:
 
     request_id: str
     status: str
-    """"waiting", "preempted", "running" or "waiting_for_remote_kvs"."""
+    """"waiting", "preempted", "running", "waiting_for_remote_kvs" or
+    "waiting_for_streaming_req"."""
     num_blocks: int
     """GPU blocks the request holds."""
     num_computed_tokens: int
@@ -262,6 +271,7 @@ class QueueSnapshot:
 class _Status(enum.Enum):
     WAITING = "waiting"
     WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
+    WAITING_FOR_STREAMING_REQ = "waiting_for_streaming_req"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED = "finished"
@@ -285,8 +295,10 @@ class _Request:
         "num_shared_blocks",
         "prefix_key",
         "request_id",
+        "session_closed",
         "status",
         "stop_at",
+        "streaming",
     )
 
     def __init__(self, spec: SimRequest, block_size: int, stop_at: int) -> None:
@@ -306,6 +318,8 @@ class _Request:
         self.cached_local = 0
         self.cached_external = 0
         self.load_done_at = 0
+        self.streaming = spec.streaming_input
+        self.session_closed = False
 
     @property
     def num_tokens(self) -> int:
@@ -355,6 +369,9 @@ class Scheduler:
         self._orphan_loads: list[_Request] = []
         self._pending_preemption_events = 0
         self._step = 0
+        # Streaming-input sessions paused between chunks: deferred, yet holding a batch slot.
+        self._num_paused_sessions = 0
+        self._pending_closes: list[str] = []
 
     # ------------------------------------------------------------------ public surface
 
@@ -388,6 +405,32 @@ class Scheduler:
         Unknown or already finished ids are ignored, as vLLM ignores them.
         """
         self._pending_aborts.append(request_id)
+
+    def add_streaming_input(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
+        """Append an input chunk to a streaming session: `prompt_tokens` more, then up to
+        `max_tokens` more output. A paused session becomes schedulable again (status WAITING,
+        still in ``skipped_waiting``); unknown ids are ignored, as for aborts."""
+        if prompt_tokens < 1 or max_tokens < 1:
+            raise ValueError(
+                f"streaming input needs prompt_tokens and max_tokens >= 1, got "
+                f"{prompt_tokens}, {max_tokens}"
+            )
+        session = self._requests.get(request_id)
+        if session is None or not session.streaming or session.session_closed:
+            return
+        session.num_prompt += prompt_tokens
+        session.max_tokens = session.num_output + max_tokens
+        if session.status is _Status.WAITING_FOR_STREAMING_REQ:
+            self._num_paused_sessions -= 1
+            session.status = _Status.WAITING
+
+    def close_streaming_input(self, request_id: str) -> None:
+        """No more input for a session: a paused one finishes ("stop") at the next step, a busy
+        one when its current segment ends."""
+        session = self._requests.get(request_id)
+        if session is not None and session.streaming:
+            session.session_closed = True
+            self._pending_closes.append(request_id)
 
     def has_work(self) -> bool:
         """Whether the engine loop must keep stepping (vLLM's ``has_requests``)."""
@@ -449,6 +492,7 @@ class Scheduler:
         queries = [0, 0, 0, 0]  # local queries, local hits, external queries, external hits
 
         self._process_aborts(finished)
+        self._process_session_closes(finished)
         self._land_orphan_loads(now)
         scheduled = self._schedule(now, queries)
         num_scheduled_tokens = sum(scheduled.values())
@@ -498,6 +542,23 @@ class Scheduler:
             self._finish(request, "abort", finished, free_blocks=not load_in_flight)
             if load_in_flight:
                 self._orphan_loads.append(request)
+
+    def _process_session_closes(self, finished: list[FinishedRequest]) -> None:
+        if not self._pending_closes:
+            return
+        closes, self._pending_closes = self._pending_closes, []
+        for request_id in closes:
+            session = self._requests.get(request_id)
+            if session is not None and session.status is _Status.WAITING_FOR_STREAMING_REQ:
+                self._skipped.remove(session)
+                self._finish(session, "stop", finished)
+
+    def _pause_session(self, session: _Request) -> None:
+        """A streaming session's segment is done: it waits for input in ``skipped_waiting``."""
+        self._running.remove(session)
+        session.status = _Status.WAITING_FOR_STREAMING_REQ
+        self._num_paused_sessions += 1
+        self._skipped.append(session)
 
     def _land_orphan_loads(self, now: int) -> None:
         if not self._orphan_loads:
@@ -559,10 +620,14 @@ class Scheduler:
         step_skipped: list[_Request] = []
 
         while (waiting or skipped) and budget > 0:
-            if len(running) >= cfg.max_num_seqs:
+            if len(running) + self._num_paused_sessions >= cfg.max_num_seqs:
                 break
             queue = skipped if skipped else waiting
             request = queue[0]
+
+            if request.status is _Status.WAITING_FOR_STREAMING_REQ:
+                step_skipped.append(queue.popleft())  # blocked status: skipped, as in vLLM
+                continue
 
             if request.status is _Status.WAITING_FOR_REMOTE_KVS:
                 if request.load_done_at > now:
@@ -739,6 +804,8 @@ class Scheduler:
         finished: list[FinishedRequest],
         free_blocks: bool = True,
     ) -> None:
+        if request.status is _Status.WAITING_FOR_STREAMING_REQ:
+            self._num_paused_sessions -= 1
         if free_blocks:
             self._release_blocks(request, self._step)
         self._inflight.pop(request, None)
@@ -787,6 +854,13 @@ class Scheduler:
                 done.append(request)
 
         for request in done:
+            if (
+                request.streaming
+                and not request.session_closed
+                and request.num_tokens < cfg.max_model_len
+            ):
+                self._pause_session(request)
+                continue
             self._running.remove(request)
             reason: FinishReason = "stop" if request.num_output == request.stop_at else "length"
             self._finish(request, reason, finished)

@@ -44,6 +44,7 @@ class ModelStep:
     step: int
     num_scheduled_tokens: int
     hang: bool = False  # `collective-hang`: this step's all-reduce never completes
+    seconds: float | None = None  # how long this forward pass takes; None: the worker's step time
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +95,9 @@ class Worker:
 
     def execute_model(self, model_step: ModelStep) -> ModelOutput:
         """Run the simulated forward pass, then the tensor-parallel all-reduce."""
-        if self.step_time_seconds > 0:
-            time.sleep(self.step_time_seconds)
+        seconds = self.step_time_seconds if model_step.seconds is None else model_step.seconds
+        if seconds > 0:
+            time.sleep(seconds)
         self.all_reduce(model_step)
         return ModelOutput(step=model_step.step, rank=self.rank)
 

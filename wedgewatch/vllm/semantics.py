@@ -7,8 +7,12 @@ and never interprets a counter or a gauge itself. The facts behind each rule are
 
 Counters, compared between two readings of the same engine
 -----------------------------------------------------------
-* **Progress counters**: prompt tokens, generation tokens, *completed* requests, preemptions
-  and iterations (`vllm:iteration_tokens_total_count`, one per step that emitted tokens).
+* **Progress counters**: prompt tokens, generation tokens, *completed* requests and
+  preemptions. Not iterations (`vllm:iteration_tokens_total_count`): vLLM's stat logger
+  observes that histogram from every `IterationStats`, and the batch that carries an aborted
+  finish to `request_success{finished_reason="abort"}` is one, with 0 tokens. So clients that
+  time out and retry during a wedge move the iteration count as well as the abort series,
+  and every iteration that did work already moves prompt or generation tokens.
 * **Output counters**: generation tokens and completed requests.
 * **Completed requests** are `vllm:request_success_total` summed over every `finished_reason`
   except `abort` and `error`. Despite its name that counter counts every finished request;
@@ -20,8 +24,8 @@ Counters, compared between two readings of the same engine
 * A counter **moved** when both values are finite and differ. A non-finite value never
   moves, so NaN -> NaN and NaN -> 5 are not progress.
 * A counter went **backwards** when both values are finite and the new one is smaller: a
-  restarted server (every counter of the engine is compared, the abort and error series
-  included, since a restart resets them too).
+  restarted server (every counter of the engine is compared, the abort and error series and
+  the iteration count included, since a restart resets them too).
 
 Gauges
 ------
@@ -81,7 +85,6 @@ PROGRESS_COUNTERS: Final = (
     "generation tokens",
     "completed requests",
     "preemptions",
-    "iterations",
 )
 
 _NON_FINITE_JSON: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -111,14 +114,13 @@ def completed_requests(reading: EngineReading) -> float:
     )
 
 
-def progress_counters(reading: EngineReading) -> tuple[float, float, float, float, float]:
-    """Prompt tokens, generation tokens, completed requests, preemptions, iterations."""
+def progress_counters(reading: EngineReading) -> tuple[float, float, float, float]:
+    """Prompt tokens, generation tokens, completed requests, preemptions."""
     return (
         reading.prompt_tokens,
         reading.generation_tokens,
         completed_requests(reading),
         reading.preemptions,
-        reading.iterations,
     )
 
 
@@ -172,9 +174,9 @@ def restart_evidence(before: EngineReading, now: EngineReading) -> tuple[str, fl
     aborted and errored ones included: a restart resets them too.
     """
     pairs = zip(
-        (*PROGRESS_COUNTERS, "finished requests"),
-        (*progress_counters(before), before.request_success),
-        (*progress_counters(now), now.request_success),
+        (*PROGRESS_COUNTERS, "finished requests", "iterations"),
+        (*progress_counters(before), before.request_success, before.iterations),
+        (*progress_counters(now), now.request_success, now.iterations),
         strict=True,
     )
     for name, a, b in pairs:
