@@ -23,6 +23,7 @@ FAMILIES = (
     "progress_stall",
     "output_stall",
     "unreachable",
+    "canary_stall",
 )
 REASONS = (
     "timeout",

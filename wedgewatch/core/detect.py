@@ -97,6 +97,15 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #   U3  The next good scrape judges engines by their readings again with clocks intact, so a
 #       stall that outlasts an outage includes the outage in stalled_seconds.
 #
+# Canary (optional input of `step`; `core.canary` decides when one is sent and judges it)
+#   K1  A canary stall stands (`canary` is a CanaryStall: a canary got no token within
+#       canary_timeout_seconds while every progress counter stayed flat). On a good scrape,
+#       an engine judged IDLE, or SUSPECT with nothing moved this step (no progress, no
+#       prefill), by R3/R4 is WEDGED with family canary_stall, stalled_seconds = at -
+#       since_at. Never on a baseline step (R1), never a SLEEPING or UNKNOWN engine, never an
+#       engine that moved this step, never over another WEDGED family. The metrics cannot
+#       show this hang (vLLM #46811: stats freeze, often at idle); only the canary can.
+#
 # Actions (at most one of each kind per episode; never repeated while a state persists)
 #   A1  SUSPECT once stalled_seconds has reached SUSPECT_CAPTURE_FRACTION (a quarter) of the
 #       threshold of its family, the first time in the episode and only if the episode has not
@@ -118,6 +127,7 @@ from typing import Final
 
 from wedgewatch.core.detect_types import (
     Action,
+    CanaryStall,
     CaptureEvidence,
     EngineVerdict,
     Observation,
@@ -137,6 +147,7 @@ __all__ = [
     "MULTI_SERVER_WINDOW_SECONDS",
     "SUSPECT_CAPTURE_FRACTION",
     "Action",
+    "CanaryStall",
     "CaptureEvidence",
     "EngineMemory",
     "EngineVerdict",
@@ -324,16 +335,22 @@ class _Outcome:
 
 
 def step(
-    state: TargetState, observation: Observation, policy: Policy
+    state: TargetState,
+    observation: Observation,
+    policy: Policy,
+    canary: CanaryStall | None = None,
 ) -> tuple[TargetState, TargetVerdict]:
-    """Fold one observation into the state; return the new state and this step's verdict."""
+    """Fold one observation into the state; return the new state and this step's verdict.
+
+    `canary` is a standing canary stall (rule K1), None when there is none or it is off.
+    """
     if not math.isfinite(observation.at):
         raise ValueError(f"observation.at must be finite monotonic seconds, got {observation.at!r}")
     if state.last_at is not None and observation.at < state.last_at:
         state = TargetState.initial()  # rule T4
     if isinstance(observation, ScrapeFailed):
         return _step_failed(state, observation, policy)
-    return _step_scraped(state, observation, policy)
+    return _step_scraped(state, observation, policy, canary)
 
 
 def _step_failed(
@@ -354,7 +371,7 @@ def _step_failed(
 
 
 def _step_scraped(
-    state: TargetState, scraped: Scraped, policy: Policy
+    state: TargetState, scraped: Scraped, policy: Policy, canary: CanaryStall | None = None
 ) -> tuple[TargetState, TargetVerdict]:
     at = scraped.at
     exposition = scraped.exposition
@@ -397,6 +414,8 @@ def _step_scraped(
                 memory, judgement = _baseline(key, reading, at, f"{why}; new baseline")
             else:
                 memory, judgement = _judge_reading(old, reading, at, policy)
+                if canary is not None:
+                    judgement = _canary_stalled(judgement, old.reading, reading, at, canary)
             out.record(old, memory, judgement, reading)
     new = replace(
         state,
@@ -578,6 +597,23 @@ def _judge_reading(
         f"{work}, {what} for {_num(chosen.stalled_seconds)}s (threshold {_num(chosen.threshold)}s)"
     )
     return memory, _Judgement(state, chosen.family, chosen.stalled_seconds, reason)
+
+
+def _canary_stalled(
+    judgement: _Judgement,
+    before: EngineReading,
+    reading: EngineReading,
+    at: float,
+    canary: CanaryStall,
+) -> _Judgement:
+    """Rule K1: a standing canary stall makes an idle or flat engine WEDGED (canary_stall)."""
+    moved = semantics.movement(before, reading)
+    flat = judgement.state is EngineState.SUSPECT and not (moved.progress or moved.prefill)
+    if not (judgement.state is EngineState.IDLE or flat):
+        return judgement
+    stalled = max(0.0, at - canary.since_at)
+    reason = f"{_describe_work(reading)}, metrics show no progress; {canary.detail}"
+    return _Judgement(EngineState.WEDGED, Family.CANARY_STALL, stalled, reason)
 
 
 def _flat_family(reading: EngineReading) -> Family:
