@@ -141,6 +141,15 @@ def test_idle_gets_one_canary_per_interval() -> None:
     assert sends == [30, 60, 90]
 
 
+def test_canary_own_tokens_are_not_progress() -> None:
+    """Rule J1: the tokens a successful canary generated do not restart the quiet clock."""
+    state = canary.sent(noted((0, 0), (30, 0)), 30)
+    state, _ = canary.judge(state, POLICY, CanaryResult(30, 0.01, 0.02, None))
+    state = canary.note(state, verdict_at(31, reading(gen=2)))  # the canary's own tokens
+    assert state.quiet_since == 30
+    assert canary.decide(state, POLICY, verdict_at(60, reading(gen=2)), 60, restarting=False).send
+
+
 def test_busy_target_gets_no_canary() -> None:
     """Rule N1: progress on every scrape keeps the quiet clock at zero: no canary ever."""
     state = CanaryState()

@@ -29,7 +29,8 @@ progress, the engine is stalled (`canary_stall`), whatever the gauges say.
 #         the target has been quiet for interval_seconds (`quiet since`).
 #   S2  `sent(state, at)` marks the canary in flight since `at` and remembers the mark.
 #   J1  `judge(state, result, mark)`: a token arrived within timeout_seconds -> `ok`
-#       (clears a standing stall).
+#       (clears a standing stall). The canary's own tokens are not progress: the next noted
+#       mark is a new base, so an idle target gets one canary per interval.
 #   J2  no token within timeout_seconds ("timeout") and the mark at judgement equals the
 #       mark at sending (no progress while it waited) -> `stall`: the stall stands from the
 #       send instant until N1 or J1 clears it. The detector turns it into `canary_stall`.
@@ -216,9 +217,8 @@ def judge(
     ttft = result.first_token_seconds
     if ttft is not None and ttft <= policy.timeout_seconds:
         reason = f"first token after {ttft:.3f}s"
-        return replace(done, stall=None, last_success_at=result.sent_at + ttft), Judgement(
-            "ok", reason
-        )
+        ok = replace(done, stall=None, mark=None, last_success_at=result.sent_at + ttft)
+        return ok, Judgement("ok", reason)
     if result.reason == "timeout" or ttft is not None:
         waited = f"no token within canary_timeout_seconds ({policy.timeout_seconds:g}s)"
         if state.mark_at_send is not None and state.mark == state.mark_at_send:

@@ -33,6 +33,7 @@ from wedgewatch.core.detect import step as detect_step
 from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.replacement import ServerIdentity
 from wedgewatch.core.states import EngineState
+from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import target_record, target_snapshot
 from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
 from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
@@ -118,6 +119,9 @@ class TargetRunner:
         self.snapshot: TargetSnapshot | None = None
         self.record: statefile.TargetRecord | None = None  # None: rebuild at the next save
         self.steps = 0
+        self.canary = TargetCanary(
+            target, config.canary_policy(), deps.canary, reporter.metrics, deps.clock
+        )
 
     @property
     def name(self) -> str:
@@ -170,7 +174,10 @@ class TargetRunner:
         if failure is None:
             self.last_body = result.body
             self.last_scrape_timestamp = now
-        self.detector, verdict = detect_step(self.detector, obs, self.detect_policy)
+        self.detector, verdict = detect_step(
+            self.detector, obs, self.detect_policy, self.canary.stall
+        )
+        self.canary.note(verdict)
         self.reporter.transitions(
             self.target,
             verdict,
@@ -203,6 +210,7 @@ class TargetRunner:
         )
         self.history.append(history_entry(verdict, now, failure))
         self.steps += 1
+        self.canary.maybe_send(verdict, now_at, restarting=self.busy == "restart")
         self.publish(now_at, now, state_changed=state_changed)
 
     # -- the effect runner --------------------------------------------------------------------
@@ -229,12 +237,14 @@ class TargetRunner:
                     continue
                 engine = next((e for e in verdict.engines if e.key == effect.key), None)
                 summary = self.reporter.verdict_summary(self.target, verdict, engine, now_at, now)
+                summary = self.canary.with_snapshot(summary)
                 self.queue.put_nowait(_CaptureJob(effect, self.last_body, summary))
             elif isinstance(effect, core.Resolve | core.QueueRestart | core.CheckListener):
                 self.queue.put_nowait(effect)
             elif isinstance(effect, core.ResetDetector):
                 self.detector = TargetState.initial()
                 self.failure = None
+                self.canary.reset()
         self.reporter.metrics.set_restart_budget(
             self.name,
             remaining=restart_policy.budget_remaining(
@@ -262,6 +272,7 @@ class TargetRunner:
             restart_running=self.busy == "restart",
             now_at=now_at,
             now=now,
+            canary=self.canary.snapshot(),
         )
         self.host.target_changed(self.name, state_changed=state_changed)
 
