@@ -357,17 +357,9 @@ class Config(BaseModel):
         "moved is latency, counted in `wedgewatch_canary_failures_total` and never acted on.",
         gt=0,
     )
-    canary_model: str = _setting(
-        "",
-        "canary",
-        "The model the canary asks for; empty means the first id of the target's `/v1/models`.",
-    )
-    canary_max_tokens: int = _setting(
-        1, "canary", "The canary's `max_tokens` (one token proves a forward pass).", ge=1, le=16
-    )
-    canary_prompt: str = _setting(
-        "Say OK.", "canary", "The canary's prompt: a few tokens.", min_length=1
-    )
+    canary_model: str = _setting("", "canary", "The canary's model; empty: `/v1/models`' first.")
+    canary_max_tokens: int = _setting(1, "canary", "The canary's `max_tokens`.", ge=1, le=16)
+    canary_prompt: str = _setting("Say OK.", "canary", "The canary's prompt.", min_length=1)
 
     # -- daemon ----------------------------------------------------------------------
     listen_host: str = _setting(

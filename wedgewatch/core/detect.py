@@ -97,15 +97,10 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #   U3  The next good scrape judges engines by their readings again with clocks intact, so a
 #       stall that outlasts an outage includes the outage in stalled_seconds.
 #
-# Canary (optional input of `step`; `core.canary` decides when one is sent and judges it)
-#   K1  A canary stall stands (`canary` is a CanaryStall: a canary got no token within
-#       canary_timeout_seconds while every progress counter stayed flat). On a good scrape,
-#       an engine judged IDLE, or SUSPECT with nothing moved this step (no progress, no
-#       prefill), by R3/R4 is WEDGED with family canary_stall, stalled_seconds = at -
-#       since_at. Never on a baseline step (R1), never a SLEEPING or UNKNOWN engine, never an
-#       engine that moved this step, never over another WEDGED family. The metrics cannot
-#       show this hang (vLLM #46811: stats freeze, often at idle); only the canary can.
-#
+# Canary (optional input of `step`, from `core.canary`: no token within canary_timeout_seconds
+#   K1  while every progress counter stayed flat). On a good scrape, an engine judged IDLE, or
+#       SUSPECT with nothing moved this step, by R3/R4 is WEDGED, family canary_stall,
+#       stalled_seconds = at - since_at. Never on R1, SLEEPING, UNKNOWN or another WEDGED family.
 # Actions (at most one of each kind per episode; never repeated while a state persists)
 #   A1  SUSPECT once stalled_seconds has reached SUSPECT_CAPTURE_FRACTION (a quarter) of the
 #       threshold of its family, the first time in the episode and only if the episode has not
@@ -340,10 +335,7 @@ def step(
     policy: Policy,
     canary: CanaryStall | None = None,
 ) -> tuple[TargetState, TargetVerdict]:
-    """Fold one observation into the state; return the new state and this step's verdict.
-
-    `canary` is a standing canary stall (rule K1), None when there is none or it is off.
-    """
+    """Fold one observation (and a standing canary stall, K1) into the state; return the verdict."""
     if not math.isfinite(observation.at):
         raise ValueError(f"observation.at must be finite monotonic seconds, got {observation.at!r}")
     if state.last_at is not None and observation.at < state.last_at:
@@ -600,20 +592,15 @@ def _judge_reading(
 
 
 def _canary_stalled(
-    judgement: _Judgement,
-    before: EngineReading,
-    reading: EngineReading,
-    at: float,
-    canary: CanaryStall,
+    judgement: _Judgement, before: EngineReading, now: EngineReading, at: float, canary: CanaryStall
 ) -> _Judgement:
     """Rule K1: a standing canary stall makes an idle or flat engine WEDGED (canary_stall)."""
-    moved = semantics.movement(before, reading)
+    moved = semantics.movement(before, now)
     flat = judgement.state is EngineState.SUSPECT and not (moved.progress or moved.prefill)
-    if not (judgement.state is EngineState.IDLE or flat):
+    if judgement.state is not EngineState.IDLE and not flat:
         return judgement
-    stalled = max(0.0, at - canary.since_at)
-    reason = f"{_describe_work(reading)}, metrics show no progress; {canary.detail}"
-    return _Judgement(EngineState.WEDGED, Family.CANARY_STALL, stalled, reason)
+    why = f"{_describe_work(now)}, metrics show no progress; {canary.detail}"
+    return _Judgement(EngineState.WEDGED, Family.CANARY_STALL, max(0.0, at - canary.since_at), why)
 
 
 def _flat_family(reading: EngineReading) -> Family:
