@@ -9,16 +9,23 @@ never in the target's worker, so a 120 s canary never delays evidence or a resta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 
-from wedgewatch.config import Target
+from wedgewatch.config import Config, Target
 from wedgewatch.core import canary as core
-from wedgewatch.core.detect import CanaryStall, TargetVerdict
+from wedgewatch.core.detect import (
+    CanaryStall,
+    Observation,
+    Policy,
+    TargetState,
+    TargetVerdict,
+)
+from wedgewatch.core.detect import step as detect_step
 from wedgewatch.daemon.ownmetrics import OwnMetrics
-from wedgewatch.daemon.roles import CanarySender, Clock
+from wedgewatch.daemon.roles import CanarySender, Clock, Deps
 
 log = structlog.get_logger("wedgewatch.daemon")
 
@@ -43,6 +50,21 @@ class TargetCanary:
         self.task: asyncio.Task[None] | None = None
         self.sent = 0  # canaries sent by this process
         self.last: Mapping[str, Any] | None = None  # the latest finished canary, for /status
+        self.busy: Callable[[], str | None] = lambda: None  # what the target's worker runs
+
+    @classmethod
+    def of(
+        cls,
+        target: Target,
+        config: Config,
+        deps: Deps,
+        metrics: OwnMetrics,
+        busy: Callable[[], str | None],
+    ) -> TargetCanary:
+        """The canary of `target`; `busy` says what the target's worker runs (a "restart")."""
+        canary = cls(target, config.canary_policy(), deps.canary, metrics, deps.clock)
+        canary.busy = busy
+        return canary
 
     @property
     def on(self) -> bool:
@@ -58,6 +80,11 @@ class TargetCanary:
         """Rule N1: fold one verdict in (progress seen clears a standing stall)."""
         if self.on:
             self.state = core.note(self.state, verdict)
+
+    def after(self, verdict: TargetVerdict, now_at: float, *, restarting: bool) -> None:
+        """After a scrape was judged: note it (N1), then send a canary if the core says so."""
+        self.note(verdict)
+        self.maybe_send(verdict, now_at, restarting=restarting)
 
     def maybe_send(self, verdict: TargetVerdict, now_at: float, *, restarting: bool) -> None:
         """Rule S1/S2: send a canary now if the core says so."""
@@ -104,7 +131,23 @@ class TargetCanary:
             "last": dict(self.last) if self.last else None,
         }
 
-    def with_snapshot(self, summary: dict[str, Any]) -> dict[str, Any]:
+    def detect(
+        self, state: TargetState, observation: Observation, policy: Policy
+    ) -> tuple[TargetState, TargetVerdict]:
+        """`detect.step` with the standing canary stall as rule K1's input, then the canary.
+
+        The verdict is noted (N1) and a canary sent if the core says so (S1), never while the
+        target's worker runs a restart. A fresh detector state (reset after a restart of the
+        server) means a fresh canary too (rule R1): the old server's stall and its canary in
+        flight are forgotten before the new server is judged.
+        """
+        if state == TargetState.initial() and (self.state != core.CanaryState() or self.task):
+            self.reset()
+        state, verdict = detect_step(state, observation, policy, self.stall)
+        self.after(verdict, verdict.at, restarting=self.busy() == "restart")
+        return state, verdict
+
+    def add_to(self, summary: Mapping[str, Any]) -> Mapping[str, Any]:
         """An evidence bundle's verdict summary with the canary's part (when it is on)."""
         snapshot = self.snapshot()
         return summary if snapshot is None else {**summary, "canary": snapshot}

@@ -29,7 +29,6 @@ from wedgewatch.core.detect import (
     ScrapeFailed,
     TargetState,
 )
-from wedgewatch.core.detect import step as detect_step
 from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.replacement import ServerIdentity
 from wedgewatch.core.states import EngineState
@@ -119,9 +118,7 @@ class TargetRunner:
         self.snapshot: TargetSnapshot | None = None
         self.record: statefile.TargetRecord | None = None  # None: rebuild at the next save
         self.steps = 0
-        self.canary = TargetCanary(
-            target, config.canary_policy(), deps.canary, reporter.metrics, deps.clock
-        )
+        self.canary = TargetCanary.of(target, config, deps, reporter.metrics, lambda: self.busy)
 
     @property
     def name(self) -> str:
@@ -174,10 +171,7 @@ class TargetRunner:
         if failure is None:
             self.last_body = result.body
             self.last_scrape_timestamp = now
-        self.detector, verdict = detect_step(
-            self.detector, obs, self.detect_policy, self.canary.stall
-        )
-        self.canary.note(verdict)
+        self.detector, verdict = self.canary.detect(self.detector, obs, self.detect_policy)
         self.reporter.transitions(
             self.target,
             verdict,
@@ -210,7 +204,6 @@ class TargetRunner:
         )
         self.history.append(history_entry(verdict, now, failure))
         self.steps += 1
-        self.canary.maybe_send(verdict, now_at, restarting=self.busy == "restart")
         self.publish(now_at, now, state_changed=state_changed)
 
     # -- the effect runner --------------------------------------------------------------------
@@ -237,14 +230,12 @@ class TargetRunner:
                     continue
                 engine = next((e for e in verdict.engines if e.key == effect.key), None)
                 summary = self.reporter.verdict_summary(self.target, verdict, engine, now_at, now)
-                summary = self.canary.with_snapshot(summary)
                 self.queue.put_nowait(_CaptureJob(effect, self.last_body, summary))
             elif isinstance(effect, core.Resolve | core.QueueRestart | core.CheckListener):
                 self.queue.put_nowait(effect)
             elif isinstance(effect, core.ResetDetector):
-                self.detector = TargetState.initial()
+                self.detector = TargetState.initial()  # and a fresh canary (TargetCanary.detect)
                 self.failure = None
-                self.canary.reset()
         self.reporter.metrics.set_restart_budget(
             self.name,
             remaining=restart_policy.budget_remaining(
@@ -328,7 +319,7 @@ class TargetRunner:
             bundle=episode.bundle if episode else None,
             metrics_body=job.body,
             history=self.history.entries(),
-            verdict=job.verdict,
+            verdict=self.canary.add_to(job.verdict),
             verdict_at=effect.verdict_at,
         )
         limit = self.timeouts.capture_seconds
