@@ -97,10 +97,9 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #   U3  The next good scrape judges engines by their readings again with clocks intact, so a
 #       stall that outlasts an outage includes the outage in stalled_seconds.
 #
-# Canary (optional input of `step`, from `core.canary`: no token within canary_timeout_seconds
-#   K1  while every progress counter stayed flat). On a good scrape, an engine judged IDLE, or
-#       SUSPECT with nothing moved this step, by R3/R4 is WEDGED, family canary_stall,
-#       stalled_seconds = at - since_at. Never on R1, SLEEPING, UNKNOWN or another WEDGED family.
+# K1 (canary, from core.canary: a standing no-token-while-flat stall) on a good scrape: an engine
+#     judged IDLE, or SUSPECT with nothing moved this step, is WEDGED canary_stall, stalled_seconds
+#     = at - since_at. Never on R1, SLEEPING, UNKNOWN or another WEDGED family.
 # Actions (at most one of each kind per episode; never repeated while a state persists)
 #   A1  SUSPECT once stalled_seconds has reached SUSPECT_CAPTURE_FRACTION (a quarter) of the
 #       threshold of its family, the first time in the episode and only if the episode has not
