@@ -641,6 +641,45 @@ ROWS: tuple[Row, ...] = (
                 width=8,
             ),
             Panel(
+                "Canary time to first token",
+                "timeseries",
+                "The opt-in canary (canary_interval_seconds): median and 99th percentile "
+                "of wedgewatch_canary_duration_seconds, the time from sending a one-token "
+                "completion to its first token. Only quiet targets get canaries.",
+                (
+                    Query(
+                        "histogram_quantile(0.5, sum by (target, le) (rate("
+                        f"wedgewatch_canary_duration_seconds_bucket{{{WW_TARGET}}}"
+                        "[$__rate_interval])))",
+                        "p50 {{target}}",
+                    ),
+                    Query(
+                        "histogram_quantile(0.99, sum by (target, le) (rate("
+                        f"wedgewatch_canary_duration_seconds_bucket{{{WW_TARGET}}}"
+                        "[$__rate_interval])))",
+                        "p99 {{target}}",
+                    ),
+                ),
+                unit="s",
+                width=8,
+            ),
+            Panel(
+                "Canary failures, by reason",
+                "timeseries",
+                "wedgewatch_canary_failures_total by reason: timeout (no token within "
+                "canary_timeout_seconds: a canary_stall when counters stayed flat, latency "
+                "when they moved), refused, connect_error, http_status, bad_response, no_model.",
+                (
+                    Query(
+                        "sum by (target, reason) (increase("
+                        f"wedgewatch_canary_failures_total{{{WW_TARGET}}}[$__rate_interval]))",
+                        "{{target}} {{reason}}",
+                    ),
+                ),
+                width=8,
+                extra={"bars": True},
+            ),
+            Panel(
                 "Watch loop: seconds since last tick",
                 "timeseries",
                 "Age of wedgewatch's last completed tick; /health turns 503 after a few "

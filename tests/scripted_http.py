@@ -39,6 +39,7 @@ class Request:
 
     path: str
     headers: dict[str, str]
+    body: bytes = b""  # a POST's body
 
 
 class ScriptedServer:
@@ -85,10 +86,15 @@ class ScriptedServer:
             def log_message(self, format: str, *args: Any) -> None:
                 """Keep test output quiet."""
 
-            def do_GET(self) -> None:
+            def do_POST(self) -> None:
+                """A POST is answered like a GET; its body is read and recorded."""
+                length = int(self.headers.get("Content-Length") or 0)
+                self.do_GET(self.rfile.read(length))
+
+            def do_GET(self, body: bytes = b"") -> None:
                 with server._lock:
                     number = len(server.requests)
-                    server.requests.append(Request(self.path, dict(self.headers.items())))
+                    server.requests.append(Request(self.path, dict(self.headers.items()), body))
                 reply = server.script(number, self.path)
                 sent = 0
                 try:

@@ -47,6 +47,7 @@ FAMILIES = {
     "progress_stall",
     "output_stall",
     "unreachable",
+    "canary_stall",
 }
 HTML = b"<!doctype html><html><head><title>Welcome to nginx!</title></head></html>"
 

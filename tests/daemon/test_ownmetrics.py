@@ -23,6 +23,7 @@ FAMILIES = (
     "progress_stall",
     "output_stall",
     "unreachable",
+    "canary_stall",
 )
 REASONS = (
     "timeout",
@@ -51,6 +52,13 @@ def _story(metrics: OwnMetrics) -> None:
     """A wedge story on two targets: one wedges, is captured, restarted; one stays healthy."""
     metrics.add_target("llama", state="starting", remedy="signal", budget_remaining=3)
     metrics.add_target("qwen", state="starting", remedy="none", budget_remaining=3)
+    metrics.add_canary("qwen")
+    metrics.observe_canary(
+        "qwen", first_token_seconds=0.031, failure_reason=None, success_timestamp=1_699_999_990.0
+    )
+    metrics.observe_canary(
+        "qwen", first_token_seconds=None, failure_reason="timeout", success_timestamp=None
+    )
     metrics.mark_tick(1_700_000_000.0)
     metrics.observe_scrape("llama", duration_seconds=0.012, failure_reason=None)
     metrics.observe_scrape("qwen", duration_seconds=2.0, failure_reason="timeout")

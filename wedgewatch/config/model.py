@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from wedgewatch.core.canary import CanaryPolicy
 from wedgewatch.core.detect import Policy
 from wedgewatch.core.redact import redact_url
 from wedgewatch.core.restart_policy import RestartPolicy
@@ -44,6 +45,9 @@ SECTIONS: Mapping[str, str] = {
     "stall must last before it counts as a wedge.",
     "scraping": "How one scrape of a target's `/metrics` is bounded.",
     "targets": "The vLLM servers to watch.",
+    "canary": "An optional tiny request through the server's real queue, for the hangs that "
+    "`/metrics` cannot show (vLLM #46811: the engine blocks inside a step and every "
+    "published value freezes, often at idle). Off by default.",
     "daemon": "The long-running `wedgewatch run` process and its own HTTP endpoints.",
     "evidence": "What is captured when an engine turns suspect or wedged, and how much is kept.",
     "remedy": "What is done about a wedged engine, and how often it may be done.",
@@ -334,6 +338,29 @@ class Config(BaseModel):
         flag="--target",
     )
 
+    # -- canary ----------------------------------------------------------------------
+    canary_interval_seconds: float = _setting(
+        0.0,
+        "canary",
+        "How long a target must have shown no progress (and had no canary) before wedgewatch "
+        "sends one canary: `POST /v1/completions`, one token, temperature 0, marked with the "
+        "`user` `wedgewatch-canary` and an `X-Request-Id` starting `wedgewatch-canary-`. "
+        "0 turns the canary off. A busy server proves itself and never gets one; a sleeping, "
+        "starting or restarting engine never gets one; at most one is in flight per target.",
+        ge=0,
+    )
+    canary_timeout_seconds: float = _setting(
+        120.0,
+        "canary",
+        "How long a canary may wait for its first token. No token within it while every "
+        "progress counter stayed flat is a wedge (`canary_stall`); no token while counters "
+        "moved is latency, counted in `wedgewatch_canary_failures_total` and never acted on.",
+        gt=0,
+    )
+    canary_model: str = _setting("", "canary", "The canary's model; empty: `/v1/models`' first.")
+    canary_max_tokens: int = _setting(1, "canary", "The canary's `max_tokens`.", ge=1, le=16)
+    canary_prompt: str = _setting("Say OK.", "canary", "The canary's prompt.", min_length=1)
+
     # -- daemon ----------------------------------------------------------------------
     listen_host: str = _setting(
         "127.0.0.1",
@@ -618,6 +645,14 @@ class Config(BaseModel):
             unreachable_after_seconds=self.unreachable_after_seconds,
             startup_timeout_seconds=self.startup_timeout_seconds,
             deferred_only_after_seconds=self.deferred_only_after_seconds,
+            canary_timeout_seconds=self.canary_timeout_seconds,
+        )
+
+    def canary_policy(self) -> CanaryPolicy:
+        """The canary core's slice of the configuration."""
+        return CanaryPolicy(
+            interval_seconds=self.canary_interval_seconds,
+            timeout_seconds=self.canary_timeout_seconds,
         )
 
     def restart_policy(self) -> RestartPolicy:

@@ -97,6 +97,9 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #   U3  The next good scrape judges engines by their readings again with clocks intact, so a
 #       stall that outlasts an outage includes the outage in stalled_seconds.
 #
+# K1 (canary, from core.canary: a standing no-token-while-flat stall) on a good scrape: an engine
+#     judged IDLE, or SUSPECT with nothing moved this step, is WEDGED canary_stall, stalled_seconds
+#     = at - since_at. Never on R1, SLEEPING, UNKNOWN or another WEDGED family.
 # Actions (at most one of each kind per episode; never repeated while a state persists)
 #   A1  SUSPECT once stalled_seconds has reached SUSPECT_CAPTURE_FRACTION (a quarter) of the
 #       threshold of its family, the first time in the episode and only if the episode has not
@@ -118,6 +121,7 @@ from typing import Final
 
 from wedgewatch.core.detect_types import (
     Action,
+    CanaryStall,
     CaptureEvidence,
     EngineVerdict,
     Observation,
@@ -137,6 +141,7 @@ __all__ = [
     "MULTI_SERVER_WINDOW_SECONDS",
     "SUSPECT_CAPTURE_FRACTION",
     "Action",
+    "CanaryStall",
     "CaptureEvidence",
     "EngineMemory",
     "EngineVerdict",
@@ -324,16 +329,19 @@ class _Outcome:
 
 
 def step(
-    state: TargetState, observation: Observation, policy: Policy
+    state: TargetState,
+    observation: Observation,
+    policy: Policy,
+    canary: CanaryStall | None = None,
 ) -> tuple[TargetState, TargetVerdict]:
-    """Fold one observation into the state; return the new state and this step's verdict."""
+    """Fold one observation (and a standing canary stall, K1) into the state; return the verdict."""
     if not math.isfinite(observation.at):
         raise ValueError(f"observation.at must be finite monotonic seconds, got {observation.at!r}")
     if state.last_at is not None and observation.at < state.last_at:
         state = TargetState.initial()  # rule T4
     if isinstance(observation, ScrapeFailed):
         return _step_failed(state, observation, policy)
-    return _step_scraped(state, observation, policy)
+    return _step_scraped(state, observation, policy, canary)
 
 
 def _step_failed(
@@ -354,7 +362,7 @@ def _step_failed(
 
 
 def _step_scraped(
-    state: TargetState, scraped: Scraped, policy: Policy
+    state: TargetState, scraped: Scraped, policy: Policy, canary: CanaryStall | None = None
 ) -> tuple[TargetState, TargetVerdict]:
     at = scraped.at
     exposition = scraped.exposition
@@ -397,6 +405,8 @@ def _step_scraped(
                 memory, judgement = _baseline(key, reading, at, f"{why}; new baseline")
             else:
                 memory, judgement = _judge_reading(old, reading, at, policy)
+                if canary is not None:
+                    judgement = _canary_stalled(judgement, old.reading, reading, at, canary)
             out.record(old, memory, judgement, reading)
     new = replace(
         state,
@@ -578,6 +588,18 @@ def _judge_reading(
         f"{work}, {what} for {_num(chosen.stalled_seconds)}s (threshold {_num(chosen.threshold)}s)"
     )
     return memory, _Judgement(state, chosen.family, chosen.stalled_seconds, reason)
+
+
+def _canary_stalled(
+    judgement: _Judgement, before: EngineReading, now: EngineReading, at: float, canary: CanaryStall
+) -> _Judgement:
+    """Rule K1: a standing canary stall makes an idle or flat engine WEDGED (canary_stall)."""
+    moved = semantics.movement(before, now)
+    flat = judgement.state is EngineState.SUSPECT and not (moved.progress or moved.prefill)
+    if judgement.state is not EngineState.IDLE and not flat:
+        return judgement
+    why = f"{_describe_work(now)}, metrics show no progress; {canary.detail}"
+    return _Judgement(EngineState.WEDGED, Family.CANARY_STALL, max(0.0, at - canary.since_at), why)
 
 
 def _flat_family(reading: EngineReading) -> Family:

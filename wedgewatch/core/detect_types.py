@@ -20,6 +20,7 @@ from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
 __all__ = [
     "Action",
+    "CanaryStall",
     "CaptureEvidence",
     "EngineVerdict",
     "Observation",
@@ -71,6 +72,7 @@ class Policy:
     unreachable_after_seconds: float = 30.0
     startup_timeout_seconds: float | None = None
     deferred_only_after_seconds: float = 600.0
+    canary_timeout_seconds: float = 120.0
 
     def __post_init__(self) -> None:
         """Reject thresholds that are negative, NaN or infinite."""
@@ -81,6 +83,7 @@ class Policy:
             "unreachable_after_seconds",
             "startup_timeout_seconds",
             "deferred_only_after_seconds",
+            "canary_timeout_seconds",
         ):
             value = getattr(self, name)
             if value is None and name == "startup_timeout_seconds":
@@ -94,6 +97,14 @@ class Policy:
         """The number of seconds after which a stall of `family` is WEDGED (or UNREACHABLE)."""
         seconds: float = getattr(self, THRESHOLD_SETTING[family])
         return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryStall:
+    """Rule K1's input: a canary sent at `since_at` got no token while nothing progressed."""
+
+    since_at: float
+    detail: str
 
 
 @dataclass(frozen=True, slots=True)

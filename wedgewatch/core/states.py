@@ -34,6 +34,7 @@ class Family(StrEnum):
     PROGRESS_STALL = "progress_stall"
     OUTPUT_STALL = "output_stall"
     UNREACHABLE = "unreachable"
+    CANARY_STALL = "canary_stall"
 
 
 #: Worst first: a target's state is the first of these that any of its engines is in.
@@ -65,6 +66,7 @@ THRESHOLD_SETTING: Mapping[Family, str] = {
     Family.PROGRESS_STALL: "hang_after_seconds",
     Family.OUTPUT_STALL: "output_stall_after_seconds",
     Family.UNREACHABLE: "unreachable_after_seconds",
+    Family.CANARY_STALL: "canary_timeout_seconds",
 }
 
 #: Why a scrape produced no exposition: a closed set.

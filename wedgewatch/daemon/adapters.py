@@ -19,6 +19,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from wedgewatch.config import Config, Target, default_target_name, metrics_url_of
+from wedgewatch.core.canary import CanaryResult
 from wedgewatch.core.detect import (
     Scraped,
     ScrapeFailed,
@@ -32,7 +33,7 @@ from wedgewatch.daemon.roles import (
     Deps,
     ScrapeResult,
 )
-from wedgewatch.io import bundles, evidence, restarters, statefile
+from wedgewatch.io import bundles, canary, evidence, restarters, statefile
 from wedgewatch.io.notify import Notification, NotifyEvent, WebhookNotifier
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
 from wedgewatch.io.scrape import FetchFailed, ScrapeLimits, fetch, new_client
@@ -64,6 +65,35 @@ class AsyncioSleeper:
     async def sleep(self, seconds: float) -> None:
         """Sleep on the event loop."""
         await asyncio.sleep(seconds)
+
+
+class HttpCanary:
+    """Sends canaries with `io.canary.send`; one client per target, kept between canaries."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._clients: dict[str, httpx.AsyncClient] = {}
+
+    async def send(self, target: Target, sent_at: float) -> CanaryResult:
+        """Send one canary to `target`, bounded by `canary_timeout_seconds`."""
+        client = self._clients.get(target.name)
+        if client is None:
+            client = self._clients[target.name] = new_client(keepalive=1)
+        config = self._config
+        spec = canary.CanarySpec(
+            base_url=canary.base_url_of(target.metrics_url),
+            model=config.canary_model,
+            prompt=config.canary_prompt,
+            max_tokens=config.canary_max_tokens,
+            timeout_seconds=config.canary_timeout_seconds,
+        )
+        return await canary.send(client, spec, sent_at=sent_at)
+
+    async def aclose(self) -> None:
+        """Close every client."""
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
 
 
 class HttpScraper:
@@ -344,6 +374,7 @@ def real_deps(
         registry=CollectorRegistry(),
         serve_http=True,
         supervisor_probe=supervisor_probe(config),
+        canary=HttpCanary(config) if config.canary_interval_seconds > 0 else None,
     )
 
 

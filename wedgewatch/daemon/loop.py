@@ -263,6 +263,8 @@ class Daemon:
                     rt.core.policy, self.restart_policy, self.deps.clock.monotonic()
                 ),
             )
+            if rt.canary.on:
+                self.metrics.add_canary(name)
             rt.worker = asyncio.create_task(rt.work(), name=f"wedgewatch-worker-{name}")
         spread = self.config.interval_seconds / len(self._targets)
         cadences = [
@@ -275,6 +277,8 @@ class Daemon:
             for task in cadences:
                 task.cancel()
             await asyncio.gather(*cadences, return_exceptions=True)
+            for rt in self._targets.values():
+                rt.canary.cancel()  # a canary in flight dies with its cadence
             await self._shutdown()
 
     # -- Host: what the targets tell the daemon -------------------------------------------
@@ -429,6 +433,8 @@ async def run(config: Config, deps: Deps, *, stop: asyncio.Event | None = None) 
             await server.stop()
         await deps.notifier.aclose(5.0)
         await deps.scraper.aclose()
+        if deps.canary is not None:
+            await deps.canary.aclose()
         for sig in installed:
             loop.remove_signal_handler(sig)
         log.info("daemon_stopped")

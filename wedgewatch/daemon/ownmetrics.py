@@ -19,12 +19,15 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import choose_encoder
 
+from wedgewatch.core.canary import CANARY_FAILURE_REASONS
 from wedgewatch.core.restart_policy import FailureReason
 from wedgewatch.io.bundles import Phase
 
 # Buckets for how long an evidence capture takes: py-spy of a handful of processes
 # normally finishes in a second or two; the goal is a complete bundle within 5 s.
 CAPTURE_DURATION_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+#: Time to a canary's first token: an idle server answers in tens of milliseconds.
+CANARY_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 
 # Phases of an evidence capture: opened at suspect, completed at wedged, or on demand.
 CAPTURE_PHASES = tuple(str(phase) for phase in Phase)
@@ -188,6 +191,26 @@ class OwnMetrics:
             registry=registry,
         )
 
+        self._canary_duration = Histogram(
+            "wedgewatch_canary_duration_seconds",
+            "Time from sending a canary to its first token (canaries that got one).",
+            ["target"],
+            buckets=CANARY_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self._canary_failures = Counter(
+            "wedgewatch_canary_failures",
+            "Canaries that got no token, by reason (timeout, refused, http_status, ...).",
+            ["target", "reason"],
+            registry=registry,
+        )
+        self._canary_last_success = Gauge(
+            "wedgewatch_canary_last_success_timestamp_seconds",
+            "Unix time at which a canary last got its first token (absent until one has).",
+            ["target"],
+            registry=registry,
+        )
+
         self._webhook_failures = Counter(
             "wedgewatch_webhook_failures",
             "Webhook notifications that could not be delivered after their retries.",
@@ -296,6 +319,28 @@ class OwnMetrics:
         """Publish the remaining restart budget and whether wedgewatch gave up."""
         self._child(self._budget_remaining, (target,)).set(remaining)
         self._child(self._gave_up, (target,)).set(1 if gave_up else 0)
+
+    def add_canary(self, target: str) -> None:
+        """Create the target's canary series at zero (only for targets with the canary on)."""
+        self._canary_duration.labels(target)
+        for reason in CANARY_FAILURE_REASONS:
+            self._canary_failures.labels(target, reason)
+
+    def observe_canary(
+        self,
+        target: str,
+        *,
+        first_token_seconds: float | None,
+        failure_reason: str | None,
+        success_timestamp: float | None,
+    ) -> None:
+        """Record one finished canary: its time to first token, or why it got none."""
+        if first_token_seconds is not None:
+            self._canary_duration.labels(target).observe(first_token_seconds)
+        if failure_reason is not None:
+            self._canary_failures.labels(target, failure_reason).inc()
+        if success_timestamp is not None:
+            self._canary_last_success.labels(target).set(success_timestamp)
 
     def count_webhook_failure(self) -> None:
         """Count a webhook notification that was dropped after its retries."""

@@ -36,6 +36,7 @@ def target_snapshot(
     restart_running: bool,
     now_at: float,
     now: float,
+    canary: Mapping[str, Any] | None = None,
 ) -> TargetSnapshot:
     """One target as /status, /probe and /metrics show it now."""
     verdict = core.verdict
@@ -78,6 +79,7 @@ def target_snapshot(
         ),
         last_bundle=core.last_bundle,
         probe=core.probe_answer,
+        canary=canary,
         episode=(
             {
                 "id": episode.episode_id,

@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 from prometheus_client import CollectorRegistry
 
 from wedgewatch.config import Target
+from wedgewatch.core.canary import CanaryResult
 from wedgewatch.core.detect import (
     Observation,
 )
@@ -56,6 +57,18 @@ class Scraper(Protocol):
 
     async def scrape(self, target: Target) -> ScrapeResult:
         """Scrape once; never raises for anything the server does."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+class CanarySender(Protocol):
+    """Sends one canary to a target (`io.canary`); failures come back as data."""
+
+    async def send(self, target: Target, sent_at: float) -> CanaryResult:
+        """Send once and measure; never raises for anything the server does."""
         ...
 
     async def aclose(self) -> None:
@@ -177,3 +190,4 @@ class Deps:
     serve_http: bool = True
     # Asks a target's supervisor (systemd) whether it is already restarting the server.
     supervisor_probe: SupervisorProbe | None = None
+    canary: CanarySender | None = None  # None: no canary is ever sent

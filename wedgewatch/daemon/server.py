@@ -87,6 +87,7 @@ class TargetSnapshot:
     last_restart_failure: Mapping[str, Any] | None = None
     # Set while a supervisor (systemd) is already restarting the server: why no restart now.
     waiting_for_supervisor: str | None = None
+    canary: Mapping[str, Any] | None = None  # None when the canary is off
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,6 +352,7 @@ def _target_json(target: TargetSnapshot) -> dict[str, Any]:
             else None
         ),
         "waiting_for_supervisor": target.waiting_for_supervisor,
+        "canary": dict(target.canary) if target.canary is not None else None,
         "engines": [
             {
                 "model_name": e.model_name,

@@ -29,10 +29,10 @@ from wedgewatch.core.detect import (
     ScrapeFailed,
     TargetState,
 )
-from wedgewatch.core.detect import step as detect_step
 from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.replacement import ServerIdentity
 from wedgewatch.core.states import EngineState
+from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import target_record, target_snapshot
 from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
 from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
@@ -118,6 +118,7 @@ class TargetRunner:
         self.snapshot: TargetSnapshot | None = None
         self.record: statefile.TargetRecord | None = None  # None: rebuild at the next save
         self.steps = 0
+        self.canary = TargetCanary.of(target, config, deps, reporter.metrics, lambda: self.busy)
 
     @property
     def name(self) -> str:
@@ -170,7 +171,7 @@ class TargetRunner:
         if failure is None:
             self.last_body = result.body
             self.last_scrape_timestamp = now
-        self.detector, verdict = detect_step(self.detector, obs, self.detect_policy)
+        self.detector, verdict = self.canary.detect(self.detector, obs, self.detect_policy)
         self.reporter.transitions(
             self.target,
             verdict,
@@ -233,7 +234,7 @@ class TargetRunner:
             elif isinstance(effect, core.Resolve | core.QueueRestart | core.CheckListener):
                 self.queue.put_nowait(effect)
             elif isinstance(effect, core.ResetDetector):
-                self.detector = TargetState.initial()
+                self.detector = TargetState.initial()  # and a fresh canary (TargetCanary.detect)
                 self.failure = None
         self.reporter.metrics.set_restart_budget(
             self.name,
@@ -262,6 +263,7 @@ class TargetRunner:
             restart_running=self.busy == "restart",
             now_at=now_at,
             now=now,
+            canary=self.canary.snapshot(),
         )
         self.host.target_changed(self.name, state_changed=state_changed)
 
@@ -317,7 +319,7 @@ class TargetRunner:
             bundle=episode.bundle if episode else None,
             metrics_body=job.body,
             history=self.history.entries(),
-            verdict=job.verdict,
+            verdict=self.canary.add_to(job.verdict),
             verdict_at=effect.verdict_at,
         )
         limit = self.timeouts.capture_seconds

@@ -146,6 +146,10 @@ def _is_refused(exc: BaseException) -> bool:
     return "connection refused" in str(exc).lower()
 
 
+#: Whether an exception (or its cause chain) is a refused connection; `io.canary` uses it too.
+is_refused = _is_refused
+
+
 def _one_line(text: str, limit: int = _SNIPPET_CHARS) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[:limit] + "..."

@@ -436,6 +436,18 @@ class SimServer:
         if rejection is not None:
             return rejection
         request_id = self._request_ids.next()
+        user = body.get("user") if isinstance(body, dict) else None
+        header_id = request.headers.get("x-request-id")
+        if user is not None or header_id is not None:
+            # vLLM logs the caller's marks too: a canary reads `user=wedgewatch-canary`.
+            log.info(
+                "request %s: user=%s x-request-id=%s max_tokens=%d stream=%s",
+                request_id,
+                user,
+                header_id,
+                params.max_tokens,
+                params.stream,
+            )
         sim_request = SimRequest(
             request_id=request_id,
             prompt_tokens=params.prompt_tokens,

@@ -26,6 +26,7 @@ import queue
 import signal
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkContext
@@ -44,6 +45,7 @@ from wedgewatch.sim.scheduler import (
 from wedgewatch.sim.worker import (
     LIVENESS_POLL_SECONDS,
     Executor,
+    ModelOutput,
     ModelStep,
     MultiprocExecutor,
     UniProcExecutor,
@@ -323,6 +325,8 @@ class EngineCoreProc:
         result = self.scheduler.step()
         if not result.scheduled:
             return result, False
+        if self._faults.active("frozen-step", time.monotonic(), self.config.engine_index):
+            self._blocked_step()
         hang = self._last_published_running > 0 and self._faults.active(
             "collective-hang", time.monotonic(), self.config.engine_index
         )
@@ -338,6 +342,20 @@ class EngineCoreProc:
         )
         future.result()
         return result, True
+
+    def _blocked_step(self) -> None:
+        """`frozen-step` (vLLM #46811): wait for good on a step result that never comes.
+
+        Nothing of this step, or of the steps batched since the last flush, is published:
+        the API server keeps serving the last stats it got.
+        """
+        log.warning(
+            "fault frozen-step: engine %d blocks inside a step (future.result() without a "
+            "timeout); published stats freeze",
+            self.config.engine_index,
+        )
+        never: Future[ModelOutput] = Future()  # the step's output, which never arrives
+        never.result()
 
     def _check_crash(self) -> None:
         if self._crash_at is not None and time.monotonic() >= self._crash_at:

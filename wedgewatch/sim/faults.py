@@ -12,6 +12,10 @@ watchdog sees from outside (docs/simulator.md has the full table):
 * `slow-metrics`: /metrics answers 200 but trickles the body at ~256 bytes/s.
 * `nan-gauges`: the stat logger records NaN for the queue and KV-usage gauges (as a 0/0
   division in a stats path would); counters and everything else stay real.
+* `frozen-step` (EngineCore, vLLM #46811): the next step blocks for good in a timeout-less
+  `future.result()` before its stats are published, so every `vllm:` value freezes at its
+  last reading (idle when the engine was idle) while /health and /metrics keep answering
+  200. Only a request through the queue (the canary) can tell it from a quiet server.
 """
 
 from __future__ import annotations
@@ -25,9 +29,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 FaultName = Literal[
-    "collective-hang", "engine-crash", "api-hang", "garbage-metrics", "slow-metrics", "nan-gauges"
+    "collective-hang",
+    "engine-crash",
+    "api-hang",
+    "garbage-metrics",
+    "slow-metrics",
+    "nan-gauges",
+    "frozen-step",
 ]
-ENGINE_FAULTS: frozenset[FaultName] = frozenset({"collective-hang", "engine-crash"})
+ENGINE_FAULTS: frozenset[FaultName] = frozenset({"collective-hang", "engine-crash", "frozen-step"})
 FAULT_NAMES: tuple[FaultName, ...] = (
     "collective-hang",
     "engine-crash",
@@ -35,6 +45,7 @@ FAULT_NAMES: tuple[FaultName, ...] = (
     "garbage-metrics",
     "slow-metrics",
     "nan-gauges",
+    "frozen-step",
 )
 
 # What /metrics serves under `garbage-metrics`: the error page a broken proxy or a

@@ -1,0 +1,112 @@
+"""`io.canary.send` against real HTTP servers on 127.0.0.1: measured, marked, failures as data."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from scripted_http import RefusingPort, Reply, Script, ScriptedServer
+
+from wedgewatch.io import canary
+from wedgewatch.io.scrape import new_client
+
+MODELS = Reply(200, json.dumps({"object": "list", "data": [{"id": "org/m"}]}).encode())
+EVENT = b'data: {"id": "c", "choices": [{"index": 0, "text": "O"}]}\n\n'
+STREAM = Reply(200, [EVENT, b"data: [DONE]\n\n"], {"Content-Type": "text/event-stream"})
+
+
+def script(models: Reply, completions: Reply) -> Script:
+    """Answer /v1/models and /v1/completions with the given replies."""
+    return lambda _n, path: models if path.endswith("/v1/models") else completions
+
+
+def spec(base_url: str, timeout: float = 5.0, model: str = "") -> canary.CanarySpec:
+    """A canary spec with the defaults the daemon uses."""
+    return canary.CanarySpec(
+        base_url=base_url, model=model, prompt="Say OK.", max_tokens=1, timeout_seconds=timeout
+    )
+
+
+async def send(base_url: str, *, deadline: float = 5.0, model: str = "") -> canary.CanaryResult:
+    """One canary with a fresh client."""
+    async with new_client() as client:
+        return await canary.send(client, spec(base_url, deadline, model), sent_at=time.monotonic())
+
+
+async def test_success_is_measured_and_marked() -> None:
+    """A streamed token: no failure, TTFT measured; the request is recognisably a canary."""
+    with ScriptedServer(script(MODELS, STREAM)) as server:
+        result = await send(server.base_url)
+    assert result.reason is None, result
+    assert result.first_token_seconds is not None
+    assert 0 <= result.first_token_seconds <= result.total_seconds
+    post = server.requests[-1]
+    assert post.path == "/v1/completions"
+    assert post.headers["X-Request-Id"].startswith("wedgewatch-canary-")
+    body = json.loads(post.body)
+    assert body == {
+        "model": "org/m",
+        "prompt": "Say OK.",
+        "max_tokens": 1,
+        "temperature": 0,
+        "stream": True,
+        "user": "wedgewatch-canary",
+    }
+
+
+async def test_configured_model_skips_the_lookup() -> None:
+    """`canary_model` set: no /v1/models request, that model is asked for."""
+    with ScriptedServer(script(Reply(500), STREAM)) as server:
+        result = await send(server.base_url, model="other")
+    assert result.reason is None
+    assert [r.path for r in server.requests] == ["/v1/completions"]
+    assert json.loads(server.requests[0].body)["model"] == "other"
+
+
+async def test_no_token_within_the_deadline_is_timeout() -> None:
+    """A server that never sends a token: `timeout`, bounded by the deadline, no TTFT."""
+    hung = Reply(200, [EVENT], {"Content-Type": "text/event-stream"}, headers_pause_seconds=30)
+    with ScriptedServer(script(MODELS, hung)) as server:
+        started = time.monotonic()
+        result = await send(server.base_url, deadline=0.5)
+        took = time.monotonic() - started
+    assert result.reason == "timeout", result
+    assert result.first_token_seconds is None
+    assert took < 5, took
+
+
+@pytest.mark.parametrize(
+    ("models", "completions", "reason", "detail"),
+    [
+        (MODELS, Reply(404, b'{"error": "The model does not exist."}'), "http_status", "404"),
+        (Reply(200, b'{"data": []}'), STREAM, "no_model", "no model id"),
+        (Reply(200, b"<html>"), STREAM, "no_model", "no model id"),
+        (Reply(401, b"denied"), STREAM, "http_status", "401"),
+        (MODELS, Reply(200, b"data: [DONE]\n\n"), "bad_response", "without a token"),
+        (MODELS, Reply(200, [b": keepalive\n"] * 10_000), "bad_response", "over"),
+    ],
+    ids=["unknown-model", "no-models", "models-html", "auth", "no-token", "huge-stream"],
+)
+async def test_failures_are_data(
+    models: Reply, completions: Reply, reason: str, detail: str
+) -> None:
+    """Every misbehaviour is a result with a reason from the closed set and a clear detail."""
+    with ScriptedServer(script(models, completions)) as server:
+        result = await send(server.base_url)
+    assert result.reason == reason, result
+    assert detail in result.detail
+    assert result.first_token_seconds is None
+
+
+async def test_refused_port() -> None:
+    """Nobody listens: `refused`, at once."""
+    with RefusingPort() as port:
+        result = await send(canary.base_url_of(port.url))
+    assert result.reason == "refused", result
+
+
+def test_base_url_keeps_a_path_prefix() -> None:
+    """The completions URL sits beside /metrics, behind the same proxy prefix."""
+    assert canary.base_url_of("http://h:8000/metrics") == "http://h:8000"
+    assert canary.base_url_of("http://h/vllm/metrics") == "http://h/vllm"

@@ -1,0 +1,185 @@
+"""Send one canary: a one-token streamed completion through the server's real queue.
+
+`send` never raises for anything the server does: every failure comes back as a
+`core.canary.CanaryResult` with a reason from a closed set. The whole canary (model lookup,
+connection, first token, the rest of the stream) is bounded by `timeout_seconds`; the time to
+the first token is measured separately from the total. Requests are marked so operators can
+recognise and filter them: the `user` field is `wedgewatch-canary` and the `X-Request-Id`
+header starts with `wedgewatch-canary-`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from wedgewatch import __version__
+from wedgewatch.core.canary import CanaryFailureReason, CanaryResult
+from wedgewatch.io.scrape import is_refused
+
+CANARY_USER = "wedgewatch-canary"
+REQUEST_ID_PREFIX = "wedgewatch-canary-"
+#: The most a canary reads of any response: one token's stream is well under 4 KiB.
+MAX_RESPONSE_BYTES = 64 * 1024
+_SNIPPET_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class CanarySpec:
+    """What to send and to whom; `model` empty means the first id of `/v1/models`."""
+
+    base_url: str
+    model: str
+    prompt: str
+    max_tokens: int
+    timeout_seconds: float
+
+
+class _Failed(Exception):
+    def __init__(self, reason: CanaryFailureReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason: CanaryFailureReason = reason
+        self.detail = detail
+
+
+def base_url_of(metrics_url: str) -> str:
+    """The server's base URL from its `/metrics` URL (a path prefix is kept)."""
+    return metrics_url.removesuffix("/metrics")
+
+
+def new_request_id() -> str:
+    """A fresh `X-Request-Id` for a canary."""
+    return REQUEST_ID_PREFIX + uuid.uuid4().hex[:16]
+
+
+async def send(
+    client: httpx.AsyncClient,
+    spec: CanarySpec,
+    *,
+    sent_at: float,
+    clock: Callable[[], float] = time.monotonic,
+    request_id: str | None = None,
+) -> CanaryResult:
+    """Send one canary and measure it; `sent_at` is the caller's monotonic send instant."""
+    started = clock()
+    first: list[float] = []
+
+    def result(reason: CanaryFailureReason | None, detail: str) -> CanaryResult:
+        ttft = first[0] - started if first else None
+        return CanaryResult(sent_at, ttft, clock() - started, reason, detail)
+
+    try:
+        async with asyncio.timeout(spec.timeout_seconds):
+            model = spec.model or await _first_model(client, spec.base_url)
+            await _complete(
+                client,
+                spec,
+                model=model,
+                request_id=request_id or new_request_id(),
+                first=first,
+                clock=clock,
+            )
+    except TimeoutError:
+        if first:  # the token came; only the rest of the stream was slow
+            return result(None, f"stream not finished within {spec.timeout_seconds:g} s")
+        return result("timeout", f"no token within {spec.timeout_seconds:g} s")
+    except _Failed as exc:
+        return result(exc.reason, exc.detail)
+    except httpx.TimeoutException as exc:
+        return result("timeout", f"{type(exc).__name__}: {exc}")
+    except httpx.ConnectError as exc:
+        reason: CanaryFailureReason = "refused" if is_refused(exc) else "connect_error"
+        return result(reason, f"{spec.base_url}: {exc}")
+    except httpx.HTTPError as exc:
+        return result("connect_error", f"{spec.base_url}: {type(exc).__name__}: {exc}")
+    if not first:
+        return result("bad_response", "the stream ended without a token")
+    return result(None, "")
+
+
+_HEADERS = {"User-Agent": f"wedgewatch/{__version__}"}
+
+
+async def _first_model(client: httpx.AsyncClient, base_url: str) -> str:
+    url = f"{base_url}/v1/models"
+    async with client.stream("GET", url, headers=_HEADERS) as response:
+        body = await _read_capped(response)
+        if response.status_code != 200:
+            raise _Failed("http_status", f"GET {url}: HTTP {response.status_code}")
+    try:
+        data = json.loads(body)
+        model = data["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise _Failed("no_model", f"GET {url}: no model id in {_snippet(body)!r}") from None
+    if not isinstance(model, str) or not model:
+        raise _Failed("no_model", f"GET {url}: the first model id is not a string")
+    return model
+
+
+async def _complete(
+    client: httpx.AsyncClient,
+    spec: CanarySpec,
+    *,
+    model: str,
+    request_id: str,
+    first: list[float],
+    clock: Callable[[], float],
+) -> None:
+    url = f"{spec.base_url}/v1/completions"
+    payload = {
+        "model": model,
+        "prompt": spec.prompt,
+        "max_tokens": spec.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "user": CANARY_USER,
+    }
+    headers = _HEADERS | {"X-Request-Id": request_id, "Accept": "text/event-stream"}
+    async with client.stream("POST", url, json=payload, headers=headers) as response:
+        if response.status_code != 200:
+            body = await _read_capped(response)
+            raise _Failed(
+                "http_status", f"POST {url}: HTTP {response.status_code}: {_snippet(body)}"
+            )
+        seen = 0
+        async for line in response.aiter_lines():
+            seen += len(line) + 1
+            if seen > MAX_RESPONSE_BYTES:
+                raise _Failed("bad_response", f"POST {url}: stream over {MAX_RESPONSE_BYTES} bytes")
+            data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
+            if not data or data == "[DONE]":
+                continue
+            if not first and _has_token(data):
+                first.append(clock())
+
+
+def _has_token(data: str) -> bool:
+    """A stream event that carries a choice (the first token, or an empty finishing chunk)."""
+    try:
+        event = json.loads(data)
+    except ValueError:
+        return False
+    choices = event.get("choices") if isinstance(event, dict) else None
+    return isinstance(choices, list) and bool(choices)
+
+
+async def _read_capped(response: httpx.Response) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        parts.append(chunk)
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            break
+    return b"".join(parts)[:MAX_RESPONSE_BYTES]
+
+
+def _snippet(body: bytes) -> str:
+    flat = " ".join(body.decode("utf-8", "replace").split())
+    return flat if len(flat) <= _SNIPPET_CHARS else flat[:_SNIPPET_CHARS] + "..."
