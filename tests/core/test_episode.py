@@ -17,6 +17,7 @@ from wedgewatch.core.detect import (
     Restart,
     ScrapeFailed,
     TargetVerdict,
+    Transition,
 )
 from wedgewatch.core.episode import (
     Capture,
@@ -45,7 +46,7 @@ from wedgewatch.core.restart_policy import (
     RestartOutcome,
     RestartPolicy,
 )
-from wedgewatch.core.states import SEVERITY, EngineState, Family
+from wedgewatch.core.states import SEVERITY, EngineState, Family, NotifyEvent
 from wedgewatch.vllm.signals import EngineKey
 
 KEY0, KEY1 = EngineKey("m", "0"), EngineKey("m", "1")
@@ -97,6 +98,11 @@ WEDGED_V = verdict(
 )
 WEDGED_QUIET = verdict(engine(EngineState.WEDGED))  # still wedged, no new action
 OK_V = verdict(engine(EngineState.OK))
+
+
+WEDGE_T = Transition(KEY0, EngineState.SUSPECT, EngineState.WEDGED, DEFERRED, AT)
+SUSPECT_T = Transition(KEY0, EngineState.OK, EngineState.SUSPECT, DEFERRED, AT)
+RECOVER_T = Transition(KEY0, EngineState.SUSPECT, EngineState.OK, None, AT)
 
 
 def opened(**changes: object) -> Episode:
@@ -285,7 +291,23 @@ ROWS = {
         Observed(WEDGED_V, good=True),
         lambda s: not any(isinstance(e, Capture | QueueRestart) for e in s.effects),
     ),
+    "C1 no suspect capture once the wedged one was asked": Row(
+        with_episode(WEDGED_QUIET, wedged_asked=True),
+        Observed(SUSPECT_V, good=True),
+        lambda s: not any(isinstance(e, Capture) for e in s.effects),
+    ),
     # R1
+    "R1 no restarter for this remedy: skipped, saying which remedy is missing": Row(
+        with_episode(),
+        Observed(WEDGED_V, good=True),
+        lambda s: _all(
+            reports(s) == ["restart_skipped"],
+            report(s, "restart_skipped").fields["reason"] == "no systemd restarter for this target",
+            not any(isinstance(e, QueueRestart) for e in s.effects),
+            s.state.episode is not None and s.state.episode.restart_asked,
+        ),
+        rules=Rules("sim", "systemd", can_restart=False, restart_policy=POLICY),
+    ),
     "R1 observe mode skips the restart with its reason and queues nothing": Row(
         with_episode(),
         Observed(WEDGED_V, good=True),
@@ -303,10 +325,13 @@ ROWS = {
     ),
     "R2 allowed: persist first, then run the restart": Row(
         with_episode(WEDGED_QUIET, restart_asked=True),
-        RestartDue(KEY0, "deferred_stall", "stuck"),
+        RestartDue(KEY0, "deferred_stall", "stuck", server_pid=4242),
         lambda s: _all(
-            kinds(s) == ["Persist", "RunRestart"],
+            kinds(s) == ["Persist", "RunRestart", "Report"],
             s.effects[0] == Persist(now=True),
+            report(s, "restart_requested").notify,
+            report(s, "restart_requested").fields["server_pid"] == 4242,
+            report(s, "restart_requested").fields["attempt"] == 1,
             s.state.restarts == 1,
             s.state.policy.phase is Phase.RESTARTING,
         ),
@@ -328,6 +353,26 @@ ROWS = {
             report(s, "gave_up").fields["bundle"] == "/b",
             report(s, "gave_up").fields["state"] == "wedged",
             s.state.policy.phase is Phase.GAVE_UP,
+        ),
+    ),
+    "R2 a restart already in progress: skipped, nothing runs": Row(
+        with_episode(WEDGED_QUIET, policy=RESTARTING, restart_asked=True),
+        RestartDue(KEY0, "deferred_stall", "stuck"),
+        lambda s: _all(
+            reports(s) == ["restart_skipped"],
+            report(s, "restart_skipped").fields["reason"] == "a restart is already in progress",
+            not any(isinstance(e, RunRestart) for e in s.effects),
+            s.state.restarts == 0,
+        ),
+    ),
+    "R2 inside the startup grace: skipped with when the grace ends, not pending": Row(
+        with_episode(WEDGED_QUIET, policy=STARTING, restart_asked=True),
+        RestartDue(KEY0, "deferred_stall", "stuck"),
+        lambda s: _all(
+            reports(s) == ["restart_skipped"],
+            "startup grace" in report(s, "restart_skipped").fields["reason"],
+            not any(isinstance(e, RunRestart) for e in s.effects),
+            s.state.episode is not None and s.state.episode.restart_pending_since is None,
         ),
     ),
     "R2 already gave up: skipped with the reason": Row(
@@ -537,8 +582,15 @@ ROWS = {
             s.state.episode is not None and s.state.episode.bundle == "/b",
             s.state.episode is not None and s.state.episode.triage == "scheduler_wedge: deferred",
             s.state.last_bundle == "/b",
-            kinds(s) == ["Persist"],
+            kinds(s) == ["Persist", "Report"],
+            reports(s) == ["evidence_captured"],
+            not report(s, "evidence_captured").notify,
         ),
+    ),
+    "C3 a capture without triage keeps the triage the episode already has": Row(
+        with_episode(suspect_asked=True, wedged_asked=True, bundle="/b", triage="api_hang"),
+        CaptureDone(opened().episode_id, "wedged", "/b", None),
+        lambda s: s.state.episode is not None and s.state.episode.triage == "api_hang",
     ),
     "C3 a bundle of an ended episode only becomes the last bundle": Row(
         with_episode(),
@@ -552,7 +604,63 @@ ROWS = {
     "C3 a capture that wrote nothing changes nothing": Row(
         with_episode(restart_asked=True),
         CaptureDone(opened().episode_id, "wedged", None, None, ("write_failed",)),
-        lambda s: s.effects == () and s.state == with_episode(restart_asked=True),
+        lambda s: _all(
+            reports(s) == ["evidence_capture_failed"],
+            report(s, "evidence_capture_failed").log_only
+            == {
+                "reasons": ["write_failed"],
+                "detail": "",
+            },
+            s.state == with_episode(restart_asked=True),
+        ),
+    ),
+    # T1
+    "T1 an engine turning wedged is reported wedge_detected, with its threshold, notified": Row(
+        EpisodeState(),
+        Observed(replace(WEDGED_V, transitions=(WEDGE_T,)), good=True),
+        lambda s: _all(
+            reports(s)[0] == "wedge_detected",
+            report(s, "wedge_detected").notify,
+            report(s, "wedge_detected").level == "error",
+            report(s, "wedge_detected").fields["threshold_seconds"] == 60.0,
+            report(s, "wedge_detected").fields["remedy"] == "signal",
+        ),
+    ),
+    "T1 a suspect engine is logged stall_suspected, not notified": Row(
+        EpisodeState(),
+        Observed(replace(SUSPECT_V, transitions=(SUSPECT_T,)), good=True),
+        lambda s: _all(
+            reports(s)[0] == "stall_suspected",
+            not report(s, "stall_suspected").notify,
+        ),
+    ),
+    "T1 a stalled engine turning ok is engine_recovered with the episode's length": Row(
+        with_episode(),
+        Observed(replace(OK_V, transitions=(RECOVER_T,)), good=True),
+        lambda s: _all(
+            reports(s)[0] == "engine_recovered",
+            report(s, "engine_recovered").notify,
+            report(s, "engine_recovered").fields["stalled_for_seconds"] == 30.0,
+        ),
+    ),
+    "T1 a target without engines that turns unreachable is target_unreachable, notified": Row(
+        EpisodeState(verdict=verdict()),
+        Observed(
+            TargetVerdict(
+                AT, EngineState.UNREACHABLE, (), (), (), ScrapeFailed(AT, "refused", "x")
+            ),
+            good=False,
+        ),
+        lambda s: _all(
+            reports(s) == ["target_unreachable"],
+            report(s, "target_unreachable").notify,
+            report(s, "target_unreachable").fields["detail"] == "x",
+        ),
+    ),
+    "T1 a target without engines that stays unreachable is not reported again": Row(
+        EpisodeState(verdict=TargetVerdict(AT, EngineState.UNREACHABLE, (), (), (), None)),
+        Observed(TargetVerdict(AT, EngineState.UNREACHABLE, (), (), (), None), good=False),
+        lambda s: reports(s) == [],
     ),
     # O1
     "O1 an operator reset clears gave_up": Row(
@@ -565,6 +673,14 @@ ROWS = {
         ),
     ),
 }
+
+
+def test_notify_is_exactly_the_notify_events() -> None:
+    """H1: a Report notifies for every NotifyEvent and for no other event."""
+    for event in NotifyEvent:
+        assert Report(str(event), "info", {}).notify
+    for event in ("backoff_reset", "budget_reset", "evidence_captured", "stall_suspected"):
+        assert not Report(event, "info", {}).notify
 
 
 @pytest.mark.parametrize("row", list(ROWS.values()), ids=list(ROWS))

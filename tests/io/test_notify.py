@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from wedgewatch.core.states import NotifyEvent
 from wedgewatch.io.notify import (
     Notification,
-    NotifyEvent,
     NotifyStats,
     WebhookFailure,
     WebhookNotifier,

@@ -23,7 +23,15 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                before the restart queued behind it, whatever the capture's outcome.
 #
 # Inputs                      Rule
-#   Observed(verdict)          (the shell drops an observation begun before `ignore_before_at`:
+#   Observed(verdict)          T1  every engine transition is Reported, before the rules below:
+#                                  to SUSPECT from a calm state stall_suspected; to WEDGED
+#                                  wedge_detected; to UNREACHABLE target_unreachable; from a
+#                                  stalled to a calm state engine_recovered; to UNKNOWN
+#                                  engine_unknown; from STARTING engine_discovered; else
+#                                  engine_state_changed. A target with no engines that becomes
+#                                  UNREACHABLE (no good scrape within the startup timeout):
+#                                  target_unreachable.
+#                              (the shell drops an observation begun before `ignore_before_at`:
 #                              S0 `is_stale`, it saw the server a restart just replaced)
 #                              E1  no episode and some engine stalled: open one on the worst
 #                                  engine (wedged first, then by key); id `<UTC>-<target>-
@@ -64,8 +72,9 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  policy.decide: Deny backoff -> pending (R4 retries it),
 #                                  Report restart_deferred; other Deny -> Report restart_skipped
 #                                  (unless it just gave up: the gave_up event says why); Allow ->
-#                                  RunRestart(attempt) and Persist now (the attempt counts
-#                                  against the budget even if wedgewatch dies during it).
+#                                  RunRestart(attempt), Report restart_requested and Persist now
+#                                  (the attempt counts against the budget even if wedgewatch
+#                                  dies during it).
 #   RestartDone(outcome)       R3  policy.record_restart. ok: ResetDetector (the startup grace:
 #                                  the detector reports starting until the first good scrape),
 #                                  ignore scrapes begun before now (S0), remember the server to
@@ -75,7 +84,8 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  budget). Persist now either way.
 #   CaptureDone(...)           C3  a bundle path becomes the target's last bundle and, when the
 #                                  episode is still the one asked for, the episode's bundle and
-#                                  triage. Failures change nothing else (never block R2).
+#                                  triage; Report evidence_captured. Failures: Report
+#                                  evidence_capture_failed; nothing else (never block R2).
 #   ListenerSeen(pid, created) N2  the port's listener after a restart: kept for the next P1.
 #   OperatorReset              O1  policy.reset (budget_reset or gave_up_cleared).
 #   Observed (last)            Q1  the liveness probe (core.probe_policy R2-R4, P1-P3): count a
@@ -83,8 +93,10 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  keep what /probe answers until the next scrape.
 #   ProbeServed(mark)          Q2  /probe sent a 503 about the server `mark` (R1); Persist soon.
 #
+# Notify (H1): a Report sends a webhook exactly when its event is a `NotifyEvent` (core/states.py).
+#
 # Policy events (P*), whatever input caused them
-#   Every event is Reported (log line + webhook) with the target's state and the episode's
+#   Every event is Reported with the target's state and the episode's
 #   engine, family and bundle, and the state is Persisted soon.
 #   restart_failed: kept as last_restart_failure (/status); not_recovered / not_replaced:
 #   clear S0 and close the episode "restart_failed".
@@ -106,10 +118,10 @@ import datetime as dt
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 from wedgewatch.core import probe_policy, restart_policy
-from wedgewatch.core.detect import CaptureEvidence, TargetVerdict
+from wedgewatch.core.detect import CaptureEvidence, Restart, TargetVerdict
 from wedgewatch.core.episode_types import (
     Capture,
     CaptureDone,
@@ -140,6 +152,7 @@ from wedgewatch.core.replacement import (
     with_listener,
 )
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState
+from wedgewatch.core.transitions import Level, transition_reports
 from wedgewatch.vllm.signals import EngineKey
 
 __all__ = [
@@ -232,14 +245,11 @@ class _Run:
     def report(
         self,
         event: str,
-        level: Literal["debug", "info", "warning", "error"],
-        notify: bool = False,
+        level: Level,
         log_only: Mapping[str, Any] | None = None,
         **fields: Any,
     ) -> None:
-        self.effects.append(
-            Report(event, level, {"target": self.rules.target, **fields}, notify, log_only)
-        )
+        self.effects.append(Report(event, level, {"target": self.rules.target, **fields}, log_only))
 
     def set_episode(self, episode: Episode | None) -> None:
         self.state = replace(self.state, episode=episode)
@@ -254,6 +264,8 @@ class _Run:
     def observed(self, event: Observed) -> None:
         verdict = event.verdict
         policy = self.rules.restart_policy
+        for name, level, fields in transition_reports(self.state, verdict, self.rules, self.at):
+            self.report(name, level, **fields)  # T1
         self.state = replace(self.state, verdict=verdict)
         self.track_episode(verdict)
         if self.state.episode is not None and verdict.failure is not None:
@@ -373,7 +385,7 @@ class _Run:
         self.state = replace(self.state, waiting_for_supervisor=None)
         self.effects.append(Persist())
 
-    def on_action(self, verdict: TargetVerdict, action: Any) -> None:
+    def on_action(self, verdict: TargetVerdict, action: CaptureEvidence | Restart) -> None:
         episode = self.state.episode
         if episode is None:  # an action always comes with a stalled engine, hence an episode
             return
@@ -435,13 +447,15 @@ class _Run:
     # -- the worker's inputs --------------------------------------------------------------
 
     def capture_done(self, event: CaptureDone) -> None:  # C3
-        if event.bundle is None:
-            return
-        self.state = replace(self.state, last_bundle=event.bundle)
-        episode = self.state.episode
-        if episode is not None and episode.episode_id == event.episode_id:
-            self.update_episode(bundle=event.bundle, triage=event.triage or episode.triage)
-        self.effects.append(Persist())
+        if event.bundle is not None:
+            self.state = replace(self.state, last_bundle=event.bundle)
+            episode = self.state.episode
+            if episode is not None and episode.episode_id == event.episode_id:
+                self.update_episode(bundle=event.bundle, triage=event.triage or episode.triage)
+            self.effects.append(Persist())
+        failure = self.state.episode.scrape_failure if self.state.episode else None
+        for name, level, more, fields in capture_reports(event, failure):
+            self.report(name, level, log_only=more, **fields)
 
     def restart_due(self, event: RestartDue) -> None:  # R2
         verdict = self.state.verdict
@@ -477,6 +491,7 @@ class _Run:
         self.state = replace(self.state, restarts=self.state.restarts + 1)
         self.effects.append(Persist(now=True))
         self.effects.append(RunRestart(event.key, event.family, event.reason, decision.attempt))
+        self.report("restart_requested", "warning", **requested_fields(event, self.rules, decision))
 
     def restart_done(self, event: RestartDone) -> None:  # R3
         outcome = event.outcome
@@ -536,7 +551,7 @@ class _Run:
                     restart_policy.FailureReason.NOT_REPLACED,
                 )
                 if event.reason in no_new_server:
-                    self.report("restart_failed", "error", notify=True, **fields)
+                    self.report("restart_failed", "error", **fields)
                     self.state = replace(
                         self.state,
                         ignore_before_at=None,
@@ -549,15 +564,15 @@ class _Run:
                     # The remedy itself failed (error, timeout): the server is still the
                     # stalled one, so try again once the backoff allows, within the budget.
                     retry = {"retry": "after the back-off"}
-                    self.report("restart_failed", "error", notify=True, log_only=retry, **fields)
+                    self.report("restart_failed", "error", log_only=retry, **fields)
                     self.update_episode(restart_pending_since=event.at)
             elif kind is kinds.RESTART_SUCCEEDED:
-                self.report("restart_succeeded", "info", notify=True, **fields)
+                self.report("restart_succeeded", "info", **fields)
                 self.close("restarted")
             elif kind is kinds.GAVE_UP:
-                self.report("gave_up", "error", notify=True, **fields)
+                self.report("gave_up", "error", **fields)
             else:
-                self.report(str(kind), "info", notify=True, **fields)
+                self.report(str(kind), "info", **fields)
 
 
 def suspect_rate_limited(rules: Rules, state: EpisodeState, at: float) -> str | None:
@@ -570,3 +585,44 @@ def suspect_rate_limited(rules: Rules, state: EpisodeState, at: float) -> str | 
         f"a suspect capture ran {at - last:.0f} s ago; at most one per {limit:g} s "
         "(suspect_capture_min_interval_seconds)"
     )
+
+
+def capture_reports(
+    event: CaptureDone, scrape_failure: str | None
+) -> list[tuple[str, Level, dict[str, Any], dict[str, Any]]]:
+    """C3: (event, level, log-only fields, fields) of evidence_captured / _capture_failed."""
+    fields = {
+        "episode": event.episode_id,
+        "phase": event.phase,
+        "family": event.family,
+        "engine": event.key.engine if event.key else "",
+        "model_name": event.key.model_name if event.key else "",
+        "bundle": event.bundle,
+        "triage": event.triage,
+        "scrape_failure": scrape_failure,
+        "duration_seconds": round(event.duration_seconds, 3),
+    }
+    reports: list[tuple[str, Level, dict[str, Any], dict[str, Any]]] = []
+    if event.bundle is not None:
+        more = {"failures": list(event.failures), "detail": event.detail or None}
+        reports.append(("evidence_captured", "info", more, fields))
+    if event.failures:
+        more = {"reasons": list(event.failures), "detail": event.detail}
+        reports.append(("evidence_capture_failed", "warning", more, fields))
+    return reports
+
+
+def requested_fields(
+    event: RestartDue, rules: Rules, decision: restart_policy.Allow
+) -> dict[str, Any]:
+    """What the restart_requested report (R2) says."""
+    return {
+        "remedy": rules.remedy,
+        "attempt": decision.attempt,
+        "restart_budget": rules.restart_policy.restart_budget,
+        "server_pid": event.server_pid,
+        "family": event.family,
+        "engine": event.key.engine,
+        "model_name": event.key.model_name,
+        "reason": event.reason,
+    }

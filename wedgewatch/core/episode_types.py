@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from wedgewatch.core import probe_policy, restart_policy
-from wedgewatch.core.detect import TargetVerdict
+from wedgewatch.core.detect import Policy, TargetVerdict
 from wedgewatch.core.replacement import ServerIdentity
+from wedgewatch.core.states import NOTIFIED
 from wedgewatch.vllm.signals import EngineKey
 
 Phase = Literal["suspect", "wedged"]
@@ -31,6 +32,7 @@ class Rules:
     restart_policy: restart_policy.RestartPolicy
     probe_respects_budget: bool = True
     suspect_capture_min_interval_seconds: float = 0.0  # C4; 0 = no rate limit
+    detect: Policy = field(default_factory=Policy)  # the thresholds the T1 reports quote
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,10 @@ class CaptureDone:
     bundle: str | None
     triage: str | None = None
     failures: tuple[str, ...] = ()
+    key: EngineKey | None = None  # the engine the capture was about
+    family: str = ""
+    detail: str = ""  # what went wrong, when something did
+    duration_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +115,7 @@ class RestartDue:
     family: str
     reason: str
     supervisor: str | None = None  # W1: the supervisor says it is restarting the server
+    server_pid: int | None = None  # the server process the restarter would act on, if found
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +220,12 @@ class Report:
     event: str
     level: Literal["debug", "info", "warning", "error"]
     fields: Mapping[str, Any]
-    notify: bool = False
     log_only: Mapping[str, Any] | None = None
+
+    @property
+    def notify(self) -> bool:
+        """H1: a webhook is sent exactly for the `NotifyEvent` events."""
+        return self.event in NOTIFIED
 
 
 Effect = (

@@ -69,6 +69,26 @@ THRESHOLD_SETTING: Mapping[Family, str] = {
     Family.CANARY_STALL: "canary_timeout_seconds",
 }
 
+
+class NotifyEvent(StrEnum):
+    """The events wedgewatch sends to webhooks (the same names as its log lines); no others.
+
+    The episode core's `Report` effect notifies exactly when its event is one of these.
+    """
+
+    WEDGE_DETECTED = "wedge_detected"
+    TARGET_UNREACHABLE = "target_unreachable"
+    ENGINE_RECOVERED = "engine_recovered"
+    RESTART_REQUESTED = "restart_requested"
+    RESTART_SUCCEEDED = "restart_succeeded"
+    RESTART_FAILED = "restart_failed"
+    GAVE_UP = "gave_up"
+    GAVE_UP_CLEARED = "gave_up_cleared"
+
+
+#: The event names of `NotifyEvent`, for a membership test on a plain string.
+NOTIFIED: frozenset[str] = frozenset(NotifyEvent)
+
 #: Why a scrape produced no exposition: a closed set.
 ScrapeFailureReason = Literal[
     "timeout",

@@ -34,7 +34,7 @@ from wedgewatch.daemon.roles import (
     ScrapeResult,
 )
 from wedgewatch.io import bundles, canary, evidence, restarters, statefile
-from wedgewatch.io.notify import Notification, NotifyEvent, WebhookNotifier
+from wedgewatch.io.notify import Notification, WebhookNotifier
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
 from wedgewatch.io.scrape import FetchFailed, ScrapeLimits, fetch, new_client
 from wedgewatch.io.supervisor import SystemdStateProbe
@@ -216,9 +216,10 @@ def capture_failure_reasons(result: evidence.BundleResult) -> tuple[str, ...]:
 
 
 class WebhookNotifications:
-    """Sends the daemon's notable events through `notify.WebhookNotifier`."""
+    """Sends the daemon's notable events through `notify.WebhookNotifier`.
 
-    EVENTS = frozenset(NotifyEvent)
+    Which events are sent is the episode core's decision (`Report.notify`), not this adapter's.
+    """
 
     def __init__(self, notifier: WebhookNotifier | None) -> None:
         self._notifier = notifier
@@ -226,7 +227,7 @@ class WebhookNotifications:
 
     def notify(self, event: str, payload: Mapping[str, Any]) -> None:
         """Queue the event for every webhook URL (none configured: nothing)."""
-        if self._notifier is None or event not in self.EVENTS:
+        if self._notifier is None:
             return
         if not self._started:
             self._notifier.start()  # needs the running loop; notify is called from it

@@ -152,6 +152,7 @@ class Daemon:
                     suspect_capture_min_interval_seconds=(
                         config.suspect_capture_min_interval_seconds
                     ),
+                    detect=self.policy,
                 ),
                 reporter=reporter,
                 timeouts=self.timeouts,

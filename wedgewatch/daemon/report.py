@@ -21,9 +21,9 @@ from wedgewatch.core.detect import (
     ScrapeFailed,
     TargetVerdict,
 )
-from wedgewatch.core.episode import Episode, Report
+from wedgewatch.core.episode import Report
 from wedgewatch.core.redact import redact_url, scrub_text, secret_fragments
-from wedgewatch.core.states import ACTED_ON, CALM, STALLED, THRESHOLD_SETTING, EngineState, Family
+from wedgewatch.core.states import STALLED, THRESHOLD_SETTING
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.roles import Notifier
 from wedgewatch.io.bundles import history_lines
@@ -62,13 +62,30 @@ class Reporter:
     def report(self, target: Target, effect: Report, now: float) -> None:
         """One `Report` effect of the episode core: its log line, metric and webhook."""
         fields = dict(effect.fields)
-        if effect.event == "restart_failed":
-            self.metrics.count_restart_failure(target.name, str(fields.get("reason")))
-        elif effect.event == "restart_succeeded" and fields.get("reason") == "probe_restart":
-            self.metrics.count_restart(target.name, "probe")  # the kubelet's, proven (Q1)
+        self.count(target, effect.event, {**fields, **(effect.log_only or {})})
         getattr(log, effect.level)(effect.event, **fields, **(effect.log_only or {}))
         if effect.notify:
             self.notify(effect.event, target, fields, now)
+
+    def count(self, target: Target, event: str, fields: Mapping[str, Any]) -> None:
+        """The own-metrics counters a reported event moves."""
+        name, family = target.name, str(fields.get("family") or "unknown")
+        if event == "stall_suspected":
+            self.metrics.count_suspect(name, family)
+        elif event in ("wedge_detected", "target_unreachable") and "engine" in fields:
+            self.metrics.count_wedge(name, family)  # an engine's transition, not "never came up"
+        elif event == "restart_requested":
+            self.metrics.count_restart(name, self.config.remedy)
+        elif event == "restart_failed":
+            self.metrics.count_restart_failure(name, str(fields.get("reason")))
+        elif event == "restart_succeeded" and fields.get("reason") == "probe_restart":
+            self.metrics.count_restart(name, "probe")  # the kubelet's, proven (Q1)
+        elif event == "evidence_captured":
+            duration = float(fields.get("duration_seconds") or 0.0)
+            self.metrics.count_capture(name, phase=str(fields["phase"]), duration_seconds=duration)
+        elif event == "evidence_capture_failed":
+            for reason in fields.get("reasons") or ():
+                self.metrics.count_capture_failure(name, str(reason))
 
     def scrape(
         self,
@@ -97,70 +114,6 @@ class Reporter:
                 last_reason=previous.reason,
             )
         return None
-
-    def transitions(
-        self,
-        target: Target,
-        verdict: TargetVerdict,
-        *,
-        episode: Episode | None,
-        failure: ScrapeFailed | None,
-        now_at: float,
-        now: float,
-    ) -> None:
-        """One log line (and maybe a webhook and a counter) per engine state change."""
-        by_key = {e.key: e for e in verdict.engines}
-        for transition in verdict.transitions:
-            engine = by_key.get(transition.key)
-            fields: dict[str, Any] = {
-                "target": target.name,
-                "model_name": transition.key.model_name,
-                "engine": transition.key.engine,
-                "state": str(transition.new),
-                "previous": str(transition.old),
-            }
-            if transition.family is not None:
-                fields["family"] = str(transition.family)
-            if engine is not None:
-                fields["reason"] = engine.reason
-                if transition.new in STALLED:
-                    fields["stalled_seconds"] = round(engine.stalled_seconds, 3)
-                    fields["threshold_seconds"] = self.policy.threshold(
-                        transition.family or Family.UNREACHABLE
-                    )
-            if transition.new in ACTED_ON:
-                # What tells an engine crash (refused: the server is gone) from an API hang
-                # (timeout: the port accepts, nothing answers), and what the stacks said.
-                if transition.family is Family.UNREACHABLE and failure is not None:
-                    fields["scrape_failure"] = failure.reason
-                if episode is not None and episode.triage is not None:
-                    fields["triage"] = episode.triage
-            new, old = transition.new, transition.old
-            family = str(transition.family) if transition.family else "unknown"
-            if new is EngineState.SUSPECT and old not in STALLED:
-                self.metrics.count_suspect(target.name, family)
-                log.warning("stall_suspected", **fields)
-            elif new is EngineState.WEDGED:
-                self.metrics.count_wedge(target.name, family)
-                log.error("wedge_detected", remedy=self.config.remedy, **fields)
-                self.notify("wedge_detected", target, fields, now)
-            elif new is EngineState.UNREACHABLE:
-                self.metrics.count_wedge(target.name, family)
-                log.error("target_unreachable", remedy=self.config.remedy, **fields)
-                self.notify("target_unreachable", target, fields, now)
-            elif old in STALLED and new in CALM:
-                if episode is not None:
-                    fields["stalled_for_seconds"] = round(now_at - episode.opened_at, 3)
-                log.info("engine_recovered", **fields)
-                self.notify("engine_recovered", target, fields, now)
-            elif new is EngineState.UNKNOWN:
-                log.warning("engine_unknown", **fields)
-            elif old is EngineState.STARTING:
-                log.info("engine_discovered", **fields)
-            elif EngineState.SLEEPING in (old, new):
-                log.info("engine_state_changed", **fields)
-            else:
-                log.debug("engine_state_changed", **fields)
 
     def verdict_summary(
         self,

@@ -172,14 +172,6 @@ class TargetRunner:
             self.last_body = result.body
             self.last_scrape_timestamp = now
         self.detector, verdict = self.canary.detect(self.detector, obs, self.detect_policy)
-        self.reporter.transitions(
-            self.target,
-            verdict,
-            episode=self.core.episode,
-            failure=self.failure,
-            now_at=now_at,
-            now=now,
-        )
         observed = core.Observed(
             verdict,
             good=isinstance(obs, Scraped),
@@ -190,14 +182,6 @@ class TargetRunner:
         self.feed(observed, now_at, now)
         state_changed = verdict.state is not self.target_state
         if state_changed:
-            if not verdict.engines and verdict.state is EngineState.UNREACHABLE:
-                log.error(
-                    "target_unreachable",
-                    target=self.name,
-                    reason="no good scrape within startup_timeout_seconds "
-                    f"({self.config.startup_timeout_seconds:g} s)",
-                    detail=failure.detail if failure else None,
-                )
             self.target_state = verdict.state
         self.reporter.metrics.set_engines(
             self.name, str(verdict.state), engine_samples(verdict, now_at, now)
@@ -337,45 +321,19 @@ class TargetRunner:
             outcome = CaptureOutcome(
                 bundle=request.bundle, failures=("error",), detail=f"evidence capture failed: {exc}"
             )
-        duration = time.monotonic() - started
-        metrics = self.reporter.metrics
-        for reason in outcome.failures:
-            metrics.count_capture_failure(self.name, reason)
-        clock = self.deps.clock
-        now_at, now = clock.monotonic(), clock.wall()
         done = core.CaptureDone(
-            episode_id, effect.phase, outcome.bundle, outcome.triage, outcome.failures
+            episode_id,
+            effect.phase,
+            outcome.bundle,
+            outcome.triage,
+            outcome.failures,
+            key=effect.key,
+            family=effect.family,
+            detail=outcome.detail,
+            duration_seconds=time.monotonic() - started,
         )
-        self.feed(done, now_at, now)
-        current = self.core.episode
-        fields = {
-            "target": self.name,
-            "episode": episode_id,
-            "phase": effect.phase,
-            "family": effect.family,
-            "engine": effect.key.engine,
-            "model_name": effect.key.model_name,
-            "bundle": outcome.bundle,
-            "triage": outcome.triage,
-            "scrape_failure": current.scrape_failure if current else None,
-            "duration_seconds": round(duration, 3),
-        }
-        if outcome.bundle is not None:
-            metrics.count_capture(self.name, phase=effect.phase, duration_seconds=duration)
-            log.info(
-                "evidence_captured",
-                failures=list(outcome.failures),
-                detail=outcome.detail or None,
-                **fields,
-            )
-            self.reporter.notify("evidence_captured", self.target, fields, now)
-        if outcome.failures:
-            log.warning(
-                "evidence_capture_failed",
-                reasons=list(outcome.failures),
-                detail=outcome.detail,
-                **fields,
-            )
+        clock = self.deps.clock
+        self.feed(done, clock.monotonic(), clock.wall())
 
     async def _restart(self, job: core.QueueRestart) -> None:
         restarter = self.deps.restarters.get(self.name)
@@ -383,14 +341,15 @@ class TargetRunner:
             return
         clock = self.deps.clock
         supervisor = await supervisor_says(self.deps.supervisor_probe, self.name, self.failure)
-        due = core.RestartDue(job.key, job.family, job.reason, supervisor)
+        discovery = await discover(self.deps.finder, self.target)  # restart_requested names it
+        due = core.RestartDue(
+            job.key, job.family, job.reason, supervisor, server_pid=discovery.root_pid
+        )
         step = self.feed(due, clock.monotonic(), clock.wall())
         run = next((e for e in step.effects if isinstance(e, core.RunRestart)), None)
         if run is None:
             return
         config = self.config
-        self.reporter.metrics.count_restart(self.name, config.remedy)
-        discovery = await discover(self.deps.finder, self.target)
         episode = self.core.episode
         verdict = self.core.verdict
         request = restarters.RestartRequest(
@@ -405,18 +364,6 @@ class TargetRunner:
             server_pid=discovery.root_pid,
             server_pid_explicit=discovery.explicit,
         )
-        fields = {
-            "target": self.name,
-            "remedy": config.remedy,
-            "attempt": run.attempt,
-            "restart_budget": config.restart_budget,
-            "server_pid": discovery.root_pid,
-            "family": run.family,
-            "engine": run.key.engine,
-            "reason": run.reason,
-        }
-        log.warning("restart_requested", **fields)
-        self.reporter.notify("restart_requested", self.target, fields, clock.wall())
         limit = self.timeouts.restart_seconds
         try:
             async with asyncio.timeout(limit):

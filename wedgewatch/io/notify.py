@@ -31,7 +31,6 @@ import math
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -45,19 +44,6 @@ log = structlog.get_logger("wedgewatch.notify")
 
 #: How many notifications wait per URL before the oldest is dropped.
 QUEUE_SIZE = 100
-
-
-class NotifyEvent(StrEnum):
-    """The events wedgewatch sends to webhooks (the same names as its log lines); no others."""
-
-    WEDGE_DETECTED = "wedge_detected"
-    TARGET_UNREACHABLE = "target_unreachable"
-    ENGINE_RECOVERED = "engine_recovered"
-    RESTART_REQUESTED = "restart_requested"
-    RESTART_SUCCEEDED = "restart_succeeded"
-    RESTART_FAILED = "restart_failed"
-    GAVE_UP = "gave_up"
-    GAVE_UP_CLEARED = "gave_up_cleared"
 
 
 @dataclass(frozen=True, slots=True)
