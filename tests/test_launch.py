@@ -204,6 +204,24 @@ def test_resolve_reads_the_version_and_recognises_the_simulator(tmp_path: Path) 
         resolve_vllm(broken)
 
 
+def test_gpu_count_asks_nvidia_smi_through_the_runner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without CUDA_VISIBLE_DEVICES the GPUs are the `GPU n:` lines of `nvidia-smi -L`."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _script(bindir / "nvidia-smi", 'echo "GPU 0: A100 (UUID: x)"; echo "GPU 1: A100 (UUID: y)"')
+    monkeypatch.setenv("PATH", str(bindir))
+    assert count_visible_gpus({}) == 2
+    _script(bindir / "nvidia-smi", "echo 'NVIDIA-SMI has failed' >&2; exit 9")
+    assert count_visible_gpus({}) == 0
+
+
+async def test_resolve_works_from_inside_a_running_event_loop(tmp_path: Path) -> None:
+    """The demo prepares from inside its event loop: the blocking runner still answers."""
+    assert resolve_vllm(_script(tmp_path / "vllm", "echo 0.33.0")).version == (0, 33, 0)
+
+
 def test_gpu_check_counts_visible_devices_for_real_vllm() -> None:
     """TP=2 with one visible GPU is refused; the simulator needs none."""
     command = build_command(vllm_bin="vllm", model="m", profile=builtin_profiles()["tp2-offload"])

@@ -24,7 +24,6 @@ import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,8 @@ import structlog
 
 from wedgewatch.config import Config, Target, default_target_name
 from wedgewatch.daemon import loop as daemon
-from wedgewatch.io import restarters
+from wedgewatch.io import restarters, runner
+from wedgewatch.io.nvidia_smi import count_gpus
 from wedgewatch.vllm.profiles import Profile
 
 #: vLLM versions from this one on have `--prefix-cache-retention-interval` (vLLM PR #52216,
@@ -223,6 +223,12 @@ class VllmBinary:
         return parse_version(self.version_text)
 
 
+#: `vllm --version` prints one line; more than this is kept only in part.
+VERSION_OUTPUT_BYTES = 64 * 1024
+#: How long `nvidia-smi -L` may take to list the GPUs (a wedged GPU can hang it).
+GPU_COUNT_TIMEOUT_SECONDS = 30.0
+
+
 def resolve_vllm(vllm_bin: str, timeout_seconds: float = 120.0) -> VllmBinary:
     """Find the vllm executable and ask its version; LaunchError if it is missing or broken."""
     path = shutil.which(vllm_bin)
@@ -231,22 +237,25 @@ def resolve_vllm(vllm_bin: str, timeout_seconds: float = 120.0) -> VllmBinary:
             f"vllm executable {vllm_bin!r} not found (not on PATH and not an executable file); "
             "install vLLM or pass --vllm-bin PATH"
         )
-    try:
-        done = subprocess.run(
+    done = runner.blocking(
+        runner.run_command(
             [path, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_seconds,
-            check=False,
+            timeout_seconds=timeout_seconds,
+            stdout_bytes=VERSION_OUTPUT_BYTES,
+            stderr_bytes=VERSION_OUTPUT_BYTES,
         )
-    except subprocess.TimeoutExpired as exc:
-        raise LaunchError(f"{path} --version did not answer within {timeout_seconds:g}s") from exc
-    except OSError as exc:
-        raise LaunchError(f"cannot run {path}: {exc.strerror or exc}") from exc
+    )
+    if done.start_error is not None:
+        exc = done.start_error
+        raise LaunchError(f"cannot run {path}: {exc.strerror or exc}")
+    if done.timed_out:
+        raise LaunchError(f"{path} --version did not answer within {timeout_seconds:g}s")
+    stdout = done.stdout.decode("utf-8", errors="replace")
+    stderr = done.stderr.decode("utf-8", errors="replace")
     if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
         raise LaunchError(f"{path} --version failed with status {done.returncode}: {tail[0]}")
-    return VllmBinary(path=path, version_text=(done.stdout or done.stderr).strip())
+    return VllmBinary(path=path, version_text=(stdout or stderr).strip())
 
 
 def check_port_free(host: str | None, port: int) -> None:
@@ -276,13 +285,7 @@ def count_visible_gpus(environ: Mapping[str, str]) -> int | None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
-    try:
-        done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return 0
-    return sum(1 for line in done.stdout.splitlines() if line.startswith("GPU "))
+    return runner.blocking(count_gpus(smi, GPU_COUNT_TIMEOUT_SECONDS))
 
 
 def check_gpus(command: LaunchCommand, binary: VllmBinary, environ: Mapping[str, str]) -> None:

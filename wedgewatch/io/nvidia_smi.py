@@ -40,6 +40,16 @@ async def _run_command(argv: Sequence[str], timeout_seconds: float) -> tuple[int
     )
 
 
+async def count_gpus(exe: str, timeout_seconds: float) -> int | None:
+    """GPUs that `nvidia-smi -L` lists (0 when it fails); None when it cannot run or hangs."""
+    code, out, _ = await _run_command([exe, "-L"], timeout_seconds)
+    if code is None or code == -1:
+        return None
+    if code != 0:
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
 async def nvidia_smi(path: str, timeout_seconds: float) -> tuple[dict[str, Any], bytes | None]:
     """(summary entry, file contents) for nvidia-smi's utilisation/power query and full output.
 

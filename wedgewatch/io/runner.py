@@ -1,7 +1,8 @@
 """The one way wedgewatch runs a short-lived command: a deadline, bounded output, and the
 whole process group killed when the deadline passes or the caller is cancelled.
 
-py-spy, nvidia-smi, `systemctl restart` and an `exec` remedy all run through `run_command`:
+py-spy, nvidia-smi, `systemctl restart`, an `exec` remedy and the launcher's `vllm --version`
+all run through `run_command` (sync callers through `blocking`):
 
 * **Own session.** The command leads a new session and process group, so a timeout or a
   cancellation reaches everything it started (SIGKILL to the group), never wedgewatch.
@@ -22,9 +23,12 @@ import contextlib
 import os
 import signal
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Literal
+from typing import IO, Any, Literal, TypeVar
+
+T = TypeVar("T")
 
 #: How long a killed command may take to be reaped before we stop waiting for it.
 REAP_SECONDS = 5.0
@@ -112,3 +116,14 @@ async def run_command(
         stdout, stdout_cut = _read(out, stdout_bytes, stdout_keep)
         stderr, stderr_cut = _read(err, stderr_bytes, stderr_keep)
         return CommandResult(returncode, timed_out, None, stdout, stderr, stdout_cut, stderr_cut)
+
+
+def blocking(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` (a `run_command` or a caller of it) to completion from synchronous code.
+
+    It runs on a private event loop in a worker thread, so a sync caller works the same
+    whether or not an event loop is already running in its own thread (the launcher's checks
+    run before `asyncio.run`, the demo's from inside its loop).
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="wedgewatch-runner") as pool:
+        return pool.submit(asyncio.run, coro).result()
