@@ -16,6 +16,7 @@ from wedgewatch.core.detect import (
     EngineVerdict,
     Restart,
     ScrapeFailed,
+    TargetState,
     TargetVerdict,
     Transition,
 )
@@ -698,19 +699,56 @@ def test_stale_scrape_is_dropped_only_before_the_restart_ended() -> None:
     assert not core.is_stale(EpisodeState(), 0.0)
 
 
-def test_restored_episode_needs_the_detector() -> None:
-    """S1: without the detector state (another boot) the open episode is not restored."""
-    policy, episodes = episode_store.saved(with_episode(bundle="/b"), AT, WALL + AT)
-    later = episode_store.restored(
-        policy, episodes, RULES, 50.0, WALL + AT + 5, detector_restored=False
+URL = "http://127.0.0.1:8000/metrics"
+SAVED_DETECTOR = episode_store.saved_detector(TargetState.initial(), URL, AT, WALL + AT)
+
+
+@pytest.mark.parametrize(
+    ("saved_detector", "url", "now", "trusted", "problem"),
+    [
+        pytest.param(SAVED_DETECTOR, URL, (AT + 5, WALL + AT + 5), True, None, id="same-url-boot"),
+        pytest.param(SAVED_DETECTOR, URL, (50.0, WALL + AT + 5), False, None, id="another-boot"),
+        pytest.param(
+            SAVED_DETECTOR,
+            "http://10.0.0.2:8000/metrics",
+            (AT + 5, WALL + AT + 5),
+            False,
+            None,
+            id="url-changed",
+        ),
+        pytest.param(None, URL, (AT + 5, WALL + AT + 5), False, None, id="nothing-saved"),
+        pytest.param(
+            {**SAVED_DETECTOR, "saved_at": "soon"},
+            URL,
+            (AT + 5, WALL + AT + 5),
+            False,
+            "x",
+            id="malformed",
+        ),
+    ],
+)
+def test_restored_trusts_the_detector_and_episode_only_for_the_same_url_and_boot(
+    saved_detector: dict[str, object] | None,
+    url: str,
+    now: tuple[float, float],
+    trusted: bool,
+    problem: str | None,
+) -> None:
+    """S1: the detector state, and with it the open episode, come back only when the saved
+    state watched this URL in this boot; the budget always comes back; malformed is said."""
+    policy, episodes = episode_store.saved(
+        with_episode(bundle="/b", policy=BACKING_OFF), AT, WALL + AT
     )
-    assert later.episode is None
-    again = episode_store.restored(
-        policy, episodes, RULES, AT + 5, WALL + AT + 5, detector_restored=True
+    back = episode_store.restored(
+        policy, episodes, RULES, *now, saved_detector=saved_detector, url=url
     )
-    assert again.episode is not None
-    assert again.episode.suspect_asked  # its bundle exists: no second suspect capture
-    assert again.last_bundle == "/b"
+    assert (back.detector is not None) is trusted
+    assert (back.state.episode is not None) is trusted
+    assert (back.problem is not None) is (problem is not None)
+    assert back.state.policy.restarts_at  # the budget survives any restart of wedgewatch
+    if back.state.episode is not None:
+        assert back.state.episode.suspect_asked  # its bundle exists: no second suspect capture
+        assert back.state.last_bundle == "/b"
 
 
 @pytest.mark.parametrize(
@@ -865,8 +903,14 @@ def test_what_survives_a_wedgewatch_restart_round_trips(
     end = AT + 10.0 * len(modes)
     policy, episodes = episode_store.saved(shell.state, end, WALL + end)
     back = episode_store.restored(
-        policy, episodes, RULES, end + gap, WALL + end + gap, detector_restored=True
-    )
+        policy,
+        episodes,
+        RULES,
+        end + gap,
+        WALL + end + gap,
+        saved_detector=episode_store.saved_detector(TargetState.initial(), URL, end, WALL + end),
+        url=URL,
+    ).state
     before, after = shell.state.episode, back.episode
     assert (before is None) == (after is None)
     if before is not None and after is not None:

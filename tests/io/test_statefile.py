@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from wedgewatch.core import restart_policy
+from wedgewatch.core.episode_store import EpisodeRecord
 from wedgewatch.core.restart_policy import Phase, PolicyRecord
 from wedgewatch.io import statefile
 from wedgewatch.io.statefile import (
     LockFailed,
-    OpenEpisode,
     SavedState,
     SaveFailed,
     StateLock,
@@ -42,7 +42,7 @@ STATE = SavedState(
         "vllm-a": TargetRecord(
             restart_policy=RECORD,
             open_episodes=(
-                OpenEpisode(
+                EpisodeRecord(
                     episode_id="20261202T101800Z-vllm-a-0-deferred_stall",
                     model_name="Qwen/Qwen3-8B",
                     engine="0",

@@ -106,7 +106,8 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 # Persistence (S1, `core.episode_store`): `saved` keeps the policy and the open episode;
 #   `restored` brings the episode back only with the detector state (same boot), so a
 #   restored wedge emits no second capture or restart; a restored episode with a bundle
-#   counts its suspect capture as asked.
+#   counts its suspect capture as asked. The detector state is trusted only when it was
+#   saved for the same URL in the same boot (`trusted_detector`, `same_boot`).
 #
 # Extension points: a new fact about a restart or a capture is a new input (or a field of
 #   RestartDone / CaptureDone) with its own rule row; a new thing to do is a new effect that

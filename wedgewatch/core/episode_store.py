@@ -8,9 +8,13 @@ restored wedge emits no second capture or restart.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from wedgewatch.core import restart_policy
+from wedgewatch.core.detect import TargetState
+from wedgewatch.core.detect_state import dump_state, load_state
 from wedgewatch.core.episode import Episode, EpisodeState, Rules
 from wedgewatch.vllm.signals import EngineKey
 
@@ -51,6 +55,15 @@ def saved(
     return restart_policy.to_record(state.policy, at, timestamp), episodes
 
 
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What a new process starts from for one target."""
+
+    state: EpisodeState
+    detector: TargetState | None  # None: start the detector afresh
+    problem: str | None = None  # why a saved detector state was malformed (for a log line)
+
+
 def restored(
     policy: restart_policy.PolicyRecord | None,
     episodes: tuple[EpisodeRecord, ...],
@@ -58,16 +71,20 @@ def restored(
     at: float,
     timestamp: float,
     *,
-    detector_restored: bool,
-) -> EpisodeState:
-    """The state a new process starts from; the episode only with the detector (same boot)."""
+    saved_detector: Mapping[str, Any] | None,
+    url: str,
+) -> Restored:
+    """S1: the policy always; the detector only when it watched this `url` in this boot
+    (`same_boot`); the open episode only with the detector, so a restored wedge emits no
+    second capture or restart."""
     state = EpisodeState()
     if policy is not None:
         state = replace(
             state,
             policy=restart_policy.from_record(policy, rules.restart_policy, at, timestamp),
         )
-    if detector_restored and episodes:
+    detector, problem = trusted_detector(saved_detector, url, at, timestamp)
+    if detector is not None and episodes:
         record = episodes[0]
         episode = Episode(
             episode_id=record.episode_id,
@@ -79,7 +96,28 @@ def restored(
             suspect_asked=record.bundle_path is not None,
         )
         state = replace(state, episode=episode, last_bundle=record.bundle_path)
-    return state
+    return Restored(state, detector, problem)
+
+
+def saved_detector(detector: TargetState, url: str, at: float, timestamp: float) -> dict[str, Any]:
+    """The detector state as the state file keeps it, with what `restored` checks it by."""
+    return {"url": url, "saved_at": at, "saved_timestamp": timestamp, "state": dump_state(detector)}
+
+
+def trusted_detector(
+    saved: Mapping[str, Any] | None, url: str, at: float, timestamp: float
+) -> tuple[TargetState | None, str | None]:
+    """(the saved detector state if still meaningful, why it was malformed)."""
+    if saved is None:
+        return None, None
+    try:
+        if saved.get("url") != url:
+            return None, None  # the name now points at another server
+        if not same_boot(float(saved["saved_at"]), float(saved["saved_timestamp"]), at, timestamp):
+            return None, None  # another boot: monotonic instants mean nothing now
+        return load_state(saved["state"]), None
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, str(exc)
 
 
 def same_boot(saved_at: float, saved_timestamp: float, at: float, timestamp: float) -> bool:

@@ -51,7 +51,7 @@ from wedgewatch.daemon.adapters import (
     real_deps,
 )
 from wedgewatch.daemon.ownmetrics import OwnMetrics
-from wedgewatch.daemon.publish import restored_core, restored_detector
+from wedgewatch.daemon.publish import restored_core
 from wedgewatch.daemon.report import Reporter, install_secret_scrubber, shown_url
 from wedgewatch.daemon.roles import (
     CaptureOutcome,
@@ -232,15 +232,13 @@ class Daemon:
             record = saved.targets.get(name)
             if record is None:
                 continue
-            detector = restored_detector(rt.target, record.detector, at, now)
-            if isinstance(detector, str):
-                log.warning("detector_state_ignored", target=name, reason=detector)
-                detector = None
+            back = restored_core(record, rt.rules, at, now, url=rt.target.metrics_url)
+            if back.problem is not None:
+                log.warning("detector_state_ignored", target=name, reason=back.problem)
+            detector = back.detector
             if detector is not None:
                 rt.detector = detector
-            rt.core = restored_core(
-                record, rt.rules, at, now, detector_restored=detector is not None
-            )
+            rt.core = back.state
             rt.publish(at, now)
             log.info(
                 "state_restored",

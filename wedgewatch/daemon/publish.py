@@ -6,9 +6,7 @@ grow with the number of targets that did nothing (`daemon.Daemon` assembles them
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from wedgewatch.config import Target
 from wedgewatch.core import episode as episode_core
@@ -17,7 +15,6 @@ from wedgewatch.core.detect import (
     TargetState,
     TargetVerdict,
 )
-from wedgewatch.core.detect_state import dump_state, load_state
 from wedgewatch.core.episode import EpisodeState
 from wedgewatch.core.states import STALLED, EngineState
 from wedgewatch.daemon.report import shown_url, wall
@@ -124,43 +121,10 @@ def target_record(
     policy_record, episodes = episode_store.saved(core, at, now)
     return statefile.TargetRecord(
         restart_policy=policy_record,
-        open_episodes=tuple(
-            statefile.OpenEpisode(
-                episode_id=e.episode_id,
-                model_name=e.model_name,
-                engine=e.engine,
-                family=e.family,
-                opened_timestamp=e.opened_timestamp,
-                bundle_path=e.bundle_path,
-            )
-            for e in episodes
-        ),
-        detector={
-            "url": target.metrics_url,
-            "saved_at": at,
-            "saved_timestamp": now,
-            "state": dump_state(detector),
-        },
+        open_episodes=episodes,
+        detector=episode_store.saved_detector(detector, target.metrics_url, at, now),
         probe=probe_policy.memory_to_json(core.probe, at, now),
     )
-
-
-def restored_detector(
-    target: Target, saved: Mapping[str, Any] | None, at: float, now: float
-) -> TargetState | str | None:
-    """The saved detector state if it is still meaningful; a problem string; None: not used."""
-    if saved is None:
-        return None
-    try:
-        if saved.get("url") != target.metrics_url:
-            return None  # the name now points at another server
-        if not episode_store.same_boot(
-            float(saved["saved_at"]), float(saved["saved_timestamp"]), at, now
-        ):
-            return None  # another boot: monotonic instants mean nothing now
-        return load_state(saved["state"])
-    except (KeyError, TypeError, ValueError) as exc:
-        return str(exc)
 
 
 def restored_core(
@@ -169,23 +133,19 @@ def restored_core(
     at: float,
     now: float,
     *,
-    detector_restored: bool,
-) -> EpisodeState:
-    """The episode core's state from a saved record."""
-    episodes = tuple(
-        episode_store.EpisodeRecord(
-            episode_id=e.episode_id,
-            model_name=e.model_name,
-            engine=e.engine,
-            family=e.family,
-            opened_timestamp=e.opened_timestamp,
-            bundle_path=e.bundle_path,
-        )
-        for e in record.open_episodes
-    )
-    state = episode_store.restored(
-        record.restart_policy, episodes, rules, at, now, detector_restored=detector_restored
+    url: str,
+) -> episode_store.Restored:
+    """The episode core's state (and the detector's) from a saved record (rule S1)."""
+    back = episode_store.restored(
+        record.restart_policy,
+        record.open_episodes,
+        rules,
+        at,
+        now,
+        saved_detector=record.detector,
+        url=url,
     )
     # The liveness probe's served failures survive any restart of wedgewatch (they carry
     # their own server identity, so a new boot does not make them meaningless).
-    return replace(state, probe=probe_policy.memory_from_json(record.probe, at, now))
+    probe = probe_policy.memory_from_json(record.probe, at, now)
+    return replace(back, state=replace(back.state, probe=probe))

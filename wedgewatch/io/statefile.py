@@ -26,6 +26,7 @@ objects. Rules:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -38,6 +39,7 @@ from urllib.parse import quote, unquote
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from wedgewatch import __version__
+from wedgewatch.core.episode_store import EpisodeRecord
 from wedgewatch.core.restart_policy import Phase, PolicyRecord
 from wedgewatch.io.atomic import remove_leftovers, write_atomic
 
@@ -49,23 +51,11 @@ _RESET_ALL = "reset-request-all"
 
 
 @dataclass(frozen=True, slots=True)
-class OpenEpisode:
-    """A wedge episode that was open (its evidence bundle possibly incomplete)."""
-
-    episode_id: str
-    model_name: str
-    engine: str
-    family: str
-    opened_timestamp: float
-    bundle_path: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class TargetRecord:
     """Everything persisted about one target."""
 
     restart_policy: PolicyRecord | None = None
-    open_episodes: tuple[OpenEpisode, ...] = ()
+    open_episodes: tuple[EpisodeRecord, ...] = ()
     detector: Mapping[str, Any] | None = None  # `detect_state.dump_state` output, opaque here
     probe: Mapping[str, Any] | None = None  # `probe_policy.memory_to_json` output, opaque here
 
@@ -153,17 +143,7 @@ def _to_state(model: _FileModel) -> SavedState:
                 not_before_timestamp=policy.not_before_timestamp,
                 phase_since_timestamp=policy.phase_since_timestamp,
             ),
-            open_episodes=tuple(
-                OpenEpisode(
-                    episode_id=e.episode_id,
-                    model_name=e.model_name,
-                    engine=e.engine,
-                    family=e.family,
-                    opened_timestamp=e.opened_timestamp,
-                    bundle_path=e.bundle_path,
-                )
-                for e in target.open_episodes
-            ),
+            open_episodes=tuple(EpisodeRecord(**e.model_dump()) for e in target.open_episodes),
             detector=target.detector,
             probe=target.probe,
         )
@@ -186,17 +166,7 @@ def encode(state: SavedState, timestamp: float) -> bytes:
                 "not_before_timestamp": policy.not_before_timestamp,
                 "phase_since_timestamp": policy.phase_since_timestamp,
             },
-            "open_episodes": [
-                {
-                    "episode_id": e.episode_id,
-                    "model_name": e.model_name,
-                    "engine": e.engine,
-                    "family": e.family,
-                    "opened_timestamp": e.opened_timestamp,
-                    "bundle_path": e.bundle_path,
-                }
-                for e in record.open_episodes
-            ],
+            "open_episodes": [dataclasses.asdict(e) for e in record.open_episodes],
             "detector": None if record.detector is None else dict(record.detector),
             "probe": None if record.probe is None else dict(record.probe),
         }
