@@ -47,19 +47,19 @@ IMPURE = (
 PURE_PACKAGES = ("wedgewatch.core", "wedgewatch.vllm")
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+def _modules(package: Path = PACKAGE) -> dict[str, Path]:
+    return {_module_name(path, package): path for path in sorted(package.rglob("*.py"))}
 
 
 MODULES = _modules()
 
 
-def _imports(name: str, path: Path) -> Iterator[str]:
+def _imports(name: str, path: Path, modules: dict[str, Path] = MODULES) -> Iterator[str]:
     """Every module `name` imports, absolute, from anywhere in its source."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -73,20 +73,28 @@ def _imports(name: str, path: Path) -> Iterator[str]:
                 base = ".".join([*anchor, base] if base else anchor)
             yield base
             for alias in node.names:  # `from pkg import module` imports the module
-                if f"{base}.{alias.name}" in MODULES:
+                if f"{base}.{alias.name}" in modules:
                     yield f"{base}.{alias.name}"
 
 
-def _graph() -> dict[str, set[str]]:
-    """Edges between wedgewatch modules (an import of `a.b.c` also runs `a` and `a.b`)."""
+def _graph(modules: dict[str, Path] = MODULES) -> dict[str, set[str]]:
+    """Edges between wedgewatch modules (an import of `a.b.c` also runs `a` and `a.b`).
+
+    The packages a module sits in have started importing before the module runs, so the
+    implied edge to them is left out; but a package the source names itself (`from
+    wedgewatch import x`, `from . import y`) is an edge like any other, so a cycle through a
+    package `__init__` is caught.
+    """
     graph: dict[str, set[str]] = {}
-    for name, path in MODULES.items():
+    for name, path in modules.items():
         targets: set[str] = set()
-        for imported in _imports(name, path):
+        for imported in _imports(name, path, modules):
             parts = imported.split(".")
             for end in range(1, len(parts) + 1):
                 prefix = ".".join(parts[:end])
-                if prefix in MODULES and prefix != name and not name.startswith(prefix + "."):
+                named = prefix == imported
+                implied_parent = name.startswith(prefix + ".")
+                if prefix in modules and prefix != name and (named or not implied_parent):
                     targets.add(prefix)
         graph[name] = targets
     return graph
@@ -131,6 +139,68 @@ def test_the_graph_sees_imports_inside_functions() -> None:
     """The checker finds a function-level import, so a cycle hidden in a function is caught."""
     assert "wedgewatch.sim.serve" in _graph()["wedgewatch.sim.vllm_shim"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root / "pkg"
+
+
+def test_the_checker_catches_a_cycle_through_a_package_init(tmp_path: Path) -> None:
+    """A package __init__ importing its own submodule that names the package is a cycle."""
+    package = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg.cli import main\n",
+            "pkg/cli.py": "from pkg import __version__\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/a.py": "from pkg.sub import b\n",
+            "pkg/sub/b.py": "import pkg.sub.c\n",
+            "pkg/sub/c.py": "x = 1\n",
+        },
+    )
+    graph = _graph(_modules(package))
+    assert _cycles(graph) == [["pkg", "pkg.cli"]]
+    assert "pkg" not in graph["pkg.sub.b"]  # only implied by `import pkg.sub.c`: no edge
+
+
+def test_the_checker_resolves_relative_imports(tmp_path: Path) -> None:
+    """`from . import x` and `from ..y import z` become edges, so their cycles are caught."""
+    package = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/y.py": "z = 1\nfrom .sub import a\n",
+            "pkg/sub/__init__.py": "from . import a\n",
+            "pkg/sub/a.py": "def f():\n    from ..y import z\n    return z\n",
+        },
+    )
+    graph = _graph(_modules(package))
+    assert graph["pkg.sub"] == {"pkg.sub.a"}
+    assert graph["pkg.sub.a"] == {"pkg.y"}
+    assert _cycles(graph) == [["pkg.sub", "pkg.sub.a", "pkg.y"]]
+
+
+def test_no_dynamic_imports_in_the_package() -> None:
+    """No importlib.import_module or __import__: every import is one the cycle check can see."""
+    found = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if called in ("import_module", "__import__"):
+                    found.append(f"{name}:{node.lineno}")
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "importlib"
+                and any(alias.name == "import_module" for alias in node.names)
+            ):
+                found.append(f"{name}:{node.lineno}")
+    assert found == []
 
 
 def test_no_import_cycle_anywhere_in_the_package() -> None:
