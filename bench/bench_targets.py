@@ -3,10 +3,10 @@
     .venv/bin/python bench/bench_targets.py [--sizes 10,100,1000] [--seconds 30]
         [--warmup-seconds 15] [--json out.json]
 
-`--sizes` lists target counts, each optionally with its interval: `10@1,100@2,1000@20`
-watches 10 targets every 1 s, 100 every 2 s, 1000 every 20 s (the same 50 scrapes per
-second or fewer, for a machine that cannot give the daemon a whole core); without `@` the
-interval is 1 s.
+`--sizes` lists target counts; the goal is judged at the SAME interval for every size
+(default 1 s, `--interval`), as issue #9 asks. A size may name its own interval
+(`1000@20`) to explore a machine that cannot give the daemon a whole core; such a row is
+not the goal's measurement.
 
 For each size N, this process serves a real vLLM 0.33.0 /metrics body
 (`/work/shared/fixtures/vllm-0.33.0/healthy_busy.prom`, or `--body FILE`) on N loopback
@@ -24,6 +24,13 @@ Goals (docs/benchmarks.md): under 1 ms of daemon CPU per target-scrape, flat fro
 1000 targets, and no healthy target scraped less often than every interval + 0.5 s. The
 progress counters of the served body move with every request, as on a busy server.
 Everything runs on 127.0.0.1 with fresh state and evidence directories.
+
+The ports are served by this process, so the daemon must never py-spy it: a target that
+turns suspect would otherwise have its "server" (this process, found as the port's
+listener) paused by py-spy, stalling every port at once. The bench's config therefore
+points `pyspy_path` at a program that does not exist (stack capture fails as data, nothing
+is attached) and keeps `remedy = "none"` (nothing is signalled); process discovery only
+reads /proc.
 """
 
 from __future__ import annotations
@@ -140,6 +147,8 @@ def write_config(path: Path, ports: list[int], hung: int, workdir: Path, interva
         f"interval_seconds = {interval}",
         f"scrape_timeout_seconds = {SCRAPE_TIMEOUT_SECONDS}",
         'remedy = "none"',
+        # Never py-spy the bench itself (it serves every port): see the module docstring.
+        f'pyspy_path = "{workdir / "no-py-spy-in-the-bench"}"',
         f'state_dir = "{workdir / "state"}"',
         f'evidence_dir = "{workdir / "evidence"}"',
         "listen_port = 0",
@@ -232,7 +241,7 @@ async def main_async(args: argparse.Namespace, body: bytes) -> list[dict[str, An
     results = []
     for item in args.sizes.split(","):
         size, _, every = item.partition("@")
-        interval = float(every) if every else INTERVAL_SECONDS
+        interval = float(every) if every else args.interval
         result = await measure(int(size), interval, body, args.warmup_seconds, args.seconds)
         print(json.dumps(result), flush=True)
         results.append(result)
@@ -242,6 +251,7 @@ async def main_async(args: argparse.Namespace, body: bytes) -> list[dict[str, An
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10,100,1000")
+    parser.add_argument("--interval", type=float, default=INTERVAL_SECONDS)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--warmup-seconds", type=float, default=15.0)
     parser.add_argument("--body", default=str(DEFAULT_BODY))
