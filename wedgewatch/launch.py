@@ -45,7 +45,7 @@ SIMULATOR_MARKER = "wedgewatch"
 DEFAULT_PROFILE = "tp2-offload"
 DEFAULT_VLLM_PORT = 8000
 
-log = structlog.get_logger("wedgewatch.launcher")
+log = structlog.get_logger("wedgewatch.launch")
 
 
 class LaunchError(Exception):

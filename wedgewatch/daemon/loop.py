@@ -1,6 +1,6 @@
 """`wedgewatch run`: the watch loop, the one place where IO meets the decision cores.
 
-Every target runs on its own cadence (`daemon_target.TargetRunner`): every
+Every target runs on its own cadence (`daemon.target.TargetRunner`): every
 `interval_seconds` it scrapes the target, folds the observation into the pure detector
 (`detect.step`) and the pure episode core (`core.episode.step`), and performs the effects
 the core asks for: queue evidence and restarts on the target's worker, report (log line,
@@ -9,8 +9,8 @@ job at a time (evidence before restart), each under a timeout, so `/health` stay
 while py-spy or systemctl take their time.
 
 When and what to capture, restart, retry, give up and keep across a restart of
-wedgewatch is decided in `core/episode.py` (its rule table) and `remedy` (the restart
-policy: budget, backoff, startup grace, gave_up); this module owns no decision. The
+wedgewatch is decided in `core/episode.py` (its rule table) and `core/restart_policy.py` (the
+restart policy: budget, backoff, startup grace, gave_up); this module owns no decision. The
 daemon's heartbeat (watchdog, operator reset requests, the state file, the tick count of
 `/health`) runs after whichever target step comes first once half an interval has passed.
 Persistence and the published snapshot cost in proportion to what changed: each target
@@ -18,7 +18,7 @@ rebuilds its own snapshot after its step, the whole `Snapshot` is assembled only
 endpoint asks, and the state file reuses the records of targets that did not change.
 
 `run(config, deps)` is the composition root; tests pass fakes (a fake clock replays a
-30-minute story in milliseconds) and `daemon_adapters.real_deps(config)` builds the real
+30-minute story in milliseconds) and `daemon.adapters.real_deps(config)` builds the real
 adapters.
 """
 
@@ -189,11 +189,6 @@ class Daemon:
     @capture_timeout_seconds.setter
     def capture_timeout_seconds(self, seconds: float) -> None:
         self.timeouts.capture_seconds = seconds
-
-    @property
-    def restart_timeout_seconds(self) -> float:
-        """How long the worker waits for one restart."""
-        return self.timeouts.restart_seconds
 
     @property
     def snapshot(self) -> Snapshot:
