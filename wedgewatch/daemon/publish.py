@@ -6,7 +6,9 @@ grow with the number of targets that did nothing (`daemon.Daemon` assembles them
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from wedgewatch.config import Target
 from wedgewatch.core import episode as episode_core
