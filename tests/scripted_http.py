@@ -140,13 +140,23 @@ def in_turn(replies: list[Reply]) -> Script:
     return lambda number, _path: replies[min(number, len(replies) - 1)]
 
 
-def zeros(total_bytes: int, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
-    """A lazily generated body of `total_bytes` zero bytes."""
-    chunk = b"0" * chunk_bytes
-    left = total_bytes
-    while left > 0:
-        yield chunk[: min(chunk_bytes, left)]
-        left -= chunk_bytes
+@dataclass(frozen=True)
+class zeros:  # lowercase: called like the function it replaced, zeros(200 * 1024 * 1024)
+    """A lazily generated body of `total_bytes` zero bytes, anew for every response.
+
+    A plain generator would be shared by every response of an `always(...)` server: the
+    second scrape would continue (or collide with) the first one's half-sent body.
+    """
+
+    total_bytes: int
+    chunk_bytes: int = 1 << 20
+
+    def __iter__(self) -> Iterator[bytes]:
+        chunk = b"0" * self.chunk_bytes
+        left = self.total_bytes
+        while left > 0:
+            yield chunk[: min(self.chunk_bytes, left)]
+            left -= self.chunk_bytes
 
 
 @dataclass
