@@ -241,12 +241,14 @@ def test_the_fix_completes_every_request_of_the_same_load(tmp_path: Path) -> Non
 
 def test_collective_hang_freezes_every_gauge_with_requests_running(tmp_path: Path) -> None:
     """Workers stuck in ncclAllReduce, engine waiting on them: frozen metrics, /health 200."""
-    with running(tmp_path, "hang", ["-tp", "2", "--fault", "collective-hang@3"]) as sim:
+    # Faults fire 6 s after `sim serve` started: its start-up (imports, engine, workers)
+    # takes 1-3 s on a busy 2-core machine, and a fault must come after the server is ready.
+    with running(tmp_path, "hang", ["-tp", "2", "--fault", "collective-hang@6"]) as sim:
         load = LoadProcess(
             sim.url, ["--profile", "steady", "--duration", "20", "--seed", "1"], tmp_path / "l.txt"
         )
         try:
-            time.sleep(max(0.0, sim.started_at + 5.0 - time.monotonic()))
+            time.sleep(max(0.0, sim.started_at + 8.0 - time.monotonic()))
             frozen = vllm_samples(sim.samples())
             time.sleep(2.0)
             assert vllm_samples(sim.samples()) == frozen
@@ -265,15 +267,15 @@ def test_collective_hang_freezes_every_gauge_with_requests_running(tmp_path: Pat
 
 def test_engine_crash_turns_health_503_and_ends_the_server(tmp_path: Path) -> None:
     """The engine exits; /health answers 503; the serving process exits non-zero in seconds."""
-    with running(tmp_path, "crash", ["--fault", "engine-crash@2"]) as sim:
+    with running(tmp_path, "crash", ["--fault", "engine-crash@6"]) as sim:
         statuses = set()
-        while sim.proc.poll() is None and time.monotonic() - sim.started_at < 15:
+        while sim.proc.poll() is None and time.monotonic() - sim.started_at < 20:
             with contextlib.suppress(httpx.HTTPError):
                 statuses.add(sim.get("/health", timeout=1).status_code)
             time.sleep(0.1)
         code = sim.wait_exit(1.0)
         assert code not in (None, 0)
-        assert time.monotonic() - sim.started_at < 12
+        assert time.monotonic() - sim.started_at < 16
         assert {200, 503} <= statuses
         assert "EngineCore encountered a fatal error" in sim.log()
 
@@ -322,9 +324,9 @@ def test_an_orphaned_engine_hung_in_a_collective_ends_itself_within_seconds(
 
 def test_api_hang_keeps_the_port_open_but_never_answers(tmp_path: Path) -> None:
     """TCP connects succeed, HTTP never answers."""
-    with running(tmp_path, "api", ["--fault", "api-hang@2"]) as sim:
+    with running(tmp_path, "api", ["--fault", "api-hang@6"]) as sim:
         assert sim.get("/health").status_code == 200
-        time.sleep(max(0.0, sim.started_at + 3.0 - time.monotonic()))
+        time.sleep(max(0.0, sim.started_at + 7.5 - time.monotonic()))
         host, port = sim.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=2):
             pass
