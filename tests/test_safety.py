@@ -8,6 +8,7 @@ supervisor is already restarting; never prints a secret.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,16 +17,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import psutil
 import pytest
 from scripted_http import Reply, ScriptedServer, always
+from wedgewatch_daemon import WEDGEWATCH, DaemonProcess, clean_env
 
 pytestmark = pytest.mark.slow
 
-WEDGEWATCH = [sys.executable, "-m", "wedgewatch"]
 FIXTURES = Path(__file__).parent / "fixtures"
 SERVER = Path(__file__).parent / "safety_server.py"
 WEDGED = (FIXTURES / "deferred_wedge.prom").read_bytes()
@@ -42,88 +41,21 @@ FAST = [
 ]  # fmt: skip
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")}
-    env.pop("NOTIFY_SOCKET", None)
-    env.update(extra)
-    return env
-
-
-class Daemon:
-    """A `wedgewatch run` child with JSON log lines and its HTTP endpoints."""
-
-    def __init__(self, args: list[str], tmp_path: Path, env: dict[str, str]) -> None:
-        self.log_path = tmp_path / "daemon.log"
-        self.evidence_dir = tmp_path / "evidence"
-        argv = [
-            *WEDGEWATCH, "run", "--listen-port", "0",
-            "--state-dir", str(tmp_path / "state"),
-            "--evidence-dir", str(self.evidence_dir),
-            *args,
-        ]  # fmt: skip
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        port = self.wait_for("http_listening", timeout_seconds=30)["port"]
-        self.base_url = f"http://127.0.0.1:{port}"
-
-    def lines(self) -> list[dict[str, Any]]:
-        """Every JSON log line so far."""
-        out = []
-        for raw in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(raw))
-            except json.JSONDecodeError:
-                out.append({"event": "<text>", "text": raw})
-        return out
-
-    def events(self, name: str, **match: Any) -> list[dict[str, Any]]:
-        """Log lines `name` whose fields match `match`."""
-        return [
-            line
-            for line in self.lines()
-            if line.get("event") == name and all(line.get(k) == v for k, v in match.items())
-        ]
-
-    def wait_for(self, name: str, timeout_seconds: float = 60, **match: Any) -> dict[str, Any]:
-        """The first log line `name` matching `match`, waiting up to the timeout."""
-        deadline = time.monotonic() + timeout_seconds
-        while time.monotonic() < deadline:
-            found = self.events(name, **match)
-            if found:
-                return found[0]
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
-        raise AssertionError(f"no {name} {match} within {timeout_seconds} s; log tail:\n{tail}")
-
-    def get(self, path: str) -> httpx.Response:
-        """GET one of the daemon's endpoints."""
-        return httpx.get(self.base_url + path, timeout=10)
-
-    def stop(self) -> int:
-        """SIGTERM and wait; the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=60)
-
-
 @pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    """Starts daemons; none outlives the test."""
-    started: list[Daemon] = []
+def daemons(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    """Starts daemons; none outlives the test (each leads its own session: the whole group)."""
+    started: list[DaemonProcess] = []
 
-    def start(args: list[str], env: dict[str, str] | None = None) -> Daemon:
-        daemon = Daemon(args, tmp_path, env if env is not None else _clean_env())
+    def start(args: list[str], env: dict[str, str] | None = None) -> DaemonProcess:
+        daemon = DaemonProcess(args, tmp_path, env=env)
         started.append(daemon)
         return daemon
 
     yield start
     for daemon in started:
         if daemon.proc.poll() is None:
-            daemon.proc.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(daemon.proc.pid, signal.SIGKILL)
             daemon.proc.wait(timeout=30)
 
 
@@ -178,7 +110,7 @@ def stand_ins(tmp_path: Path) -> Iterator[Callable[..., StandIn]]:
         (directory / "body.prom").write_bytes(body)
         proc = subprocess.Popen(
             [sys.executable, str(SERVER), str(directory), *args],
-            env=env if env is not None else _clean_env(),
+            env=env if env is not None else clean_env(),
             start_new_session=True,
         )
         stand_in = StandIn(directory, proc)
@@ -211,7 +143,7 @@ def _metric(text: str, name: str, **labels: str) -> float | None:
 
 
 def test_a_non_vllm_process_on_the_target_port_is_never_signalled_nor_dumped(
-    daemons: Callable[..., Daemon], stand_ins: Callable[..., StandIn]
+    daemons: Callable[..., DaemonProcess], stand_ins: Callable[..., StandIn]
 ) -> None:
     """Whatever answers on the port, without an EngineCore it is not signalled nor py-spied."""
     impostor = stand_ins(WEDGED)  # a wedged-looking /metrics, but no vLLM process tree
@@ -245,7 +177,7 @@ def test_a_remote_target_with_signal_is_refused_at_config_time(tmp_path: Path) -
     )
     checked = subprocess.run(
         [*WEDGEWATCH, "config", "check", str(config)],
-        capture_output=True, text=True, timeout=60, env=_clean_env(), check=False,
+        capture_output=True, text=True, timeout=60, env=clean_env(), check=False,
     )  # fmt: skip
     assert checked.returncode == 2
     assert "target 'far'" in checked.stderr
@@ -255,7 +187,7 @@ def test_a_remote_target_with_signal_is_refused_at_config_time(tmp_path: Path) -
             *WEDGEWATCH, "run", "--config", str(config), "--listen-port", "0",
             "--state-dir", str(tmp_path / "state"),
         ],
-        capture_output=True, text=True, timeout=60, env=_clean_env(), check=False,
+        capture_output=True, text=True, timeout=60, env=clean_env(), check=False,
     )  # fmt: skip
     assert run.returncode == 2
     assert "target 'far'" in run.stderr
@@ -265,7 +197,7 @@ def test_a_remote_target_with_signal_is_refused_at_config_time(tmp_path: Path) -
 
 
 def test_a_fast_exec_remedy_whose_server_never_changes_is_not_replaced(
-    daemons: Callable[..., Daemon], stand_ins: Callable[..., StandIn]
+    daemons: Callable[..., DaemonProcess], stand_ins: Callable[..., StandIn]
 ) -> None:
     """`exec` returns at once and the old wedged server keeps answering: not_replaced."""
     server = stand_ins(WEDGED, "--engine-child")
@@ -286,7 +218,7 @@ def test_a_fast_exec_remedy_whose_server_never_changes_is_not_replaced(
 
 
 def test_a_replaced_server_counts_as_restarted(
-    daemons: Callable[..., Daemon], stand_ins: Callable[..., StandIn], tmp_path: Path
+    daemons: Callable[..., DaemonProcess], stand_ins: Callable[..., StandIn], tmp_path: Path
 ) -> None:
     """When the remedy brings a new server (new process_start_time_seconds), it succeeds."""
     server = stand_ins(WEDGED, "--engine-child")
@@ -335,12 +267,12 @@ def _wait_for_restart_call(fake: Path) -> None:
 
 
 def test_a_crashed_server_under_a_restarting_supervisor_gets_no_second_restart(
-    daemons: Callable[..., Daemon], stand_ins: Callable[..., StandIn], tmp_path: Path
+    daemons: Callable[..., DaemonProcess], stand_ins: Callable[..., StandIn], tmp_path: Path
 ) -> None:
     """Refused while systemd says auto-restart: waited out; restarted only once systemd gave up."""
     fake = _fake_systemctl(tmp_path / "bin")
     server = stand_ins(IDLE, "--engine-child")
-    env = _clean_env(PATH=f"{fake}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    env = clean_env(PATH=f"{fake}:{os.environ.get('PATH', '/usr/bin:/bin')}")
     daemon = daemons(
         [
             "--target", f"t={server.base_url}", "--remedy", "systemd",
@@ -366,14 +298,14 @@ def test_a_crashed_server_under_a_restarting_supervisor_gets_no_second_restart(
 
 
 def test_an_api_hang_is_restarted_whatever_the_supervisor_says(
-    daemons: Callable[..., Daemon], tmp_path: Path
+    daemons: Callable[..., DaemonProcess], tmp_path: Path
 ) -> None:
     """Up, then it accepts but never answers (timeout, not refused): restarted as before."""
     fake = _fake_systemctl(tmp_path / "bin")
     idle = Reply(200, IDLE, {"Content-Type": "text/plain"})
     hang = Reply(200, IDLE, {"Content-Type": "text/plain"}, headers_pause_seconds=3600)
     with ScriptedServer(lambda n, path: idle if n < 5 else hang) as server:
-        env = _clean_env(PATH=f"{fake}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+        env = clean_env(PATH=f"{fake}:{os.environ.get('PATH', '/usr/bin:/bin')}")
         daemon = daemons(
             [
                 "--target", f"t={server.base_url}", "--remedy", "systemd",
@@ -393,7 +325,7 @@ def test_an_api_hang_is_restarted_whatever_the_supervisor_says(
 
 
 def test_no_secret_reaches_logs_status_config_show_or_a_bundle(
-    daemons: Callable[..., Daemon], stand_ins: Callable[..., StandIn], tmp_path: Path
+    daemons: Callable[..., DaemonProcess], stand_ins: Callable[..., StandIn], tmp_path: Path
 ) -> None:
     """Webhook path and query, URL credentials and HF_TOKEN never show up anywhere printed."""
     secrets = ["WEBHOOKPATHSECRET", "WEBHOOKQUERYSECRET", "URLPASSSECRET", "hf_ARGSECRET",
@@ -405,7 +337,7 @@ def test_no_secret_reaches_logs_status_config_show_or_a_bundle(
         "--hf-token",
         "hf_FLAGSECRET",
         "--api-key=APIKEYSECRET",
-        env=_clean_env(HF_TOKEN="hf_ENVSECRET"),  # noqa: S106 - a planted test secret
+        env=clean_env(HF_TOKEN="hf_ENVSECRET"),  # noqa: S106 - a planted test secret
     )
     refuse = Reply(500, b"nope", {"Content-Type": "text/plain"})
     with ScriptedServer(always(refuse)) as hook:
@@ -420,7 +352,7 @@ def test_no_secret_reaches_logs_status_config_show_or_a_bundle(
         assert daemon.stop() == 0
     shown = subprocess.run(
         [*WEDGEWATCH, "config", "show", "--json", *args],
-        capture_output=True, text=True, timeout=60, env=_clean_env(), check=False,
+        capture_output=True, text=True, timeout=60, env=clean_env(), check=False,
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     places = {
@@ -441,6 +373,6 @@ def test_no_secret_reaches_logs_status_config_show_or_a_bundle(
     assert "http://admin:***@127.0.0.1" in places["/status"]
     revealed = subprocess.run(
         [*WEDGEWATCH, "config", "show", "--json", "--reveal", *args],
-        capture_output=True, text=True, timeout=60, env=_clean_env(), check=False,
+        capture_output=True, text=True, timeout=60, env=clean_env(), check=False,
     )  # fmt: skip
     assert "WEBHOOKPATHSECRET" in revealed.stdout

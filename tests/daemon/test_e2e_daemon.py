@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, zeros
+from wedgewatch_daemon import WEDGEWATCH, DaemonProcess
 
 from wedgewatch.report.commands import write_report
 from wedgewatch.report.model import read_bundle
@@ -38,84 +38,7 @@ from wedgewatch.vllm.signals import Exposition, parse
 
 pytestmark = pytest.mark.slow
 
-WEDGEWATCH = [sys.executable, "-m", "wedgewatch"]
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-
-
-class DaemonProcess:
-    """A `wedgewatch run` child: its JSON log lines, its endpoints, its memory."""
-
-    def __init__(self, args: list[str], tmp_path: Path, name: str = "daemon") -> None:
-        self.log_path = tmp_path / f"{name}.log"
-        self.args = [
-            *WEDGEWATCH,
-            "run",
-            "--listen-port",
-            "0",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--evidence-dir",
-            str(tmp_path / "evidence"),
-            *args,
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")}
-        env.pop("NOTIFY_SOCKET", None)
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                self.args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        listening = self.wait_for("http_listening", timeout_seconds=30)
-        self.base_url = f"http://127.0.0.1:{listening['port']}"
-
-    def lines(self) -> list[dict[str, Any]]:
-        """Every JSON log line so far (non-JSON lines are kept as {'event': '<text>'})."""
-        out = []
-        for raw in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(raw))
-            except json.JSONDecodeError:
-                out.append({"event": "<text>", "text": raw})
-        return out
-
-    def events(self, name: str, **match: Any) -> list[dict[str, Any]]:
-        """Log lines with this event name whose fields match `match`."""
-        return [
-            line
-            for line in self.lines()
-            if line.get("event") == name and all(line.get(k) == v for k, v in match.items())
-        ]
-
-    def wait_for(self, name: str, timeout_seconds: float = 60, **match: Any) -> dict[str, Any]:
-        """The first log line `name` (matching `match`), waiting for it up to the timeout."""
-        deadline = time.monotonic() + timeout_seconds
-        while time.monotonic() < deadline:
-            found = self.events(name, **match)
-            if found:
-                return found[0]
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
-        raise AssertionError(f"no {name} {match} within {timeout_seconds} s; log tail:\n{tail}")
-
-    def get(self, path: str) -> httpx.Response:
-        """GET one of the daemon's endpoints."""
-        return httpx.get(self.base_url + path, timeout=10)
-
-    def rss_bytes(self) -> int:
-        """Resident memory of the daemon process."""
-        return int(psutil.Process(self.proc.pid).memory_info().rss)
-
-    def stop(self) -> int:
-        """SIGTERM and wait; the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=60)
-
-    def kill9(self) -> None:
-        """SIGKILL, as a crash or an OOM kill would."""
-        self.proc.kill()
-        self.proc.wait(timeout=30)
 
 
 @pytest.fixture
