@@ -140,9 +140,7 @@ def report(step: Step, event: str) -> Report:
 
 
 STARTING = PolicyState(Phase.STARTING, (AT - 10,), 1, None, AT - 10)
-OLD_SERVER = ServerIdentity(
-    process_start_time_seconds=1000.0, progress={"0": (5.0, 5.0, 1.0, 0.0, 9.0)}
-)
+OLD_SERVER = ServerIdentity(process_start_time_seconds=1000.0, progress={"0": (5.0, 5.0, 1.0, 0.0)})
 UNREACHABLE_REFUSED = verdict(
     engine(EngineState.UNREACHABLE, family=Family.UNREACHABLE),
     failure=ScrapeFailed(AT, "refused", "connection refused by 127.0.0.1:8000"),

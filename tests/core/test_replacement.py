@@ -13,7 +13,7 @@ from wedgewatch.core.replacement import (
 
 OLD = ServerIdentity(
     process_start_time_seconds=1000.0,
-    progress={"0": (10.0, 500.0, 7.0, 0.0, 90.0)},
+    progress={"0": (10.0, 500.0, 7.0, 0.0)},
     listener_pid=41,
     listener_create_time=999.5,
 )
@@ -34,7 +34,7 @@ OLD = ServerIdentity(
             OLD,
             ServerIdentity(
                 process_start_time_seconds=1000.0,
-                progress={"0": (10.0, 500.0, 7.0, 0.0, 90.0)},
+                progress={"0": (10.0, 500.0, 7.0, 0.0)},
                 listener_pid=77,
             ),
             True,
@@ -49,22 +49,22 @@ OLD = ServerIdentity(
             id="listener-pid-reused-by-new-server",
         ),
         pytest.param(
-            ServerIdentity(progress={"0": (10.0, 500.0, 7.0, 0.0, 90.0)}),
-            ServerIdentity(progress={"0": (0.0, 3.0, 0.0, 0.0, 1.0)}),
+            ServerIdentity(progress={"0": (10.0, 500.0, 7.0, 0.0)}),
+            ServerIdentity(progress={"0": (0.0, 3.0, 0.0, 0.0)}),
             True,
-            "engine 0 prompt_tokens went back from 10 to 0",
+            "engine 0 prompt tokens went back from 10 to 0",
             id="counters-went-back",
         ),
         pytest.param(
-            ServerIdentity(progress={"0": (10.0, 500.0, 7.0, 0.0, 90.0)}),
-            ServerIdentity(progress={"0": (12.0, 520.0, 8.0, 0.0, 95.0)}),
+            ServerIdentity(progress={"0": (10.0, 500.0, 7.0, 0.0)}),
+            ServerIdentity(progress={"0": (12.0, 520.0, 8.0, 0.0)}),
             False,
             "no progress counter went back",
             id="counters-only-grew",
         ),
         pytest.param(
-            ServerIdentity(progress={"0": (10.0, 500.0, 7.0, 0.0, 90.0)}),
-            ServerIdentity(progress={"1": (0.0, 0.0, 0.0, 0.0, 0.0)}),
+            ServerIdentity(progress={"0": (10.0, 500.0, 7.0, 0.0)}),
+            ServerIdentity(progress={"1": (0.0, 0.0, 0.0, 0.0)}),
             False,
             "nothing comparable",
             id="other-engines-prove-nothing",

@@ -23,14 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-#: The names of the progress counters, in the order `ServerIdentity.progress` holds them.
-PROGRESS_COUNTERS = (
-    "prompt_tokens",
-    "generation_tokens",
-    "request_success",
-    "preemptions",
-    "iterations",
-)
+from wedgewatch.vllm.semantics import PROGRESS_COUNTERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +31,8 @@ class ServerIdentity:
     """What tells one server from its successor, as seen at one instant (None: not known)."""
 
     process_start_time_seconds: float | None = None
-    progress: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # engine -> counters
+    # engine -> its counters, in the order of `vllm.semantics.progress_counters`
+    progress: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     listener_pid: int | None = None
     listener_create_time: float | None = None
 
@@ -79,7 +73,7 @@ def with_listener(
 def _counter_went_back(before: ServerIdentity, after: ServerIdentity) -> str | None:
     for engine in sorted(set(before.progress) & set(after.progress)):
         old, new = before.progress[engine], after.progress[engine]
-        for name, was, now in zip(PROGRESS_COUNTERS, old, new, strict=False):
+        for name, was, now in zip(PROGRESS_COUNTERS, old, new, strict=True):
             if now < was:
                 return f"engine {engine} {name} went back from {was:g} to {now:g}"
     return None
