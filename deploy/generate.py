@@ -897,7 +897,7 @@ def dashboard() -> dict[str, Any]:
                     "hide": False,
                     "iconColor": "red",
                     "expr": 'ALERTS{alertstate="firing", '
-                    'alertname=~"VLLMEngineWedged|VLLMEngineNoOutput|WedgeWatchEngineWedged"}',
+                    'alertname=~"VLLMEngineWedged|VLLMEngineDeferredOnlyStall|VLLMEngineNoOutput|WedgeWatchEngineWedged"}',
                     "step": "30s",
                     "titleFormat": "{{alertname}}",
                     "textFormat": "{{instance}} {{target}} engine {{engine}}",

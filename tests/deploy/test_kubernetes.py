@@ -171,13 +171,21 @@ def test_custom_resources_validate_against_crd_schemas(variant: str) -> None:
         jsonschema.validate(obj, SCHEMAS[(obj["apiVersion"], obj["kind"])])
 
 
+def _first_alert(rule: dict[str, Any]) -> dict[str, Any]:
+    """The first alerting rule of a PrometheusRule (not a recording rule)."""
+    first: dict[str, Any] = next(
+        r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r
+    )
+    return first
+
+
 @pytest.mark.parametrize(
     ("kind", "mutate"),
     [
         ("PodMonitor", lambda o: o["spec"]["podMetricsEndpoints"][0].update(intervall="15s")),
         ("PodMonitor", lambda o: o["spec"]["podMetricsEndpoints"][0].update(interval="15 s")),
-        ("PrometheusRule", lambda o: o["spec"]["groups"][0]["rules"][2].update(record="x")),
-        ("PrometheusRule", lambda o: o["spec"]["groups"][0]["rules"][2].update(four="1m")),
+        ("PrometheusRule", lambda o: _first_alert(o).update(record="x")),
+        ("PrometheusRule", lambda o: _first_alert(o).update(four="1m")),
     ],
     ids=["misspelt-field", "bad-duration", "record-and-alert", "unknown-rule-field"],
 )

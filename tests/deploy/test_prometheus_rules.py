@@ -85,21 +85,35 @@ def test_unit_tests_fire_and_clear_every_alert() -> None:
     assert names - silent == set()
 
 
-def test_unit_tests_can_fail(tmp_path: Path) -> None:
-    """Without the sleeping-engine exclusion the unit tests fail: they test the rules."""
+@pytest.mark.parametrize(
+    ("clause", "count", "failing_test"),
+    [
+        (
+            "          unless ignoring (sleep_state) "
+            'vllm:engine_sleep_state{sleep_state="awake"} == 0\n',
+            3,
+            "a sleeping engine",
+        ),
+        (
+            "          unless ignoring (reason) max_over_time("
+            'vllm:num_requests_waiting_by_reason{reason="capacity"}[5m]) == 0\n',
+            1,
+            "a streaming-input session paused",
+        ),
+    ],
+    ids=["sleeping-exclusion", "deferred-only-exclusion"],
+)
+def test_unit_tests_can_fail(tmp_path: Path, clause: str, count: int, failing_test: str) -> None:
+    """Without an exclusion clause the unit tests fail: they test the rules."""
     original = RULES.read_text(encoding="utf-8")
-    clause = (
-        "          unless ignoring (sleep_state) "
-        'vllm:engine_sleep_state{sleep_state="awake"} == 0\n'
-    )
-    assert original.count(clause) == 2
+    assert original.count(clause) == count
     (tmp_path / "rules.yml").write_text(original.replace(clause, ""), encoding="utf-8")
     (tmp_path / "tests").mkdir()
     copy = tmp_path / "tests" / "vllm-wedge.yml"
     copy.write_text((RULE_TESTS / "vllm-wedge.yml").read_text(encoding="utf-8"), encoding="utf-8")
     done = _promtool("test", "rules", str(copy))
     assert done.returncode != 0
-    assert "a sleeping engine" in done.stdout + done.stderr
+    assert failing_test in done.stdout + done.stderr
 
 
 # -- conventions -----------------------------------------------------------------------
