@@ -117,9 +117,6 @@ def fast_check(args: list[str]) -> int | None:
     parsed = parse_probe_args(args)
     if parsed is None:
         return None
-    # httpx imports its own command line tool (click, rich) when they are installed; the
-    # probe never uses it. A None entry makes that import fail, which httpx tolerates.
-    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     from wedgewatch import check, check_settings  # noqa: PLC0415 - the fast path's imports
 
     key = check_settings.settings_key(parsed.url, parsed.config_file, os.environ, parsed.flags)

@@ -1,0 +1,303 @@
+"""One blocking GET of `/metrics`, for the exec probe: the standard library, a hard deadline.
+
+A Kubernetes exec probe starts `wedgewatch check` every few seconds for a single scrape;
+an event loop and an HTTP client library cost more to import than the scrape takes. This
+transport is a socket and `http.client`'s response parser (status line, headers, chunked
+and length-delimited bodies), under the rules of `io.scrape_rules`, which the daemon's
+asynchronous transport (`io.scrape`) follows too:
+
+* one total deadline (`timeout_seconds`) for connecting, every redirect, the headers and
+  the body: every read on the socket waits at most for what is left of it, and none starts
+  after it, so a server that trickles its answer a byte at a time is cut off on time;
+* the body is read in bounded pieces and decoded as it arrives (`scrape_rules.Inflater`),
+  never held past `max_body_bytes` raw or decoded;
+* redirects are followed (vLLM's `/metrics` may answer with one to `/metrics/`), at most
+  `MAX_REDIRECTS`; credentials in the URL are sent as basic auth to that URL's origin only;
+* proxies from the environment are never used (the sidecar scrapes its neighbour), and
+  https verifies the server against certifi's roots when installed (as httpx does).
+
+Name resolution is the one wait the deadline cannot cut short (`getaddrinfo` blocks); a
+probe's URL names the pod's own server, by IP address or `localhost`.
+
+Failures come back as `FetchFailed` with the reasons and words of `scrape_rules.Failures`.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import socket
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import replace
+from http.client import HTTPException, HTTPResponse
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urljoin, urlsplit
+
+from wedgewatch.core.detect import Observation
+from wedgewatch.io.scrape_rules import (
+    MAX_REDIRECTS,
+    REQUEST_HEADERS,
+    SNIPPET_CHARS,
+    BadEncoding,
+    Failures,
+    Fetched,
+    FetchFailed,
+    Inflater,
+    ScrapeLimits,
+    TooLarge,
+    content_encoding,
+    is_accepted_encoding,
+    observation,
+    one_line,
+)
+
+if TYPE_CHECKING:
+    import ssl
+
+    from _typeshed import WriteableBuffer
+
+_READ_BYTES = 64 * 1024
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class _Timeout(Exception):
+    """The total deadline passed."""
+
+
+class _CannotConnect(Exception):
+    """No connection to the server; `error` says why."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's receiving side where no read waits past the deadline or starts after it."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Timeout
+        self._sock.settimeout(remaining)
+        try:
+            return self._sock.recv_into(buffer)
+        except TimeoutError:
+            raise _Timeout from None
+
+
+class _DeadlineSocket:
+    """What `http.client.HTTPResponse` needs of a socket: `makefile`, under the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        assert mode == "rb"  # noqa: S101 - HTTPResponse only reads
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+
+def fetch(
+    url: str,
+    *,
+    timeout_seconds: float,
+    max_body_bytes: int,
+    clock: Callable[[], float] = time.monotonic,
+) -> Fetched | FetchFailed:
+    """GET `url` within `timeout_seconds` in total, reading at most `max_body_bytes`."""
+    started_at = clock()
+    deadline = time.monotonic() + timeout_seconds  # the sockets wait in real time
+    failures = Failures(url, started_at, clock)
+    received = [0]
+    current = url
+    authorization = _basic_auth(url)
+    try:
+        for _ in range(MAX_REDIRECTS + 1):
+            result = _get_once(
+                current,
+                authorization=authorization,
+                deadline=deadline,
+                max_body_bytes=max_body_bytes,
+                failures=failures,
+                received=received,
+            )
+            if isinstance(result, str):  # a redirect: follow it, credentials to one origin
+                target = urljoin(current, result)
+                if _origin(target) != _origin(current):
+                    authorization = _basic_auth(target)
+                current = target
+                continue
+            if isinstance(result, Fetched):
+                return replace(result, elapsed_seconds=clock() - started_at)
+            return result
+        return failures.too_many_redirects()
+    except TooLarge:
+        return failures.too_large(max_body_bytes)
+    except BadEncoding as exc:
+        return failures.bad_encoding(exc)
+    except _Timeout:
+        return failures.timeout(timeout_seconds, received[0])
+    except _CannotConnect as exc:
+        return failures.cannot_connect(exc.error)
+    except (HTTPException, OSError) as exc:  # broken mid-response, or broken HTTP
+        return failures.broken(exc)
+
+
+def observe(
+    url: str, limits: ScrapeLimits, *, clock: Callable[[], float] = time.monotonic
+) -> Observation:
+    """Scrape and parse once; the observation is stamped with `clock()` when the scrape began."""
+    at = clock()
+    result = fetch(
+        url,
+        timeout_seconds=limits.timeout_seconds,
+        max_body_bytes=limits.max_body_bytes,
+        clock=clock,
+    )
+    return observation(at, url, limits, result)
+
+
+def _get_once(
+    url: str,
+    *,
+    authorization: str | None,
+    deadline: float,
+    max_body_bytes: int,
+    failures: Failures,
+    received: list[int],
+) -> Fetched | FetchFailed | str:
+    """One request: the response, a failure, or the `Location` of a redirect."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:  # a port out of range
+        return failures.failed("connect_error", f"cannot fetch {url}: {exc}")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return failures.failed("connect_error", f"cannot fetch {url}: not an http(s) URL")
+    sock = _connect(parts.hostname, port, parts.scheme == "https", deadline)
+    try:
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        if parts.port is not None:
+            host += f":{parts.port}"
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        headers = {"Host": host, **REQUEST_HEADERS, "Connection": "close"}
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        request = f"GET {target} HTTP/1.1\r\n" + "".join(
+            f"{name}: {value}\r\n" for name, value in headers.items()
+        )
+        _send(sock, (request + "\r\n").encode("latin-1"), deadline)
+        response = HTTPResponse(_DeadlineSocket(sock, deadline), method="GET")  # type: ignore[arg-type]
+        try:
+            response.begin()
+            location = response.getheader("Location")
+            if response.status in _REDIRECTS and location:
+                return location
+            if response.status != 200:
+                return failures.http_status(response.status, _snippet(response))
+            encoding = content_encoding(response.getheader("Content-Encoding"))
+            if not is_accepted_encoding(encoding):
+                return failures.unasked_encoding(encoding)
+            inflater = Inflater(encoding, max_body_bytes)
+            while chunk := response.read1(_READ_BYTES):
+                received[0] += len(chunk)
+                if received[0] > max_body_bytes:
+                    raise TooLarge
+                inflater.feed(chunk)
+            return Fetched(
+                body=inflater.finish(),
+                status=response.status,
+                content_type=response.getheader("Content-Type"),
+                elapsed_seconds=0.0,  # set by `fetch`, which knows when the scrape began
+            )
+        finally:
+            response.close()
+    finally:
+        sock.close()
+
+
+def _connect(host: str, port: int, tls: bool, deadline: float) -> socket.socket:
+    """A connected socket (TLS-wrapped for https), or _CannotConnect / _Timeout."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise _Timeout
+    try:
+        sock = socket.create_connection((host, port), timeout=remaining)
+    except TimeoutError:
+        raise _Timeout from None
+    except OSError as exc:
+        raise _CannotConnect(exc) from exc
+    if not tls:
+        return sock
+    try:
+        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+        return _tls_context().wrap_socket(sock, server_hostname=host)
+    except TimeoutError:
+        sock.close()
+        raise _Timeout from None
+    except OSError as exc:  # ssl.SSLError is an OSError: a failed handshake or verification
+        sock.close()
+        raise _CannotConnect(exc) from exc
+
+
+def _tls_context() -> ssl.SSLContext:
+    """The default verifying context with certifi's roots when present, as httpx has it."""
+    import ssl  # noqa: PLC0415 - only https targets pay for it
+
+    try:
+        import certifi  # noqa: PLC0415 - optional, as in httpx
+
+        return ssl.create_default_context(cafile=certifi.where())
+    except ImportError:
+        return ssl.create_default_context()
+
+
+def _send(sock: socket.socket, data: bytes, deadline: float) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise _Timeout
+    sock.settimeout(remaining)
+    try:
+        sock.sendall(data)
+    except TimeoutError:
+        raise _Timeout from None
+
+
+def _snippet(response: HTTPResponse) -> str:
+    """The start of an error response's body, decoded, for the failure detail."""
+    raw = b""
+    try:
+        while len(raw) < SNIPPET_CHARS * 4 and (chunk := response.read1(SNIPPET_CHARS * 4)):
+            raw += chunk
+    except (HTTPException, OSError, _Timeout):
+        pass
+    if content_encoding(response.getheader("Content-Encoding")) == "gzip":
+        try:  # the start of it: a bounded step of a possibly cut stream
+            raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, SNIPPET_CHARS * 4)
+        except zlib.error:
+            raw = b""
+    return one_line(raw.decode("utf-8", errors="replace"))
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port
+
+
+def _basic_auth(url: str) -> str | None:
+    """`Basic ...` for the credentials in a URL (`user:password@host`), if any."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return None
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    return "Basic " + base64.b64encode(pair.encode()).decode("ascii")
