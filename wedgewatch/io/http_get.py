@@ -31,7 +31,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import replace
-from http.client import HTTPException, HTTPResponse
+from http.client import HTTPException, HTTPResponse, IncompleteRead
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -214,6 +214,8 @@ def _get_once(
                 if received[0] > max_body_bytes:
                     raise TooLarge
                 inflater.feed(chunk)
+            if response.length:  # read1 ends quietly where the server hung up early
+                raise IncompleteRead(b"", response.length)
             return Fetched(
                 body=inflater.finish(),
                 status=response.status,
