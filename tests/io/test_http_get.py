@@ -7,17 +7,16 @@ the same closed-set reason in the same words (`io.scrape_rules.Failures`).
 
 from __future__ import annotations
 
-import functools
 import gzip
 import socket
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from scripted_http import RefusingPort, Reply, Script, ScriptedServer, always, zeros
+from test_scrape import gzip_stream  # the same bomb as the daemon's transport is tested with
 
 from wedgewatch.core.detect import Scraped, ScrapeFailed
 from wedgewatch.io import http_get, scrape
@@ -26,16 +25,6 @@ from wedgewatch.vllm.signals import EngineKey
 
 BODY = (Path(__file__).parents[1] / "fixtures" / "vllm-0.33.0" / "healthy_busy.prom").read_bytes()
 MIB = 1024 * 1024
-
-
-@functools.cache
-def gzip_bomb(total_zero_bytes: int) -> bytes:
-    """gzip of `total_zero_bytes` zero bytes, compressed chunk by chunk."""
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    block = b"\0" * MIB
-    parts = [compressor.compress(block) for _ in range(total_zero_bytes // MIB)]
-    parts.append(compressor.flush())
-    return b"".join(parts)
 
 
 def blocking(url: str, timeout_seconds: float = 5.0, max_body_bytes: int = 16 * MIB) -> object:
@@ -86,7 +75,7 @@ CASES = {
     "redirect-loop": always(Reply(status=307, headers={"Location": "/metrics"})),
     "too-large": always(Reply(body=b"x" * (MIB + 1))),
     "huge-lazy-body": always(Reply(body=zeros(200 * 1000 * 1000), content_length=200_000_000)),
-    "gzip-bomb": always(Reply(body=gzip_bomb(64 * MIB), headers={"Content-Encoding": "gzip"})),
+    "gzip-bomb": always(Reply(body=gzip_stream(64 * MIB), headers={"Content-Encoding": "gzip"})),
     "corrupt-gzip": always(
         Reply(body=b"\x1f\x8b\x08\x00garbage-garbage", headers={"Content-Encoding": "gzip"})
     ),
