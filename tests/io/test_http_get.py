@@ -176,16 +176,21 @@ RAW_CASES = {
     "closed-mid-body": b"HTTP/1.1 200 OK\r\nContent-Length: 99999\r\n\r\n" + BODY[:100],
     "chunked-cut": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(BODY)[:3000],
     "not-http": b"SSH-2.0-OpenSSH_9.6\r\n",
+    "informational-first": b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY),
+    "close-without-answer": b"",
+    "header-without-colon": b"HTTP/1.1 200 OK\r\nContent-Length 2\r\n\r\nok",
 }
+WHOLE = {"chunked", "chunked-gzip", "informational-first"}
 
 
 @pytest.mark.parametrize("case", sorted(RAW_CASES), ids=str)
 async def test_raw_responses_are_read_or_failed_like_the_daemon_does(case: str) -> None:
-    """Chunked bodies are read; a broken response is `connect_error` from both transports."""
+    """Chunked bodies are read, 1xx skipped; broken HTTP is `connect_error` from both."""
     with RawServer(RAW_CASES[case]) as server:
         expected = outcome(await asynchronous(server.url))
         got = outcome(blocking(server.url))
-    if case in ("chunked", "chunked-gzip"):
+    if case in WHOLE:
         assert got == expected == ("body", BODY)
     else:  # the detail names the library's exception, which differs
         assert got[0] == expected[0] == "connect_error"

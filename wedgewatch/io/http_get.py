@@ -2,9 +2,10 @@
 
 A Kubernetes exec probe starts `wedgewatch check` every few seconds for a single scrape;
 an event loop and an HTTP client library cost more to import than the scrape takes. This
-transport is a socket and `http.client`'s response parser (status line, headers, chunked
-and length-delimited bodies), under the rules of `io.scrape_rules`, which the daemon's
-asynchronous transport (`io.scrape`) follows too:
+transport is a socket and a small HTTP/1.1 response reader (status line, headers, and a
+body delimited by its length, by chunks or by the end of the connection; `http.client`
+would drag in the `email` package and `ssl`), under the rules of `io.scrape_rules`, which
+the daemon's asynchronous transport (`io.scrape`) follows too:
 
 * one total deadline (`timeout_seconds`) for connecting, every redirect, the headers and
   the body: every read on the socket waits at most for what is left of it, and none starts
@@ -24,14 +25,12 @@ Failures come back as `FetchFailed` with the reasons and words of `scrape_rules.
 
 from __future__ import annotations
 
-import base64
 import io
 import socket
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from http.client import HTTPException, HTTPResponse, IncompleteRead
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -60,6 +59,13 @@ if TYPE_CHECKING:
 
 _READ_BYTES = 64 * 1024
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_MAX_LINE_BYTES = 64 * 1024  # a status, header or chunk-size line (http.client's limits)
+_MAX_HEADERS = 100
+_LINE_ENDS = (b"\r\n", b"\n")
+
+
+class BrokenResponse(Exception):
+    """The server spoke broken HTTP, or hung up before the end of its response."""
 
 
 class _Timeout(Exception):
@@ -93,18 +99,6 @@ class _DeadlineReader(io.RawIOBase):
             return self._sock.recv_into(buffer)
         except TimeoutError:
             raise _Timeout from None
-
-
-class _DeadlineSocket:
-    """What `http.client.HTTPResponse` needs of a socket: `makefile`, under the deadline."""
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self._sock = sock
-        self._deadline = deadline
-
-    def makefile(self, mode: str) -> io.BufferedReader:
-        assert mode == "rb"  # noqa: S101 - HTTPResponse only reads
-        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
 
 
 def fetch(
@@ -149,7 +143,7 @@ def fetch(
         return failures.timeout(timeout_seconds, received[0])
     except _CannotConnect as exc:
         return failures.cannot_connect(exc.error)
-    except (HTTPException, OSError) as exc:  # broken mid-response, or broken HTTP
+    except (BrokenResponse, OSError) as exc:  # broken HTTP, or a connection broken mid-way
         return failures.broken(exc)
 
 
@@ -197,33 +191,29 @@ def _get_once(
             f"{name}: {value}\r\n" for name, value in headers.items()
         )
         _send(sock, (request + "\r\n").encode("latin-1"), deadline)
-        response = HTTPResponse(_DeadlineSocket(sock, deadline), method="GET")  # type: ignore[arg-type]
-        try:
-            response.begin()
-            location = response.getheader("Location")
-            if response.status in _REDIRECTS and location:
-                return location
-            if response.status != 200:
-                return failures.http_status(response.status, _snippet(response))
-            encoding = content_encoding(response.getheader("Content-Encoding"))
-            if not is_accepted_encoding(encoding):
-                return failures.unasked_encoding(encoding)
-            inflater = Inflater(encoding, max_body_bytes)
-            while chunk := response.read1(_READ_BYTES):
-                received[0] += len(chunk)
-                if received[0] > max_body_bytes:
-                    raise TooLarge
-                inflater.feed(chunk)
-            if response.length:  # read1 ends quietly where the server hung up early
-                raise IncompleteRead(b"", response.length)
-            return Fetched(
-                body=inflater.finish(),
-                status=response.status,
-                content_type=response.getheader("Content-Type"),
-                elapsed_seconds=0.0,  # set by `fetch`, which knows when the scrape began
-            )
-        finally:
-            response.close()
+        stream = io.BufferedReader(_DeadlineReader(sock, deadline), _READ_BYTES)
+        status, response_headers = _read_head(stream)
+        location = response_headers.get("location")
+        if status in _REDIRECTS and location:
+            return location
+        body = _read_body(stream, status, response_headers)
+        encoding = content_encoding(response_headers.get("content-encoding"))
+        if status != 200:
+            return failures.http_status(status, _snippet(body, encoding))
+        if not is_accepted_encoding(encoding):
+            return failures.unasked_encoding(encoding)
+        inflater = Inflater(encoding, max_body_bytes)
+        for chunk in body:
+            received[0] += len(chunk)
+            if received[0] > max_body_bytes:
+                raise TooLarge
+            inflater.feed(chunk)
+        return Fetched(
+            body=inflater.finish(),
+            status=status,
+            content_type=response_headers.get("content-type"),
+            elapsed_seconds=0.0,  # set by `fetch`, which knows when the scrape began
+        )
     finally:
         sock.close()
 
@@ -234,7 +224,9 @@ def _connect(host: str, port: int, tls: bool, deadline: float) -> socket.socket:
     if remaining <= 0:
         raise _Timeout
     try:
-        sock = socket.create_connection((host, port), timeout=remaining)
+        # An ASCII name as bytes: the resolver then needs no IDNA codec (a costly import).
+        name: str | bytes = host.encode("ascii") if host.isascii() else host
+        sock = socket.create_connection((name, port), timeout=remaining)  # type: ignore[arg-type]
     except TimeoutError:
         raise _Timeout from None
     except OSError as exc:
@@ -275,20 +267,102 @@ def _send(sock: socket.socket, data: bytes, deadline: float) -> None:
         raise _Timeout from None
 
 
-def _snippet(response: HTTPResponse) -> str:
+def _snippet(body: Iterator[bytes], encoding: str) -> str:
     """The start of an error response's body, decoded, for the failure detail."""
     raw = b""
     try:
-        while len(raw) < SNIPPET_CHARS * 4 and (chunk := response.read1(SNIPPET_CHARS * 4)):
+        for chunk in body:
             raw += chunk
-    except (HTTPException, OSError, _Timeout):
+            if len(raw) >= SNIPPET_CHARS * 4:
+                break
+    except (BrokenResponse, OSError, _Timeout):
         pass
-    if content_encoding(response.getheader("Content-Encoding")) == "gzip":
+    if encoding == "gzip":
         try:  # the start of it: a bounded step of a possibly cut stream
             raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, SNIPPET_CHARS * 4)
         except zlib.error:
             raw = b""
     return one_line(raw.decode("utf-8", errors="replace"))
+
+
+def _read_line(stream: io.BufferedReader[_DeadlineReader]) -> bytes:
+    line = stream.readline(_MAX_LINE_BYTES + 1)
+    if len(line) > _MAX_LINE_BYTES:
+        raise BrokenResponse(f"a line longer than {_MAX_LINE_BYTES} bytes")
+    return line
+
+
+def _read_head(stream: io.BufferedReader[_DeadlineReader]) -> tuple[int, dict[str, str]]:
+    """The status and headers (lower-case names, repeats joined by `, `) of the response."""
+    while True:
+        line = _read_line(stream)
+        if not line:
+            raise BrokenResponse("the server closed the connection without a response")
+        version, _, rest = line.decode("latin-1").rstrip("\r\n").partition(" ")
+        code = rest[:3]
+        if not (version.startswith("HTTP/1.") and len(code) == 3 and code.isdigit()):
+            raise BrokenResponse(f"not an HTTP/1 status line: {one_line(repr(line[:80]))}")
+        headers: dict[str, str] = {}
+        for _ in range(_MAX_HEADERS + 1):
+            line = _read_line(stream)
+            if not line or line in _LINE_ENDS:
+                break
+            name, colon, value = line.decode("latin-1").partition(":")
+            if not colon:
+                raise BrokenResponse(f"a header line without a colon: {line[:80]!r}")
+            key = name.strip().lower()
+            value = value.strip()
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        else:
+            raise BrokenResponse(f"more than {_MAX_HEADERS} headers")
+        if not 100 <= int(code) < 200:  # 1xx: informational, the answer follows
+            return int(code), headers
+
+
+def _read_body(
+    stream: io.BufferedReader[_DeadlineReader], status: int, headers: dict[str, str]
+) -> Iterator[bytes]:
+    """The body's raw bytes in pieces, delimited by chunks, by its length or by the close."""
+    if status in (204, 304):
+        return
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        yield from _read_chunks(stream)
+        return
+    length = headers.get("content-length")
+    if length is None:
+        while piece := stream.read1(_READ_BYTES):
+            yield piece
+        return
+    if not length.isdigit():
+        raise BrokenResponse(f"a Content-Length that is not a length: {length[:40]!r}")
+    yield from _read_exactly(stream, int(length))
+
+
+def _read_exactly(stream: io.BufferedReader[_DeadlineReader], size: int) -> Iterator[bytes]:
+    left = size
+    while left:
+        piece = stream.read1(min(left, _READ_BYTES))
+        if not piece:
+            raise BrokenResponse(f"the server hung up {left} bytes before the end of the body")
+        left -= len(piece)
+        yield piece
+
+
+def _read_chunks(stream: io.BufferedReader[_DeadlineReader]) -> Iterator[bytes]:
+    while True:
+        line = _read_line(stream)
+        size = line.split(b";", 1)[0].strip()
+        if not size or any(c not in b"0123456789abcdefABCDEF" for c in size):
+            if not line:
+                raise BrokenResponse("the server hung up before the end of the chunked body")
+            raise BrokenResponse(f"a broken chunk size line: {line[:40]!r}")
+        if int(size, 16) == 0:
+            while (trailer := _read_line(stream)) and trailer not in _LINE_ENDS:
+                pass
+            return
+        yield from _read_exactly(stream, int(size, 16))
+        if _read_line(stream) not in _LINE_ENDS:
+            raise BrokenResponse("a chunk not followed by its line end")
 
 
 def _origin(url: str) -> tuple[str, str | None, int | None]:
@@ -301,5 +375,7 @@ def _basic_auth(url: str) -> str | None:
     parts = urlsplit(url)
     if parts.username is None:
         return None
+    import base64  # noqa: PLC0415 - only a URL with credentials pays for it
+
     pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
     return "Basic " + base64.b64encode(pair.encode()).decode("ascii")
