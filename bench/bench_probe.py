@@ -28,11 +28,11 @@ time; `PYTHONDONTWRITEBYTECODE` is dropped for the same reason.
 
 Per command: minimum, median and 90th percentile wall time; minimum and median CPU (user +
 system of the child, from `wait4`); the median CPU as a multiple of the floor's and as a
-fraction of the baseline's. Goal: a probe starts and answers in well under half a second,
-read as at most 0.2 s of CPU (`GOAL_CPU_SECONDS`) in its least disturbed run (the minimum:
-on a shared machine every other run waits for caches and cores). Exit status 1 when it is
-missed. Wall times depend on the machine's load; the ratios are measured within one run,
-so every command sees the same load.
+fraction of the baseline's; the largest peak RSS of its runs. Goal: a probe starts and
+answers in well under half a second, read as at most 0.2 s of CPU (`GOAL_CPU_SECONDS`) in
+its least disturbed run (the minimum: on a shared machine every other run waits for caches
+and cores). Exit status 1 when it is missed. Wall times depend on the machine's load; the
+ratios are measured within one run, so every command sees the same load.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -72,7 +71,7 @@ def busy_server(number: int, _path: str) -> Reply:
 
 
 def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds, exit status) of one child process."""
+    """(wall seconds, CPU seconds, peak RSS in KiB) of one child process that exits 0."""
     started = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -83,7 +82,7 @@ def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
     proc.stderr.close()
     if proc.returncode not in (0,):
         raise SystemExit(f"{argv} exited {proc.returncode}: {err[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, proc.returncode
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
 
 
 def extract(ref: str, into: Path) -> Path:
@@ -99,10 +98,11 @@ def extract(ref: str, into: Path) -> Path:
 
 
 def summary(samples: list[tuple[float, float, int]]) -> dict[str, float]:
-    """Minimum, median and p90 wall; minimum and median CPU."""
+    """Minimum, median and p90 wall; minimum and median CPU; the largest peak RSS."""
     walls = sorted(s[0] for s in samples)
     cpus = sorted(s[1] for s in samples)
     return {
+        "rss_max_mib": max(s[2] for s in samples) / 1024,
         "wall_min_s": walls[0],
         "wall_median_s": statistics.median(walls),
         "wall_p90_s": walls[min(len(walls) - 1, int(0.9 * len(walls)))],
@@ -169,7 +169,7 @@ def main() -> int:
           f"{os.cpu_count()} CPUs, {loads}")  # fmt: skip
     print(
         f"{'command':<26} {'wall min':>9} {'median':>8} {'p90':>8} {'CPU min':>8} {'median':>8}"
-        f" {'x floor':>8} {'x baseline':>10}"
+        f" {'x floor':>8} {'x baseline':>10} {'RSS':>7}"
     )
     for name, r in results.items():
         print(
@@ -178,6 +178,7 @@ def main() -> int:
             f" {r['cpu_median_s'] * 1000:>6.0f}ms"
             f" {r['cpu_median_s'] / floor['cpu_median_s']:>8.1f}"
             f" {r['cpu_median_s'] / base['cpu_median_s']:>10.2f}"
+            f" {r['rss_max_mib']:>4.0f}MiB"
         )
     now = results["now"]
     per_day = 86400 / 10
@@ -186,8 +187,6 @@ def main() -> int:
             f"a probe every 10 s ({what[4:-2]} CPU): {now[what] * per_day / 60:.1f} CPU-minutes"
             f" a day ({now[what] / 10 * 1000:.1f} millicores on average)"
         )
-    max_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"largest child RSS: {max_rss:.0f} MiB")
     ok = now["cpu_min_s"] <= GOAL_CPU_SECONDS
     print(f"goal (probe CPU min <= {GOAL_CPU_SECONDS:.1f} s): {'met' if ok else 'MISSED'}")
     if options.json is not None:
