@@ -17,8 +17,12 @@ values and a URL that reaches more than one server are UNKNOWN (exit 3) with the
 `error`. Any internal error is UNKNOWN too: `wedgewatch check` prints one line (or one
 JSON object) and never a traceback.
 
-Exit codes follow the Nagios plugin conventions (`EXIT_CODES`). Time comes from an
-injected clock and sleep so the whole loop runs in tests without waiting.
+Exit codes follow the Nagios plugin conventions (`EXIT_CODES`, from the detector's states
+in `core.states`). Time comes from an injected clock and sleep so the whole loop runs in
+tests without waiting.
+
+`execute` scrapes with the blocking `io.http_get` and runs `run_check` without an event
+loop (`run_blocking`), so an exec probe imports neither asyncio nor httpx.
 """
 
 from __future__ import annotations

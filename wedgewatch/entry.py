@@ -14,7 +14,9 @@ invocation without it:
   different digest: that run takes the full CLI, validates the configuration and caches
   the new settings. Nothing is validated twice and nothing stale is used.
 
-Both paths run the same `check.execute`; tests/test_entry.py checks that they agree.
+Both paths run the same `check.execute`, which scrapes with the standard library and no
+event loop; tests/test_entry.py checks that they agree and that the fast path imports
+nothing heavy (asyncio, httpx, pydantic, typer, structlog, prometheus_client, ...).
 """
 
 from __future__ import annotations
