@@ -8,7 +8,10 @@ the same closed-set reason in the same words (`io.scrape_rules.Failures`).
 from __future__ import annotations
 
 import gzip
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -239,3 +242,33 @@ def test_observe_stamps_the_start_and_parses() -> None:
     assert observation.exposition.engines[EngineKey("tiny-llama", "0")].running == 4.0
     assert isinstance(capped, ScrapeFailed)
     assert capped.reason == "too_large"
+
+
+@pytest.fixture
+def self_signed(tmp_path: Path) -> ssl.SSLContext:
+    """A server-side TLS context with a fresh self-signed certificate."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+async def test_an_untrusted_certificate_fails_alike(self_signed: ssl.SSLContext) -> None:
+    """https to a self-signed server: `connect_error` naming the verification, from both."""
+    server = ScriptedServer(always(Reply(body=BODY)))
+    server._httpd.socket = self_signed.wrap_socket(server._httpd.socket, server_side=True)
+    with server:
+        url = server.url.replace("http://", "https://")
+        expected = outcome(await asynchronous(url))
+        got = outcome(blocking(url))
+    assert got == expected
+    assert got[0] == "connect_error"
+    assert "CERTIFICATE_VERIFY_FAILED" in str(got[1])
