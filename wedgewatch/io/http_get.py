@@ -109,9 +109,8 @@ def fetch(
     clock: Callable[[], float] = time.monotonic,
 ) -> Fetched | FetchFailed:
     """GET `url` within `timeout_seconds` in total, reading at most `max_body_bytes`."""
-    started_at = clock()
+    failures = Failures(url, clock(), clock)
     deadline = time.monotonic() + timeout_seconds  # the sockets wait in real time
-    failures = Failures(url, started_at, clock)
     received = [0]
     current = url
     authorization = _basic_auth(url)
@@ -132,7 +131,7 @@ def fetch(
                 current = target
                 continue
             if isinstance(result, Fetched):
-                return replace(result, elapsed_seconds=clock() - started_at)
+                return replace(result, elapsed_seconds=clock() - failures.started_at)
             return result
         return failures.too_many_redirects()
     except TooLarge:

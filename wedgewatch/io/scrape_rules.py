@@ -181,14 +181,14 @@ class Failures:
         self._url = url
         self._shown = redact_url(url)  # never print credentials or a query
         self._secrets = secret_fragments([url], keep_path=True)
-        self._started_at = started_at
+        self.started_at = started_at
         self._clock = clock
 
     def failed(self, reason: ScrapeFailureReason, detail: str) -> FetchFailed:
         """A failure with `detail` made safe to print."""
         detail = scrub_text(detail.replace(self._url, self._shown), self._secrets)
         return FetchFailed(
-            reason=reason, detail=detail, elapsed_seconds=self._clock() - self._started_at
+            reason=reason, detail=detail, elapsed_seconds=self._clock() - self.started_at
         )
 
     def http_status(self, status: int, snippet: str) -> FetchFailed:
