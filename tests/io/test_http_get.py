@@ -272,3 +272,13 @@ async def test_an_untrusted_certificate_fails_alike(self_signed: ssl.SSLContext)
     assert got == expected
     assert got[0] == "connect_error"
     assert "CERTIFICATE_VERIFY_FAILED" in str(got[1])
+
+
+async def test_a_path_with_spaces_and_non_ascii_is_requested_like_the_daemon_does() -> None:
+    """The request target is percent-encoded the way httpx encodes it."""
+    with ScriptedServer(always(Reply(body=BODY))) as server:
+        url = server.base_url + "/vllm metrics/ü?name=a b"
+        await asynchronous(url)
+        assert outcome(blocking(url)) == ("body", BODY)
+    daemons, probes = (request.path for request in server.requests)
+    assert probes == daemons == "/vllm%20metrics/%C3%BC?name=a%20b"

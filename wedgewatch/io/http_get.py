@@ -32,7 +32,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 from wedgewatch.core.detect import Observation
 from wedgewatch.io.scrape_rules import (
@@ -62,6 +62,7 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_LINE_BYTES = 64 * 1024  # a status, header or chunk-size line (http.client's limits)
 _MAX_HEADERS = 100
 _LINE_ENDS = (b"\r\n", b"\n")
+_URL_SAFE = "!#$%&'()*+,/:;=?@[]~"  # what a request target keeps as it is (and A-Z a-z 0-9 _.-)
 
 
 class BrokenResponse(Exception):
@@ -179,10 +180,14 @@ def _get_once(
         return failures.failed("connect_error", f"cannot fetch {url}: not an http(s) URL")
     sock = _connect(parts.hostname, port, parts.scheme == "https", deadline)
     try:
-        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        name = (
+            parts.hostname if parts.hostname.isascii() else parts.hostname.encode("idna").decode()
+        )
+        host = f"[{name}]" if ":" in name else name
         if parts.port is not None:
             host += f":{parts.port}"
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        target = quote(target, safe=_URL_SAFE)  # a space or non-ASCII text, percent-encoded
         headers = {"Host": host, **REQUEST_HEADERS, "Connection": "close"}
         if authorization is not None:
             headers["Authorization"] = authorization
