@@ -180,10 +180,9 @@ def _get_once(
         return failures.failed("connect_error", f"cannot fetch {url}: not an http(s) URL")
     sock = _connect(parts.hostname, port, parts.scheme == "https", deadline)
     try:
-        name = (
-            parts.hostname if parts.hostname.isascii() else parts.hostname.encode("idna").decode()
-        )
-        host = f"[{name}]" if ":" in name else name
+        host = parts.hostname
+        host = host if host.isascii() else host.encode("idna").decode()
+        host = f"[{host}]" if ":" in host else host
         if parts.port is not None:
             host += f":{parts.port}"
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
