@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from wedgewatch.check import (
     CheckOptions,
     CheckReport,
     one_shot_policy,
+    run_blocking,
     run_check,
 )
 from wedgewatch.core.detect import Policy
@@ -771,3 +772,40 @@ def test_cli_internal_error_is_one_unknown_line(monkeypatch: pytest.MonkeyPatch)
         "engines": [],
         "error": "internal error in wedgewatch check (RuntimeError: a bug over two lines)",
     }
+
+
+# -- without an event loop: how `execute` runs a check ---------------------------------------
+
+
+def test_a_blocking_check_runs_its_window_without_an_event_loop() -> None:
+    """No client: blocking scrapes and sleeps, the coroutine run to its end by run_blocking."""
+    replies = [Reply(body=one(busy(n))) for n in range(5)]
+    with ScriptedServer(in_turn(replies)) as server:
+        options = CheckOptions(
+            metrics_url=server.url,
+            window_seconds=0.2,
+            interval_seconds=0.1,
+            policy=POLICY,
+            limits=ScrapeLimits(timeout_seconds=5.0, max_body_bytes=16 * 1024 * 1024),
+        )
+        report = run_blocking(run_check(options))
+    assert report.status == "ok"
+    assert report.scrapes == 3
+    assert len(server.requests) == 3
+
+
+class _Suspend:
+    """An awaitable that suspends, as real asynchronous IO does."""
+
+    def __await__(self) -> Iterator[None]:
+        yield
+
+
+def test_run_blocking_refuses_a_coroutine_that_suspends() -> None:
+    """Awaiting asynchronous IO without an event loop is a bug: reported, never a hang."""
+
+    async def suspends() -> None:
+        await _Suspend()
+
+    with pytest.raises(RuntimeError, match="suspended"):
+        run_blocking(suspends())

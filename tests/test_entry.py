@@ -132,3 +132,47 @@ def test_the_fast_parser_knows_exactly_the_settings_check_takes() -> None:
     assert {name for name, _ in entry._SETTING_FLAGS.values()} == set(
         check_settings.CHECK_FLAG_SETTINGS
     )
+
+
+#: Modules the exec probe must not import: the daemon's HTTP stack and event loop, the full
+#: command line, configuration validation, logging and metrics libraries.
+HEAVY = frozenset(
+    {
+        "asyncio",
+        "httpx",
+        "httpcore",
+        "anyio",
+        "pydantic",
+        "typer",
+        "click",
+        "rich",
+        "structlog",
+        "prometheus_client",
+        "psutil",
+        "wedgewatch.cli",
+        "wedgewatch.config",
+        "wedgewatch.io.scrape",
+    }
+)
+
+
+def test_the_exec_probe_imports_only_what_it_needs(tmp_path: Path) -> None:
+    """The state-file probe scrapes, judges and saves without one heavy module imported."""
+    state = tmp_path / "probe.json"
+    body = (FIXTURES / "idle.prom").read_bytes()
+    with ScriptedServer(always(Reply(body=body))) as server:
+        args = ["check", server.url, "--for=0", f"--state-file={state}", "--critical-only"]
+        first = subprocess.run(
+            [ENTRY, *args], capture_output=True, text=True, env=clean_env(), check=False
+        )  # the full CLI validates the settings and caches them in the state file
+        assert first.returncode == 0, first.stderr
+        probe = subprocess.run(
+            [sys.executable, "-X", "importtime", ENTRY, *args],
+            capture_output=True, text=True, env=clean_env(), check=False,
+        )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.startswith(f"OK: idle - {server.url}, 1 engine, 1 scrape")
+    imported = {line.rsplit("|", 1)[-1].strip() for line in probe.stderr.splitlines()}
+    assert {"wedgewatch.check", "wedgewatch.io.http_get"} <= imported  # it did scrape
+    assert imported & HEAVY == set()
+    assert json.loads(state.read_text())["detector"]["last_at"] is not None  # and saved

@@ -17,29 +17,31 @@ values and a URL that reaches more than one server are UNKNOWN (exit 3) with the
 `error`. Any internal error is UNKNOWN too: `wedgewatch check` prints one line (or one
 JSON object) and never a traceback.
 
-Exit codes follow the Nagios plugin conventions (`EXIT_CODES`). Time comes from an
-injected clock and sleep so the whole loop runs in tests without waiting.
+Exit codes follow the Nagios plugin conventions (`EXIT_CODES`, from the detector's states
+in `core.states`). Time comes from an injected clock and sleep so the whole loop runs in
+tests without waiting.
+
+`execute` scrapes with the blocking `io.http_get` and runs `run_check` without an event
+loop (`run_blocking`), so an exec probe imports neither asyncio nor httpx.
 """
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import json
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
-
-import httpx
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from wedgewatch.check_settings import CheckSettings
 from wedgewatch.core import probe_policy
 from wedgewatch.core.detect import (
     EngineVerdict,
+    Observation,
     Policy,
     ScrapeFailed,
     TargetState,
@@ -57,44 +59,41 @@ from wedgewatch.core.restart_policy import (
     record_tick,
     to_record,
 )
-from wedgewatch.core.states import EngineState
+from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState, ScrapeFailureReason
+from wedgewatch.io import http_get
 from wedgewatch.io.atomic import write_atomic
-from wedgewatch.io.scrape import ScrapeLimits, observe
+from wedgewatch.io.scrape_rules import ScrapeLimits
 
-Status = Literal[
-    "ok", "idle", "sleeping", "starting", "suspect", "wedged", "unreachable", "unknown"
-]
+if TYPE_CHECKING:
+    import httpx
+
+#: A check's status is the detector's state of the target (`core.states.EngineState`).
+Status = EngineState
 EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
-EXIT_CODES: dict[Status, int] = {
-    "ok": EXIT_OK,
-    "idle": EXIT_OK,
-    "sleeping": EXIT_OK,
-    "starting": EXIT_OK,
-    "suspect": EXIT_WARNING,
-    "wedged": EXIT_CRITICAL,
-    "unreachable": EXIT_CRITICAL,
-    "unknown": EXIT_UNKNOWN,
-}
-_STATUS_OF: dict[EngineState, Status] = {
-    EngineState.OK: "ok",
-    EngineState.IDLE: "idle",
-    EngineState.SLEEPING: "sleeping",
-    EngineState.STARTING: "starting",
-    EngineState.SUSPECT: "suspect",
-    EngineState.WEDGED: "wedged",
-    EngineState.UNREACHABLE: "unreachable",
-    EngineState.UNKNOWN: "unknown",
-}
+
+
+def _exit_code(state: EngineState) -> int:
+    if state in ACTED_ON:  # what the daemon restarts and /probe fails for
+        return EXIT_CRITICAL
+    if state in STALLED:  # a stall not (yet) acted on
+        return EXIT_WARNING
+    return EXIT_UNKNOWN if state is EngineState.UNKNOWN else EXIT_OK
+
+
+#: The Nagios exit code of each state.
+EXIT_CODES: dict[Status, int] = {state: _exit_code(state) for state in EngineState}
 # Scrape failures that say the body is not something the detector can judge: UNKNOWN at once.
-_NOT_JUDGEABLE = frozenset({"parse_error", "too_many_engines"})
+_NOT_JUDGEABLE: frozenset[ScrapeFailureReason] = frozenset({"parse_error", "too_many_engines"})
 _NAGIOS_WORDS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
 
 STATE_FILE_VERSION = 2
 _READABLE_VERSIONS = (1, 2)  # version 1 held the detector only
-_HEALTHY: frozenset[Status] = frozenset({"ok", "idle", "sleeping"})
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
+#: One scrape and parse of a URL within limits, stamped with the clock when it began.
+Observe = Callable[[str, ScrapeLimits, Clock], Awaitable[Observation]]
+_T = TypeVar("_T")
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 _log_level = ["info"]
@@ -157,7 +156,7 @@ class CheckReport:
         In probe mode also `gave_up` and `restart_policy` (the probe verdict's decision).
         """
         document: dict[str, Any] = {
-            "status": self.status,
+            "status": self.status.value,
             "engines": [_engine_json(verdict) for verdict in self.engines],
             "error": self.error,
         }
@@ -171,7 +170,7 @@ class CheckReport:
         word = _NAGIOS_WORDS[self.exit_code]
         count = len(self.engines)
         summary = (
-            f"{word}: {self.status} - {self.metrics_url}, "
+            f"{word}: {self.status.value} - {self.metrics_url}, "
             f"{count} engine{'s' if count != 1 else ''}, "
             f"{self.scrapes} scrape{'s' if self.scrapes != 1 else ''}"
         )
@@ -216,12 +215,19 @@ def _max_state_age(policy: Policy) -> float:
 async def run_check(
     options: CheckOptions,
     *,
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient | None = None,
     clock: Clock = time.monotonic,
-    sleep: Sleep = asyncio.sleep,
+    sleep: Sleep | None = None,
     wall: Clock = time.time,
 ) -> CheckReport:
-    """Scrape `options.metrics_url` for the window, judge every scrape, and report."""
+    """Scrape `options.metrics_url` for the window, judge every scrape, and report.
+
+    Without a `client` the scrapes and the sleeps between them block (`io.http_get`,
+    `time.sleep`): the coroutine never suspends, and `run_blocking` runs it without an event
+    loop, which is how `execute` runs a check. With a `client`, the scrapes go through the
+    daemon's asynchronous transport (`io.scrape`) and the sleeps default to asyncio's.
+    """
+    observe, sleep = _transport(client, sleep)
     notes: list[str] = []
     if options.state_file is None:
         policy = one_shot_policy(options.policy, options.window_seconds)
@@ -230,7 +236,7 @@ async def run_check(
             policy=policy,
             state=TargetState.initial(),
             notes=notes,
-            client=client,
+            observe=observe,
             clock=clock,
             sleep=sleep,
         )
@@ -241,7 +247,7 @@ async def run_check(
     except OSError as exc:
         _log("error", "state_file_unusable", path=str(path), error=str(exc))
         return CheckReport(
-            status="unknown",
+            status=EngineState.UNKNOWN,
             metrics_url=options.metrics_url,
             engines=(),
             error=f"cannot use state file {path}: {exc}",
@@ -256,13 +262,13 @@ async def run_check(
             policy=options.policy,
             state=saved.detector,
             notes=notes,
-            client=client,
+            observe=observe,
             clock=clock,
             sleep=sleep,
         )
         at, timestamp = clock(), wall()
         saved = replace(saved, detector=detector)
-        if options.restart is not None and report.status != "unknown":
+        if options.restart is not None and report.status is not EngineState.UNKNOWN:
             report, saved = _apply_restart_policy(
                 options, options.restart, report, saved=saved, at=at, timestamp=timestamp
             )
@@ -270,7 +276,9 @@ async def run_check(
             _save_state_file(path, options, saved, at, timestamp)
         except OSError as exc:
             _log("error", "state_file_unwritable", path=str(path), error=str(exc))
-            return replace(report, status="unknown", error=f"cannot write state file {path}: {exc}")
+            return replace(
+                report, status=EngineState.UNKNOWN, error=f"cannot write state file {path}: {exc}"
+            )
         for event in report.events:
             _log(
                 "error" if event.kind == "gave_up" else "info",
@@ -306,7 +314,7 @@ def _apply_restart_policy(
         timestamp=timestamp,
     )
     events += result.events
-    result = record_tick(result.state, restart, at, timestamp, healthy=report.status in _HEALTHY)
+    result = record_tick(result.state, restart, at, timestamp, healthy=report.status in CALM)
     events += result.events
     verdict, result = probe_policy.probe_verdict(
         result.state,
@@ -345,15 +353,45 @@ def options_for(
     )
 
 
+def _transport(client: httpx.AsyncClient | None, sleep: Sleep | None) -> tuple[Observe, Sleep]:
+    """How `run_check` scrapes and sleeps: blocking without a client, else asynchronously."""
+    if client is None:
+
+        async def observe_blocking(url: str, limits: ScrapeLimits, clock: Clock) -> Observation:
+            return http_get.observe(url, limits, clock=clock)
+
+        async def sleep_blocking(seconds: float) -> None:
+            time.sleep(seconds)  # noqa: ASYNC251 - no event loop to block: see run_blocking
+
+        return observe_blocking, sleep or sleep_blocking
+    import asyncio  # noqa: PLC0415 - only a caller with its own event loop pays for it
+
+    from wedgewatch.io import scrape  # noqa: PLC0415 - ditto, with httpx
+
+    async def observe_async(url: str, limits: ScrapeLimits, clock: Clock) -> Observation:
+        # The same fields: io.scrape keeps its own class until it imports io.scrape_rules'.
+        return await scrape.observe(client, url, limits, clock=clock)  # type: ignore[arg-type]
+
+    return observe_async, sleep or asyncio.sleep
+
+
+def run_blocking(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """The result of a coroutine whose every wait blocks, run to its end without an event loop.
+
+    Such a coroutine never suspends: its first step runs it to completion. One that does
+    suspend (it awaited real asynchronous IO) is a bug, closed and reported.
+    """
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return cast("_T", done.value)
+    coroutine.close()
+    raise RuntimeError("a blocking check suspended: it awaited asynchronous IO")
+
+
 def execute(options: CheckOptions, *, as_json: bool, critical_only: bool) -> int:
     """Run one check, print its report to stdout, and return the exit status."""
-    from wedgewatch.io.scrape import new_client  # noqa: PLC0415 - with its httpx client
-
-    async def run() -> CheckReport:
-        async with new_client() as client:
-            return await run_check(options, client=client)
-
-    report = asyncio.run(run())
+    report = run_blocking(run_check(options))
     print(json.dumps(report.to_json()) if as_json else report.render_text(), flush=True)
     code = report.exit_code
     # A liveness probe restarts vLLM on any non-zero exit: with --critical-only only a
@@ -368,7 +406,7 @@ async def _scrape_loop(
     policy: Policy,
     state: TargetState,
     notes: list[str],
-    client: httpx.AsyncClient,
+    observe: Observe,
     clock: Clock,
     sleep: Sleep,
 ) -> tuple[CheckReport, TargetState]:
@@ -383,7 +421,7 @@ async def _scrape_loop(
     scrapes = 0
     while True:
         begun_at = clock()
-        observation = await observe(client, options.metrics_url, options.limits, clock=clock)
+        observation = await observe(options.metrics_url, options.limits, clock)
         state, verdict = step(state, observation, policy)
         scrapes += 1
         _log(
@@ -395,7 +433,7 @@ async def _scrape_loop(
         )
         if isinstance(observation, ScrapeFailed) and observation.reason in _NOT_JUDGEABLE:
             report = CheckReport(
-                status="unknown",
+                status=EngineState.UNKNOWN,
                 metrics_url=options.metrics_url,
                 engines=(),
                 error=f"not a vLLM metrics body: {observation.detail}",
@@ -424,7 +462,7 @@ def _report(
         unknown = next(e for e in verdict.engines if e.state is EngineState.UNKNOWN)
         error = f"{unknown.key.model_name} engine {unknown.key.engine}: {unknown.reason}"
     return CheckReport(
-        status=_STATUS_OF[verdict.state],
+        status=verdict.state,
         metrics_url=metrics_url,
         engines=verdict.engines,
         error=error,

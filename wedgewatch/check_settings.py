@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from wedgewatch.core.detect import Policy
 from wedgewatch.core.restart_policy import RestartPolicy
-from wedgewatch.io.scrape import ScrapeLimits
+from wedgewatch.io.scrape_rules import ScrapeLimits
 
 if TYPE_CHECKING:
     from wedgewatch.config import Config
@@ -60,7 +60,8 @@ class CheckSettings:
         return cls(
             interval_seconds=config.interval_seconds,
             policy=config.policy(),
-            limits=config.scrape_limits(),
+            # The same fields: io.scrape keeps its own class until it imports this one.
+            limits=config.scrape_limits(),  # type: ignore[arg-type]
             log_level=config.log_level,
             restart=config.restart_policy(),
             probe_respects_budget=config.probe_respects_budget,

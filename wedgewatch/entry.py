@@ -14,7 +14,9 @@ invocation without it:
   different digest: that run takes the full CLI, validates the configuration and caches
   the new settings. Nothing is validated twice and nothing stale is used.
 
-Both paths run the same `check.execute`; tests/test_entry.py checks that they agree.
+Both paths run the same `check.execute`, which scrapes with the standard library and no
+event loop; tests/test_entry.py checks that they agree and that the fast path imports
+nothing heavy (asyncio, httpx, pydantic, typer, structlog, prometheus_client, ...).
 """
 
 from __future__ import annotations
@@ -117,9 +119,6 @@ def fast_check(args: list[str]) -> int | None:
     parsed = parse_probe_args(args)
     if parsed is None:
         return None
-    # httpx imports its own command line tool (click, rich) when they are installed; the
-    # probe never uses it. A None entry makes that import fail, which httpx tolerates.
-    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     from wedgewatch import check, check_settings  # noqa: PLC0415 - the fast path's imports
 
     key = check_settings.settings_key(parsed.url, parsed.config_file, os.environ, parsed.flags)

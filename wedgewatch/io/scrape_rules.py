@@ -1,0 +1,255 @@
+"""What a `/metrics` scrape is, whatever carries its bytes: bounds, request, failures, result.
+
+Two transports fetch `/metrics`: the daemon's (`io.scrape`, asynchronous, many targets on
+one event loop) and the exec probe's (`io.http_get`, one blocking GET in a process that
+lives a fraction of a second). Both follow the rules kept here, so they ask the same
+question and fail for the same reasons in the same words:
+
+* `REQUEST_HEADERS`: plain text only, gzip accepted;
+* `ScrapeLimits`: a total deadline, a cap on the decoded body and on the engines parsed;
+* `Inflater`: gzip decoded in bounded steps, the cap applied to the decoded size, so a gzip
+  bomb is cut off after `max_body_bytes` of output;
+* `Failures`: every `FetchFailed` a transport returns, one method per closed-set reason
+  (`core.states.ScrapeFailureReason`), its detail on one line with the URL redacted;
+* `observation`: a fetch result, parsed, as the detector's observation.
+
+Nothing here opens a socket or imports a transport.
+"""
+
+from __future__ import annotations
+
+import errno
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from wedgewatch import __version__
+from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
+from wedgewatch.core.redact import redact_url, scrub_text, secret_fragments
+from wedgewatch.core.states import ScrapeFailureReason
+from wedgewatch.vllm import signals
+
+#: Request headers: plain text only (vLLM's `/metrics/` mount escapes `:` in OpenMetrics).
+REQUEST_HEADERS = {
+    "Accept": "text/plain;version=0.0.4;q=1.0, text/plain;q=0.9",
+    "Accept-Encoding": "gzip",
+    "User-Agent": f"wedgewatch/{__version__}",
+}
+#: How many redirects a scrape follows before it fails (httpx's default).
+MAX_REDIRECTS = 20
+#: The bytes of an error response's body kept for its failure detail (decoded, one line).
+SNIPPET_CHARS = 200
+_INFLATE_STEP_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeLimits:
+    """The bounds of one scrape."""
+
+    timeout_seconds: float
+    max_body_bytes: int
+    max_engines: int = signals.DEFAULT_MAX_ENGINES
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A complete 200 response."""
+
+    body: bytes
+    status: int
+    content_type: str | None
+    elapsed_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class FetchFailed:
+    """A scrape that produced no usable body, with a closed-set reason and a one-line detail."""
+
+    reason: ScrapeFailureReason
+    detail: str
+    elapsed_seconds: float
+
+
+class TooLarge(Exception):
+    """The body passed `max_body_bytes` (raw or decoded)."""
+
+
+class BadEncoding(Exception):
+    """The body is not valid in its `Content-Encoding`."""
+
+
+def content_encoding(header: str | None) -> str:
+    """The `Content-Encoding` of a response, normalised (`identity` when absent)."""
+    return (header or "identity").strip().lower() or "identity"
+
+
+def is_accepted_encoding(encoding: str) -> bool:
+    """Whether a scrape can decode `encoding` (the ones `REQUEST_HEADERS` asks for)."""
+    return encoding in ("identity", "gzip")
+
+
+class Inflater:
+    """Decodes a `Content-Encoding` stream in bounded steps, counting decoded bytes."""
+
+    def __init__(self, encoding: str, max_bytes: int) -> None:
+        self._encoding = encoding
+        self._max_bytes = max_bytes
+        self._size = 0
+        self._parts: list[bytes] = []
+        self._decoder = self._new_decoder()
+        self._in_member = False  # a gzip member has begun and not yet ended
+
+    def _new_decoder(self) -> zlib._Decompress | None:
+        if self._encoding == "gzip":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        return None
+
+    def _keep(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > self._max_bytes:
+            raise TooLarge
+        self._parts.append(data)
+
+    def feed(self, chunk: bytes) -> None:
+        """Decode one chunk of the body; TooLarge past the cap, BadEncoding if corrupt."""
+        decoder = self._decoder
+        if decoder is None:
+            self._keep(chunk)
+            return
+        data = chunk
+        while data:
+            self._in_member = True
+            try:
+                out = decoder.decompress(data, _INFLATE_STEP_BYTES)
+            except zlib.error as exc:
+                raise BadEncoding(f"corrupt {self._encoding} body ({exc})") from None
+            self._keep(out)
+            data = decoder.unconsumed_tail
+            if decoder.eof:
+                # gzip allows several members back to back: start a new one on what is left.
+                self._in_member = False
+                data = data or decoder.unused_data
+                decoder = self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    def finish(self) -> bytes:
+        """The whole decoded body; BadEncoding if the stream stopped inside a gzip member."""
+        if self._in_member:
+            raise BadEncoding(f"truncated {self._encoding} body (the stream ended early)")
+        return b"".join(self._parts)
+
+
+def host_port(url: str) -> str:
+    """`host:port` of a URL (`[v6]:port`), the default port filled in, for failure details."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return parts.netloc
+    host = parts.hostname or ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def is_refused(exc: BaseException) -> bool:
+    """Whether an exception (or its cause chain) is a refused connection."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError) or (
+            isinstance(current, OSError) and current.errno == errno.ECONNREFUSED
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return "connection refused" in str(exc).lower()
+
+
+def one_line(text: str, limit: int = SNIPPET_CHARS) -> str:
+    """`text` on one line, cut after `limit` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
+class Failures:
+    """The failures of one fetch of `url`: one method per way a scrape fails, worded once.
+
+    Every detail has the URL redacted (no credentials, no secret query) and any secret part
+    of it scrubbed from the text a library put in; `elapsed_seconds` runs from `started_at`.
+    """
+
+    def __init__(self, url: str, started_at: float, clock: Callable[[], float]) -> None:
+        self._url = url
+        self._shown = redact_url(url)  # never print credentials or a query
+        self._secrets = secret_fragments([url], keep_path=True)
+        self.started_at = started_at
+        self._clock = clock
+
+    def failed(self, reason: ScrapeFailureReason, detail: str) -> FetchFailed:
+        """A failure with `detail` made safe to print."""
+        detail = scrub_text(detail.replace(self._url, self._shown), self._secrets)
+        return FetchFailed(
+            reason=reason, detail=detail, elapsed_seconds=self._clock() - self.started_at
+        )
+
+    def http_status(self, status: int, snippet: str) -> FetchFailed:
+        """A response other than 200, with the start of its body."""
+        return self.failed(
+            "http_status", f"HTTP {status} from {self._url}" + (f": {snippet}" if snippet else "")
+        )
+
+    def too_many_redirects(self) -> FetchFailed:
+        """More than `MAX_REDIRECTS` redirects."""
+        return self.failed("http_status", f"too many redirects from {self._url}")
+
+    def unasked_encoding(self, encoding: str) -> FetchFailed:
+        """A body in a `Content-Encoding` the request did not accept."""
+        return self.failed(
+            "parse_error",
+            f"{self._url} answered with Content-Encoding {encoding!r}, "
+            "which was not asked for (only gzip)",
+        )
+
+    def bad_encoding(self, exc: BadEncoding) -> FetchFailed:
+        """A corrupt or truncated gzip body."""
+        return self.failed("parse_error", f"{self._url}: {exc}")
+
+    def too_large(self, max_body_bytes: int) -> FetchFailed:
+        """A body past the cap, raw or decoded."""
+        return self.failed("too_large", f"body from {self._url} exceeded {max_body_bytes} bytes")
+
+    def timeout(self, timeout_seconds: float, received: int) -> FetchFailed:
+        """No complete response within the total deadline."""
+        progress = f" ({received} bytes of body received)" if received else ""
+        return self.failed(
+            "timeout",
+            f"no complete response from {self._url} within {timeout_seconds:g} s{progress}",
+        )
+
+    def cannot_connect(self, exc: BaseException) -> FetchFailed:
+        """No connection: refused, or another reason (name resolution, TLS, unreachable)."""
+        if is_refused(exc):
+            return self.failed("refused", f"connection refused by {host_port(self._url)}")
+        return self.failed(
+            "connect_error", f"cannot connect to {host_port(self._url)}: {one_line(str(exc))}"
+        )
+
+    def broken(self, exc: BaseException) -> FetchFailed:
+        """The connection broke mid-response, or the server spoke broken HTTP."""
+        what = type(exc).__name__
+        return self.failed(
+            "connect_error",
+            f"{what} from {host_port(self._url)}: {one_line(str(exc)) or 'no detail'}",
+        )
+
+
+def observation(
+    at: float, url: str, limits: ScrapeLimits, result: Fetched | FetchFailed
+) -> Observation:
+    """The detector's observation of a fetch that began at `at`: its failure, or its parse."""
+    if isinstance(result, FetchFailed):
+        return ScrapeFailed(at=at, reason=result.reason, detail=result.detail)
+    parsed = signals.parse(result.body, max_engines=limits.max_engines)
+    if isinstance(parsed, signals.ParseFailure):
+        shown = redact_url(url)
+        return ScrapeFailed(at=at, reason=parsed.reason, detail=f"{shown}: {parsed.message}")
+    return Scraped(at=at, exposition=parsed)
