@@ -70,6 +70,7 @@ def vllm_sim(tmp_path: Path, version: str) -> Iterator[SimProcess]:
     """`wedgewatch sim serve --scheduler vllm` under vLLM `version`, ready."""
     python = vllm_python(version)
     env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="WARNING")
+    env.pop("VLLM_USE_SIMPLE_KV_OFFLOAD", None)  # OffloadingConnector, whose workers are emulated
     argv = [str(python), "-m", "wedgewatch", "sim", "serve", "tiny"]
     sim = SimProcess(tmp_path / f"sim-{version}.log", VLLM_FLAGS, argv=argv, env=env)
     try:
@@ -108,18 +109,20 @@ def test_vllm_0_30_0_wedges_over_http_and_the_daemon_catches_it(tmp_path: Path) 
         (engine,) = sim.titled("VLLM::EngineCore")
         workers = sorted(" ".join(w.cmdline()).strip() for w in engine.children())
         assert workers == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"]
-        daemon = DaemonProcess(
-            [
-                "--target", f"sim={sim.url}",
-                "--interval-seconds", "1",
-                "--stall-after-seconds", "5",
-                "--hang-after-seconds", "30",
-                "--remedy", "none",
-            ],
-            tmp_path,
-        )  # fmt: skip
-        load = run_load(sim.url, tmp_path / "load-0.30.0.txt")
+        daemon: DaemonProcess | None = None
+        load: subprocess.Popen[bytes] | None = None
         try:
+            daemon = DaemonProcess(
+                [
+                    "--target", f"sim={sim.url}",
+                    "--interval-seconds", "1",
+                    "--stall-after-seconds", "5",
+                    "--hang-after-seconds", "30",
+                    "--remedy", "none",
+                ],
+                tmp_path,
+            )  # fmt: skip
+            load = run_load(sim.url, tmp_path / "load-0.30.0.txt")
             wedge = daemon.wait_for("wedge_detected", timeout_seconds=150)
             assert wedge["family"] == "deferred_stall", wedge
             samples = sim.samples()
@@ -153,9 +156,12 @@ def test_vllm_0_30_0_wedges_over_http_and_the_daemon_catches_it(tmp_path: Path) 
             sys.stderr.write(f"schedule frame in the bundle's own dumps: {in_bundle}\n")
             assert daemon.stop() == 0
         finally:
-            kill_group(load)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(daemon.proc.pid, signal.SIGKILL)
+            if load is not None:
+                kill_group(load)
+            if daemon is not None:  # it leads its own session
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(daemon.proc.pid, signal.SIGKILL)
+                daemon.proc.wait(timeout=30)
 
 
 def test_vllm_0_33_0_completes_the_same_traffic_with_its_own_metrics(tmp_path: Path) -> None:

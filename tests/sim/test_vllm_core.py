@@ -71,6 +71,7 @@ def test_vllm_flags_reach_the_real_settings() -> None:
         (["--fault", "hung-load@3"], "add --scheduler vllm"),
         (["--fault", "lost-store-event"], "add --scheduler vllm"),
         (["--scheduler", "vllm", "--api-server-count", "2"], "single API server"),
+        (["--scheduler", "vllm", "--fault", "nan-gauges@3"], "the gauges are vLLM's own"),
     ],
 )
 def test_bad_combinations_are_refused(argv: list[str], message: str) -> None:

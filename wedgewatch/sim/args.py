@@ -384,6 +384,8 @@ def _validate(args: ServeArgs) -> ServeArgs | ArgsError:
     if args.scheduler == "vllm" and args.multiprocess_metrics:
         return ArgsError("--scheduler vllm runs a single API server (--api-server-count 1)")
     for fault in args.faults:
+        if fault.name == "nan-gauges" and args.scheduler == "vllm":
+            return ArgsError("--fault nan-gauges: with --scheduler vllm the gauges are vLLM's own")
         if fault.name in REAL_SCHEDULER_FAULTS and args.scheduler != "vllm":
             return ArgsError(
                 f"--fault {fault.name} is a fault of the KV connector workers that "

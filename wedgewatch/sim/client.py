@@ -59,6 +59,7 @@ class Frontend(Protocol):
     def add_request(self, request: SimRequest, arrival_time: float) -> None: ...
     def abort_request(self, request_id: str) -> None: ...
     def record(self, engine_index: int, outputs: tuple[object, ...]) -> None: ...
+    def record_sleep_state(self, sleep: int, level: int) -> None: ...
 
 
 class EngineDeadError(RuntimeError):
@@ -332,6 +333,8 @@ class EngineClient:
                     exposition.stats.record_sleep_state(
                         engine.index, awake=method == "wake_up", level=level
                     )
+            if self._frontend is not None:  # vLLM's own logger sets every engine at once
+                self._frontend.record_sleep_state(int(method == "sleep"), level)
         return answers
 
     # ------------------------------------------------------------ threads

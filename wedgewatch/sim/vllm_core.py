@@ -372,6 +372,10 @@ class VllmFrontend:
         """`AsyncLLM.abort`: the output processor forgets the request."""
         self._processor.abort_requests([request_id], internal=True)
 
+    def record_sleep_state(self, sleep: int, level: int) -> None:
+        """`AsyncLLM.sleep` / `wake_up`: vLLM's `vllm:engine_sleep_state`."""
+        self._logger.record_sleep_state(sleep, level)
+
     def record(self, engine_index: int, outputs: tuple[object, ...]) -> None:
         """What `AsyncLLM`'s output handler does with each `EngineCoreOutputs`."""
         for item in outputs:
