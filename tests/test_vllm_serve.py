@@ -40,7 +40,8 @@ VLLM_FLAGS = [*LAUNCHER_FLAGS, "--scheduler", "vllm", "--no-scheduler-reserve-fu
 SCHEDULE_FRAME = "schedule (vllm/v1/core/sched/scheduler.py"
 START_SECONDS = 180.0  # importing vLLM and torch on a loaded 2-core machine
 
-pytestmark = pytest.mark.slow
+# Importing torch and vLLM, then a load of ~60 s: 80-100 s a test at load average ~8.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def vllm_python(version: str) -> Path:
