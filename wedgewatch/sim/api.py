@@ -48,6 +48,7 @@ from wedgewatch.sim.client import EngineClient, EngineDeadError, EngineStartErro
 from wedgewatch.sim.engine import EngineConfig
 from wedgewatch.sim.faults import (
     GARBAGE_METRICS_BODY,
+    REAL_SCHEDULER_FAULTS,
     FaultClock,
     block_event_loop_forever,
     trickle,
@@ -61,7 +62,7 @@ from wedgewatch.sim.scheduler import (
     cpu_blocks_from_gib,
 )
 from wedgewatch.sim.version import SIM_VLLM_VERSION
-from wedgewatch.sim.vllm_core import VllmFrontend, core_factory, real_settings
+from wedgewatch.sim.vllm_core import VllmFrontend, core_factory, real_settings, with_fault
 from wedgewatch.sim.vllm_engine import RealSettings
 
 log = logging.getLogger("wedgewatch.sim.api")
@@ -763,6 +764,9 @@ def serve(args: ServeArgs, origin_at: float) -> int:
     if args.scheduler == "vllm":
         try:
             settings = real_settings(args, os.environ.get("VLLM_USE_SIMPLE_KV_OFFLOAD") == "1")
+            for fault in args.faults:  # refuse a connector fault this checkout cannot emulate
+                if fault.name in REAL_SCHEDULER_FAULTS:
+                    with_fault(settings, fault.name)
             frontend = VllmFrontend(
                 settings, args.model_name, tuple(range(args.data_parallel_size))
             )

@@ -152,6 +152,9 @@ class RealScheduler:
                 self._fault_at = (at, name)
         if self._fault_at is not None and self._fault_at[0] <= time.monotonic():
             settings = with_fault(settings, self._fault_at[1])
+            log.warning(
+                "fault %s: the emulated KV connector workers carry it out", self._fault_at[1]
+            )
             self._fault_at = None
         self.engine = RealEngine(settings)
         self._requests: dict[str, SimRequest] = {}
@@ -293,7 +296,10 @@ class RealScheduler:
         self._fault_at = None
         settings = with_fault(self.engine.settings, name)
         self.engine.settings = settings
-        self.engine._workers.settings = settings  # the emulated GPU side reads it each step
+        # The emulated workers read their settings at every transfer (`workers` on the tune
+        # branch, `_workers` before it).
+        workers = getattr(self.engine, "workers", None) or self.engine._workers
+        workers.settings = settings
         log.warning("fault %s: the emulated KV connector workers now carry it out", name)
 
 
