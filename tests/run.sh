@@ -52,8 +52,9 @@ if ! kubectl kustomize deploy/kubernetes/exec-probe >/dev/null 2>&1; then
     exit 2
 fi
 
-# Real vLLM venvs for tests/test_vllm_engine.py (vLLM's own scheduler on a CPU), one per
-# version, built once and reused (~1.7 GB + deps each; see docs/simulator.md for the cost).
+# Real vLLM venvs for tests/test_vllm_engine.py and tests/test_vllm_serve.py (vLLM's own
+# scheduler on a CPU; the script also installs this checkout there), one per version, built
+# once and reused (~1.7 GB + deps each; see docs/simulator.md for the cost).
 # WEDGEWATCH_SKIP_VLLM_VENVS=1 skips the build; those tests then skip and say how to build.
 if [ -z "${WEDGEWATCH_SKIP_VLLM_VENVS:-}" ]; then
     for version in 0.30.0 0.33.0; do

@@ -36,6 +36,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from prometheus_client import REGISTRY
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -47,6 +48,7 @@ from wedgewatch.sim.client import EngineClient, EngineDeadError, EngineStartErro
 from wedgewatch.sim.engine import EngineConfig
 from wedgewatch.sim.faults import (
     GARBAGE_METRICS_BODY,
+    REAL_SCHEDULER_FAULTS,
     FaultClock,
     block_event_loop_forever,
     trickle,
@@ -60,6 +62,8 @@ from wedgewatch.sim.scheduler import (
     cpu_blocks_from_gib,
 )
 from wedgewatch.sim.version import SIM_VLLM_VERSION
+from wedgewatch.sim.vllm_core import VllmFrontend, core_factory, real_settings, with_fault
+from wedgewatch.sim.vllm_engine import RealSettings
 
 log = logging.getLogger("wedgewatch.sim.api")
 
@@ -283,11 +287,13 @@ class SimServer:
         client: EngineClient,
         exposition: Exposition,
         faults: FaultClock,
+        vllm_version: str = SIM_VLLM_VERSION,
     ) -> None:
         self.args = args
         self.client = client
         self.exposition = exposition
         self.faults = faults
+        self.vllm_version = vllm_version
         self._created = int(time.time())
         self._served_names = args.served_model_name or (args.model,)
         self._request_ids = RequestIds(args.seed)
@@ -321,7 +327,7 @@ class SimServer:
 
     async def version(self, request: Request) -> Response:
         """`{"version": ...}`."""
-        return JSONResponse({"version": SIM_VLLM_VERSION})
+        return JSONResponse({"version": self.vllm_version})
 
     async def load(self, request: Request) -> Response:
         """`{"server_load": N}`: requests in flight."""
@@ -753,6 +759,35 @@ def serve(args: ServeArgs, origin_at: float) -> int:
         log.error("invalid configuration: %s", exc)
         return 2
     faults = FaultClock(origin_at=origin_at, faults=args.faults)
+    frontend: VllmFrontend | None = None
+    settings: RealSettings | None = None
+    if args.scheduler == "vllm":
+        try:
+            settings = real_settings(args, os.environ.get("VLLM_USE_SIMPLE_KV_OFFLOAD") == "1")
+            for fault in args.faults:  # refuse a connector fault this checkout cannot emulate
+                if fault.name in REAL_SCHEDULER_FAULTS:
+                    with_fault(settings, fault.name)
+            frontend = VllmFrontend(
+                settings, args.model_name, tuple(range(args.data_parallel_size))
+            )
+        except NotImplementedError as exc:
+            log.error("--scheduler vllm: %s", exc)
+            return 2
+        log.info(
+            "--scheduler vllm: vLLM %s's own %s with %s (async scheduling %s, full-ISL %s)",
+            frontend.version,
+            frontend.scheduler_name,
+            frontend.connector_name,
+            "on" if settings.async_scheduling else "off",
+            "on" if settings.reserve_full_isl else "off",
+        )
+    else:
+        for flag, value in (
+            ("--[no-]async-scheduling", args.async_scheduling),
+            ("--[no-]scheduler-reserve-full-isl", args.reserve_full_isl),
+        ):
+            if value is not None:
+                log.warning("ignoring %s: only --scheduler vllm models it", flag)
     engine_configs = [
         EngineConfig(
             engine_index=rank,
@@ -764,6 +799,7 @@ def serve(args: ServeArgs, origin_at: float) -> int:
             log_stats=not args.disable_log_stats,
             execute_model_timeout_seconds=_execute_model_timeout(args.tensor_parallel_size),
             prefill_step_time_seconds=args.prefill_step_time_seconds,
+            core_factory=core_factory(settings) if settings is not None else None,
         )
         for rank in range(args.data_parallel_size)
     ]
@@ -787,20 +823,24 @@ def serve(args: ServeArgs, origin_at: float) -> int:
         scheduler_config,
         args.step_time_seconds,
         exposition=lambda: exposition_holder[0] if exposition_holder else None,
+        frontend=frontend,
     )
     try:
         client.start()
     except EngineStartError as exc:
         log.error("%s", exc)
         return 1
-    exposition = Exposition(
-        model_name=args.model_name,
-        engine_indexes=client.engine_indexes,
-        max_model_len=args.max_model_len,
-        cache_config_info=cache_config_info(args, scheduler_config),
-        multiprocess=args.multiprocess_metrics,
-        log_stats=not args.disable_log_stats,
-    )
+    if frontend is not None:  # vLLM's own stat logger is on prometheus_client's REGISTRY
+        exposition = Exposition.of_registry(REGISTRY)
+    else:
+        exposition = Exposition(
+            model_name=args.model_name,
+            engine_indexes=client.engine_indexes,
+            max_model_len=args.max_model_len,
+            cache_config_info=cache_config_info(args, scheduler_config),
+            multiprocess=args.multiprocess_metrics,
+            log_stats=not args.disable_log_stats,
+        )
     exposition_holder.append(exposition)
     try:
         sock = bind_socket(args.host, args.port)
@@ -808,7 +848,13 @@ def serve(args: ServeArgs, origin_at: float) -> int:
         log.error("cannot listen on %s:%d: %s", args.host or "0.0.0.0", args.port, exc)
         client.shutdown()
         return 1
-    server = SimServer(args, client, exposition, faults)
+    server = SimServer(
+        args,
+        client,
+        exposition,
+        faults,
+        vllm_version=frontend.version if frontend is not None else SIM_VLLM_VERSION,
+    )
     received: list[int] = []
 
     def _remember(signum: int, _frame: FrameType | None) -> None:

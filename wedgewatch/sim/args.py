@@ -13,10 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
-from wedgewatch.sim.faults import FaultSpec, parse_fault
+from wedgewatch.sim.faults import REAL_SCHEDULER_FAULTS, FaultSpec, parse_fault
 
 SchedulerFix = Literal["stock", "skip-head-when-idle"]
 SCHEDULER_FIXES: tuple[SchedulerFix, ...] = ("stock", "skip-head-when-idle")
+SchedulerEngine = Literal["sim", "vllm"]
+SCHEDULER_ENGINES: tuple[SchedulerEngine, ...] = ("sim", "vllm")
 KV_OFFLOADING_BACKENDS = ("native", "lmcache")
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # what `vllm serve` without a model serves in recent releases
 DEFAULT_STEP_TIME_SECONDS = 0.005
@@ -56,6 +58,10 @@ class ServeArgs:
     scheduler_fix: SchedulerFix = "stock"
     kv_load_steps: int | None = None  # None: the scheduler model's default
     faults: tuple[FaultSpec, ...] = ()
+    scheduler: SchedulerEngine = "sim"
+    """`vllm`: the installed vLLM's own v1 scheduler runs in the EngineCore (sim/vllm_core.py)."""
+    async_scheduling: bool | None = None  # None: vLLM's default (on, as on CUDA)
+    reserve_full_isl: bool | None = None  # --[no-]scheduler-reserve-full-isl; None: on
     ignored_flags: tuple[str, ...] = field(default=())  # vLLM flags accepted but not modelled
 
     @property
@@ -207,6 +213,7 @@ _VALUE_FLAGS: dict[str, tuple[str, Converter]] = {
     ),
     "--scheduler-fix": ("scheduler_fix", lambda f, t: _choice(f, t, SCHEDULER_FIXES)),
     "--kv-load-steps": ("kv_load_steps", _non_negative_int),
+    "--scheduler": ("scheduler", lambda f, t: _choice(f, t, SCHEDULER_ENGINES)),
 }
 _SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size"}
 
@@ -218,6 +225,10 @@ _SWITCHES: dict[str, tuple[str, bool]] = {
     "--no-enable-chunked-prefill": ("enable_chunked_prefill", False),
     "--disable-log-stats": ("disable_log_stats", True),
     "--disable-uvicorn-access-log": ("disable_uvicorn_access_log", True),
+    "--async-scheduling": ("async_scheduling", True),
+    "--no-async-scheduling": ("async_scheduling", False),
+    "--scheduler-reserve-full-isl": ("reserve_full_isl", True),
+    "--no-scheduler-reserve-full-isl": ("reserve_full_isl", False),
 }
 
 # vLLM flags that take no value: accepted (with a warning) without swallowing the next
@@ -243,8 +254,6 @@ _KNOWN_VLLM_SWITCHES = frozenset(
         "--disable-fastapi-docs",
         "--disable-frontend-multiprocessing",
         "--skip-tokenizer-init",
-        "--async-scheduling",
-        "--no-async-scheduling",
         "--headless",
         "--disable-sliding-window",
         "--disable-cascade-attn",
@@ -372,7 +381,16 @@ def _validate(args: ServeArgs) -> ServeArgs | ArgsError:
             f"--max-num-batched-tokens ({args.max_num_batched_tokens}) must be >= "
             f"--max-num-seqs ({args.max_num_seqs})"
         )
+    if args.scheduler == "vllm" and args.multiprocess_metrics:
+        return ArgsError("--scheduler vllm runs a single API server (--api-server-count 1)")
     for fault in args.faults:
+        if fault.name == "nan-gauges" and args.scheduler == "vllm":
+            return ArgsError("--fault nan-gauges: with --scheduler vllm the gauges are vLLM's own")
+        if fault.name in REAL_SCHEDULER_FAULTS and args.scheduler != "vllm":
+            return ArgsError(
+                f"--fault {fault.name} is a fault of the KV connector workers that "
+                "--scheduler vllm emulates; add --scheduler vllm"
+            )
         if fault.engine is not None and fault.engine >= args.data_parallel_size:
             return ArgsError(
                 f"--fault {fault.name}@{fault.at_seconds:g}:{fault.engine} targets DP rank "
@@ -425,8 +443,19 @@ Simulator flags:
                                    prefills for minutes, chunk by chunk
   --scheduler-fix POLICY           stock | skip-head-when-idle (default: stock)
   --kv-load-steps N                steps an async CPU->GPU KV load takes
+  --scheduler ENGINE               sim | vllm (default: sim). vllm runs the installed
+                                   vLLM's own v1 scheduler, KV-cache manager and KV
+                                   connector in VLLM::EngineCore, with an emulated GPU
+                                   side, and serves /metrics from vLLM's own stat logger
+                                   (see docs/simulator.md to get vLLM)
+  --[no-]async-scheduling          --scheduler vllm: vLLM's AsyncScheduler with a batch
+                                   queue of 2 (default: on, as vLLM on CUDA)
+  --[no-]scheduler-reserve-full-isl
+                                   --scheduler vllm: full-ISL admission (default: on)
   --fault NAME@SECONDS[:RANK]      inject a fault SECONDS after start (repeatable):
                                    collective-hang, engine-crash, api-hang,
-                                   garbage-metrics, slow-metrics, nan-gauges; RANK picks one
-                                   data-parallel engine for engine faults
+                                   garbage-metrics, slow-metrics, nan-gauges, frozen-step;
+                                   with --scheduler vllm also lost-store-event,
+                                   hung-load; RANK picks one data-parallel engine for
+                                   engine faults
 """

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import ForkProcess
+from typing import Protocol
 
 from wedgewatch.sim.engine import (
     AbortRequest,
@@ -50,6 +51,15 @@ log = logging.getLogger("wedgewatch.sim.client")
 
 ENGINE_READY_TIMEOUT_SECONDS = 30.0
 LOG_STATS_INTERVAL_SECONDS = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
+
+
+class Frontend(Protocol):
+    """vLLM's own request bookkeeping in the serving process (`--scheduler vllm`)."""
+
+    def add_request(self, request: SimRequest, arrival_time: float) -> None: ...
+    def abort_request(self, request_id: str) -> None: ...
+    def record(self, engine_index: int, outputs: tuple[object, ...]) -> None: ...
+    def record_sleep_state(self, sleep: int, level: int) -> None: ...
 
 
 class EngineDeadError(RuntimeError):
@@ -142,8 +152,10 @@ class EngineClient:
         scheduler_config: SchedulerConfig,
         step_time_seconds: float,
         exposition: Callable[[], Exposition | None] = lambda: None,
+        frontend: Frontend | None = None,
     ) -> None:
         self._configs = tuple(engine_configs)
+        self._frontend = frontend
         self._scheduler_config = scheduler_config
         self._step_time_seconds = step_time_seconds
         self._exposition_source = exposition
@@ -273,6 +285,8 @@ class EngineClient:
         state = RequestState(request=request, engine=engine.index, arrival_time=arrival_time)
         self._requests[request.request_id] = state
         engine.in_flight += 1
+        if self._frontend is not None:
+            self._frontend.add_request(request, arrival_time)
         self._send_queue.put((engine.index, AddRequest(request)))
         return state
 
@@ -280,6 +294,8 @@ class EngineClient:
         """Abort a request whose client went away (it finishes with reason "abort")."""
         state = self._requests.get(request_id)
         if state is not None:
+            if self._frontend is not None:
+                self._frontend.abort_request(request_id)
             self._send_queue.put((state.engine, AbortRequest(request_id)))
 
     def add_streaming_input(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
@@ -317,6 +333,8 @@ class EngineClient:
                     exposition.stats.record_sleep_state(
                         engine.index, awake=method == "wake_up", level=level
                     )
+            if self._frontend is not None:  # vLLM's own logger sets every engine at once
+                self._frontend.record_sleep_state(int(method == "sleep"), level)
         return answers
 
     # ------------------------------------------------------------ threads
@@ -404,6 +422,8 @@ class EngineClient:
         engine = self._engines[batch.engine_index]
         exposition = self._exposition_source()
         stats_logger = exposition.stats if exposition is not None else None
+        if batch.vllm_outputs and self._frontend is not None:
+            self._frontend.record(batch.engine_index, batch.vllm_outputs)
         if batch.scheduler_stats is not None:
             engine.latest_stats = batch.scheduler_stats
             if stats_logger is not None:

@@ -26,11 +26,13 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkContext
 from types import FrameType
+from typing import Protocol
 
 from wedgewatch.sim.faults import FaultClock
 from wedgewatch.sim.proctitle import configure_process_logging, set_process_title
@@ -139,6 +141,9 @@ class EngineOutputs:
     steps: tuple[StepOutput, ...]
     scheduler_stats: SchedulerStats | None
     num_steps: int  # engine steps taken since the previous batch, including empty ones
+    vllm_outputs: tuple[object, ...] = ()
+    """`--scheduler vllm`: vLLM's own `EngineCoreOutputs` of these steps, for vLLM's own
+    output processor and stat logger in the serving process (sim/vllm_core.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +179,8 @@ class EngineConfig:
     execute_model_timeout_seconds: float | None = None  # TP>1 only, like vLLM
     prefill_step_time_seconds: float | None = None
     """How long a step that computes a prefill chunk takes (None: `step_time_seconds`)."""
+    core_factory: CoreFactory | None = None
+    """Builds the engine in place of `EngineCoreProc` (`--scheduler vllm`: sim/vllm_core.py)."""
 
     @property
     def title(self) -> str:
@@ -181,6 +188,23 @@ class EngineConfig:
         if self.data_parallel_size > 1:
             return f"EngineCore_DP{self.engine_index}"
         return "EngineCore"
+
+
+class EngineScheduler(Protocol):
+    """What the busy loop asks of a scheduler (the built-in model, or vLLM's own behind it)."""
+
+    def has_work(self) -> bool: ...
+    def add_request(self, request: SimRequest) -> None: ...
+    def abort_request(self, request_id: str) -> None: ...
+    def add_streaming_input(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None: ...
+    def close_streaming_input(self, request_id: str) -> None: ...
+    def step(self) -> StepResult: ...
+
+
+CoreFactory = Callable[
+    [EngineConfig, "Executor", "queue.Queue[EngineInput]", "queue.Queue[EngineOutput | None]"],
+    "EngineCoreProc",
+]
 
 
 def model_step_seconds(result: StepResult, config: EngineConfig) -> float | None:
@@ -234,7 +258,7 @@ class EngineCoreProc:
         output_queue: queue.Queue[EngineOutput | None],
     ) -> None:
         self.config = config
-        self.scheduler = Scheduler(config.scheduler)
+        self.scheduler = self._make_scheduler()
         self.model_executor = executor
         self.input_queue = input_queue
         self.output_queue = output_queue
@@ -246,6 +270,13 @@ class EngineCoreProc:
         self._pending_num_steps = 0
         self._last_flush_at = time.monotonic()
         self._last_published_running = 0
+
+    def _make_scheduler(self) -> EngineScheduler:
+        return Scheduler(self.config.scheduler)
+
+    def _take_vllm_outputs(self) -> tuple[object, ...]:
+        """vLLM's own outputs to send with the next batch (none for the built-in model)."""
+        return ()
 
     # ------------------------------------------------------------ the loop
 
@@ -380,7 +411,8 @@ class EngineCoreProc:
 
     def _flush_outputs(self) -> None:
         self._last_flush_at = time.monotonic()
-        if self._pending_stats is None and not self._pending_steps:
+        vllm_outputs = self._take_vllm_outputs()
+        if self._pending_stats is None and not self._pending_steps and not vllm_outputs:
             return
         if self._pending_stats is not None:
             self._last_published_running = self._pending_stats.num_running_reqs
@@ -390,6 +422,7 @@ class EngineCoreProc:
                 steps=tuple(self._pending_steps),
                 scheduler_stats=self._pending_stats if self.config.log_stats else None,
                 num_steps=self._pending_num_steps,
+                vllm_outputs=vllm_outputs,
             )
         )
         self._pending_steps = []
@@ -488,7 +521,8 @@ def run_engine_core(
     )
     output_thread.start()
 
-    engine = EngineCoreProc(config, executor, input_queue, output_queue)
+    factory = config.core_factory or EngineCoreProc
+    engine = factory(config, executor, input_queue, output_queue)
     output_queue.put(
         EngineReady(
             engine_index=config.engine_index, pid=os.getpid(), worker_pids=executor.worker_pids

@@ -16,6 +16,10 @@ watchdog sees from outside (docs/simulator.md has the full table):
   `future.result()` before its stats are published, so every `vllm:` value freezes at its
   last reading (idle when the engine was idle) while /health and /metrics keep answering
   200. Only a request through the queue (the canary) can tell it from a quiet server.
+* `lost-store-event`, `hung-load` (`--scheduler vllm` only): a KV transfer that never
+  completes on one TP rank (a lost store confirmation pins GPU blocks, a hung CPU->GPU copy
+  parks a load), the `SimpleCPUOffloadConnector` failure mode; the emulated connector
+  workers of `vllm_engine.RealSettings.fault` carry them out from the fault's time on.
 """
 
 from __future__ import annotations
@@ -36,8 +40,14 @@ FaultName = Literal[
     "slow-metrics",
     "nan-gauges",
     "frozen-step",
+    "lost-store-event",
+    "hung-load",
 ]
-ENGINE_FAULTS: frozenset[FaultName] = frozenset({"collective-hang", "engine-crash", "frozen-step"})
+REAL_SCHEDULER_FAULTS: frozenset[FaultName] = frozenset({"lost-store-event", "hung-load"})
+"""Faults of the emulated KV connector workers of `--scheduler vllm` (vllm_engine.RealSettings)."""
+ENGINE_FAULTS: frozenset[FaultName] = frozenset(
+    {"collective-hang", "engine-crash", "frozen-step", *REAL_SCHEDULER_FAULTS}
+)
 FAULT_NAMES: tuple[FaultName, ...] = (
     "collective-hang",
     "engine-crash",
@@ -46,6 +56,8 @@ FAULT_NAMES: tuple[FaultName, ...] = (
     "slow-metrics",
     "nan-gauges",
     "frozen-step",
+    "lost-store-event",
+    "hung-load",
 )
 
 # What /metrics serves under `garbage-metrics`: the error page a broken proxy or a

@@ -602,6 +602,20 @@ class Exposition:
         else:
             self.registry = source
 
+    @classmethod
+    def of_registry(cls, registry: CollectorRegistry) -> Exposition:
+        """`--scheduler vllm`: vLLM's own stat logger already registered its families there.
+
+        `registry` is prometheus_client's REGISTRY, as in a single vLLM API server; the HTTP
+        instrumentator's families join it, and the simulator records nothing of its own.
+        """
+        exposition = cls.__new__(cls)
+        exposition.multiprocess = False
+        exposition.stats = None
+        exposition.http = HttpMetrics(registry)
+        exposition.registry = registry
+        return exposition
+
     def render(self) -> bytes:
         """The full exposition (`GET /metrics`, which ignores `name[]`)."""
         return generate_latest(self.registry)

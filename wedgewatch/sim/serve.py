@@ -9,6 +9,7 @@ import psutil
 
 from wedgewatch.sim.api import serve
 from wedgewatch.sim.args import SERVE_HELP, ArgsError, HelpRequested, parse_serve_args
+from wedgewatch.sim.vllm_core import missing_vllm
 
 
 def process_started_at() -> float:
@@ -26,5 +27,8 @@ def run_serve(argv: list[str]) -> int:
         return 0
     if isinstance(parsed, ArgsError):
         sys.stderr.write(f"error: {parsed.message}\n(see --help)\n")
+        return 2
+    if parsed.scheduler == "vllm" and (missing := missing_vllm()) is not None:
+        sys.stderr.write(f"error: {missing}\n")
         return 2
     return serve(parsed, origin)
