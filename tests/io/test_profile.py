@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_pyspy import dead_pid, fake_pyspy, gone_or_zombie, unprivileged_prefix
 
 from wedgewatch.core.profile import parse_folded
 from wedgewatch.io.profile import PySpyProfiler, build_record_argv, profile_engines
@@ -24,7 +25,6 @@ from wedgewatch.io.pyspy import (
     PYSPY_MISSING_FIX,
     DumpStatus,
     PySpyRunner,
-    parse_stat_state,
     resolve_pyspy,
 )
 
@@ -69,22 +69,6 @@ def busy() -> Iterator[subprocess.Popen[str]]:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
-
-
-def dead_pid() -> int:
-    """The pid of a child that has exited and been reaped."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
-def gone_or_zombie(pid: int) -> bool:
-    """True when the process no longer runs."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return parse_stat_state(f.read()) == "Z"
-    except FileNotFoundError:
-        return True
 
 
 # ---------------------------------------------------------------- pure
@@ -194,9 +178,9 @@ async def test_a_missing_pyspy_is_recorded_with_the_fix(busy: subprocess.Popen[s
 @needs_pyspy
 async def test_an_unprivileged_pyspy_is_permission_denied(busy: subprocess.Popen[str]) -> None:
     """A py-spy without ptrace rights over the target: `permission_denied` with the fix."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to drop to nobody")
-    prefix = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+    prefix = unprivileged_prefix()
+    if os.geteuid() != 0 or prefix is None:
+        pytest.skip("needs root and setpriv or runuser to drop to nobody")
     result = await PySpyProfiler(seconds=1, argv_prefix=prefix).profile(busy.pid)
     assert result.status is DumpStatus.PERMISSION_DENIED, result.error
     assert result.fix == PTRACE_FIX
@@ -207,10 +191,8 @@ async def test_a_hung_pyspy_is_killed_at_its_hard_timeout(
 ) -> None:
     """A py-spy that never returns is killed (its group too) after seconds + timeout."""
     marker = tmp_path / "pid"
-    script = tmp_path / "py-spy"
-    script.write_text(f"#!/bin/sh\necho $$ > {marker}\nexec sleep 60\n")
-    script.chmod(0o755)
-    profiler = PySpyProfiler(pyspy_path=str(script), seconds=1, timeout_seconds=0.5)
+    script = fake_pyspy(tmp_path, f"echo $$ > {marker}\nexec sleep 60\n")
+    profiler = PySpyProfiler(pyspy_path=script, seconds=1, timeout_seconds=0.5)
     result = await profiler.profile(busy.pid)
     assert result.status is DumpStatus.TIMEOUT
     assert result.error == "py-spy record did not finish within 1.5 s; killed"
@@ -224,10 +206,8 @@ async def test_no_time_left_before_the_deadline_is_a_timeout_without_a_run(
 ) -> None:
     """With less budget than the sampling needs, py-spy is not started at all."""
     marker = tmp_path / "ran"
-    script = tmp_path / "py-spy"
-    script.write_text(f"#!/bin/sh\ntouch {marker}\n")
-    script.chmod(0o755)
-    result = await PySpyProfiler(pyspy_path=str(script), seconds=2).profile(busy.pid, 2.5)
+    script = fake_pyspy(tmp_path, f"touch {marker}\n")
+    result = await PySpyProfiler(pyspy_path=script, seconds=2).profile(busy.pid, 2.5)
     assert result.status is DumpStatus.TIMEOUT
     assert result.error == "2.5 s left before the capture deadline; not sampled"
     assert not marker.exists()
@@ -236,9 +216,7 @@ async def test_no_time_left_before_the_deadline_is_a_timeout_without_a_run(
 async def test_zero_seconds_profiles_nothing(busy: subprocess.Popen[str], tmp_path: Path) -> None:
     """`profile_seconds = 0` turns the profile off: py-spy is never started."""
     marker = tmp_path / "ran"
-    script = tmp_path / "py-spy"
-    script.write_text(f"#!/bin/sh\ntouch {marker}\n")
-    script.chmod(0o755)
-    taken = await profile_engines([busy.pid], PySpyProfiler(str(script), seconds=0), 30.0)
+    script = fake_pyspy(tmp_path, f"touch {marker}\n")
+    taken = await profile_engines([busy.pid], PySpyProfiler(script, seconds=0), 30.0)
     assert (taken.files, taken.failures, taken.records, taken.profiles) == ({}, [], [], {})
     assert not marker.exists()
