@@ -21,16 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from wedgewatch.config import Config
 from wedgewatch.core import restart_policy
 from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
-from wedgewatch.daemon.loop import (
-    CaptureOutcome,
-    CaptureRequest,
-    Daemon,
-    Deps,
-    ScrapeResult,
-    WebhookNotifications,
-    run,
-)
+from wedgewatch.daemon.adapters import WebhookNotifications
+from wedgewatch.daemon.loop import Daemon, run
 from wedgewatch.daemon.ownmetrics import CAPTURE_FAILURE_REASONS
+from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
 from wedgewatch.daemon.server import make_app
 from wedgewatch.io import restarters, statefile
 from wedgewatch.io.notify import Notification, NotifyStats
@@ -915,7 +909,7 @@ def test_capture_failure_reasons(
 ) -> None:
     """Bundle results map onto the closed set of capture failure reasons of the metric."""
     from wedgewatch.core.triage import Triage, TriageKind
-    from wedgewatch.daemon.loop import capture_failure_reasons
+    from wedgewatch.daemon.adapters import capture_failure_reasons
     from wedgewatch.io import evidence
 
     result = evidence.BundleResult(
