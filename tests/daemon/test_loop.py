@@ -908,13 +908,14 @@ def test_capture_failure_reasons(
     expected: tuple[str, ...],
 ) -> None:
     """Bundle results map onto the closed set of capture failure reasons of the metric."""
+    from wedgewatch.core.states import CapturePhase
     from wedgewatch.core.triage import Triage, TriageKind
     from wedgewatch.daemon.adapters import capture_failure_reasons
     from wedgewatch.io import evidence
 
     result = evidence.BundleResult(
         bundle=bundle,
-        phase=evidence.Phase.WEDGED,
+        phase=CapturePhase.WEDGED,
         verdict="wedged",
         triage=Triage(TriageKind.UNKNOWN, "n/a"),
         failures=failures,

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 from wedgewatch.core.states import (
     SCRAPE_FAILURE_REASONS,
     THRESHOLD_SETTING,
     EngineState,
+    EpisodePhase,
     Family,
     ScrapeFailureReason,
 )
@@ -113,7 +113,7 @@ class CaptureEvidence:
 
     key: EngineKey
     family: Family
-    phase: Literal["suspect", "wedged"]
+    phase: EpisodePhase
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,7 +152,7 @@ from wedgewatch.core.replacement import (
     judge_replacement,
     with_listener,
 )
-from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState
+from wedgewatch.core.states import ACTED_ON, CALM, STALLED, CapturePhase, EngineState
 from wedgewatch.core.transitions import Level, transition_reports
 from wedgewatch.vllm.signals import EngineKey
 
@@ -391,7 +391,7 @@ class _Run:
         if episode is None:  # an action always comes with a stalled engine, hence an episode
             return
         if isinstance(action, CaptureEvidence):
-            if action.phase == "suspect":  # C1
+            if action.phase == CapturePhase.SUSPECT:  # C1
                 if episode.suspect_asked or episode.wedged_asked:
                     return
                 if self.suspect_capture_too_soon(episode):  # C4

@@ -31,7 +31,7 @@ from wedgewatch.core.detect import (
 )
 from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.replacement import ServerIdentity
-from wedgewatch.core.states import EngineState
+from wedgewatch.core.states import CaptureFailureReason, EngineState
 from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import target_record, target_snapshot
 from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
@@ -314,12 +314,14 @@ class TargetRunner:
         except TimeoutError:
             outcome = CaptureOutcome(
                 bundle=request.bundle,
-                failures=("timeout",),
+                failures=(CaptureFailureReason.TIMEOUT,),
                 detail=f"evidence capture did not finish within {limit:g} s",
             )
         except (OSError, ValueError) as exc:
             outcome = CaptureOutcome(
-                bundle=request.bundle, failures=("error",), detail=f"evidence capture failed: {exc}"
+                bundle=request.bundle,
+                failures=(CaptureFailureReason.ERROR,),
+                detail=f"evidence capture failed: {exc}",
             )
         done = core.CaptureDone(
             episode_id,
