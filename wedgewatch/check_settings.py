@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from wedgewatch.core.detect import Policy
 from wedgewatch.core.restart_policy import RestartPolicy
+from wedgewatch.core.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS, Family
 from wedgewatch.io.scrape import ScrapeLimits
 
 if TYPE_CHECKING:
@@ -27,14 +28,11 @@ if TYPE_CHECKING:
 #: Bumped when `CheckSettings` or the digest changes: an old cache entry then misses.
 SETTINGS_CACHE_VERSION = 1
 
-#: The settings `check` takes as flags (and from --config and WEDGEWATCH_* like any command).
+#: The settings `check` takes as flags (and from --config and WEDGEWATCH_* like any command):
+#: every detector threshold but the canary's (`check` sends no canary).
 CHECK_FLAG_SETTINGS = (
     "interval_seconds",
-    "stall_after_seconds",
-    "hang_after_seconds",
-    "output_stall_after_seconds",
-    "deferred_only_after_seconds",
-    "unreachable_after_seconds",
+    *(name for name in THRESHOLD_SETTINGS if name != THRESHOLD_SETTING[Family.CANARY_STALL]),
     "startup_timeout_seconds",
     "scrape_timeout_seconds",
     "max_body_bytes",
