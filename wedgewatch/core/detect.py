@@ -132,14 +132,7 @@ from wedgewatch.core.detect_types import (
     TargetVerdict,
     Transition,
 )
-from wedgewatch.core.states import (
-    ACTED_ON,
-    SEVERITY,
-    STALLED,
-    CapturePhase,
-    EngineState,
-    Family,
-)
+from wedgewatch.core.states import ACTED_ON, SEVERITY, STALLED, CapturePhase, EngineState, Family
 from wedgewatch.vllm import semantics
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 

@@ -211,10 +211,6 @@ class _Round:
         return sum(1 for d in self.dumps.values() if d.status is DumpStatus.PERMISSION_DENIED)
 
 
-def _suffix(phase: CapturePhase, first_round: bool) -> str:
-    return "" if first_round else f"_{phase}"
-
-
 async def _sample_processes(
     processes: Sequence[ServerProcess], deps: EvidenceDeps
 ) -> tuple[ProcessStats, ...]:
@@ -269,7 +265,7 @@ async def _capture_round(
 ) -> tuple[_Round, StackRound]:
     """Discover, dump, sample and query nvidia-smi under the deadline; nothing raises."""
     rnd = _Round(phase, deps.monotonic(), deps.wall_clock())
-    suffix = _suffix(phase, first_round)
+    suffix = "" if first_round else f"_{phase}"
     stack_dir = "pyspy" if first_round else f"pyspy/{phase}"
 
     def remaining() -> float:
