@@ -6,7 +6,7 @@ probe). For the restart budget, backoff and `gave_up` to hold there too, the pro
 only while the restart policy would allow a restart, and each restart the probe caused is
 counted against the budget once it is proven. Pure: time is passed in, results are data.
 
-# RULES (tests/test_probe_policy.py checks them)
+# RULES (tests/core/test_probe_policy.py checks them)
 #
 # Verdict (`probe_verdict`)
 #   P1  A target that is not wedged or unreachable passes (decision `healthy`).

@@ -6,7 +6,7 @@ daemon is the only writer; the HTTP server renders the registry with `render`.
 
 Names follow the Prometheus conventions (`wedgewatch_` prefix, `_total` for counters,
 `_seconds` for durations, `_timestamp_seconds` for Unix times). docs/daemon.md documents
-every family; tests/golden/ownmetrics.prom pins the exposition.
+every family; tests/daemon/golden/ownmetrics.prom pins the exposition.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The roles the daemon talks to (Protocols), the data they exchange, and `Deps`.
 
-The watch loop (`daemon`) depends only on these; `daemon_adapters.real_deps` builds the real
-ones and the tests pass fakes (a fake clock replays a 30-minute story in milliseconds).
+The watch loop (`daemon.loop`) depends only on these; `daemon.adapters.real_deps` builds the
+real ones and the tests pass fakes (a fake clock replays a 30-minute story in milliseconds).
 """
 
 from __future__ import annotations
