@@ -40,7 +40,6 @@ from wedgewatch.daemon.server import TargetSnapshot
 from wedgewatch.io import bundles, restarters, statefile
 from wedgewatch.io.procs import Discovery, ProcessFinder, ProcessSelector
 from wedgewatch.io.supervisor import SupervisorProbe
-from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import Exposition
 
 log = structlog.get_logger("wedgewatch.daemon")
@@ -409,12 +408,7 @@ async def supervisor_says(
 
 def identity_of(exposition: Exposition) -> ServerIdentity:
     """What a good scrape says about which server answered (see `core.replacement`)."""
-    return ServerIdentity(
-        process_start_time_seconds=exposition.process_start_time_seconds,
-        progress={
-            key.engine: progress_counters(reading) for key, reading in exposition.engines.items()
-        },
-    )
+    return ServerIdentity.of(exposition)
 
 
 async def wait(sleep: Callable[[float], Any], seconds: float, stop: asyncio.Event) -> None:
