@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wedgewatch.core import states
 from wedgewatch.core.detect import Policy
 from wedgewatch.core.restart_policy import RestartPolicy
-from wedgewatch.core.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS, Family
 from wedgewatch.io.scrape import ScrapeLimits
 
 if TYPE_CHECKING:
@@ -28,11 +28,12 @@ if TYPE_CHECKING:
 #: Bumped when `CheckSettings` or the digest changes: an old cache entry then misses.
 SETTINGS_CACHE_VERSION = 1
 
+_CANARY_THRESHOLD = states.THRESHOLD_SETTING[states.Family.CANARY_STALL]
 #: The settings `check` takes as flags (and from --config and WEDGEWATCH_* like any command):
 #: every detector threshold but the canary's (`check` sends no canary).
 CHECK_FLAG_SETTINGS = (
     "interval_seconds",
-    *(name for name in THRESHOLD_SETTINGS if name != THRESHOLD_SETTING[Family.CANARY_STALL]),
+    *(name for name in states.THRESHOLD_SETTINGS if name != _CANARY_THRESHOLD),
     "startup_timeout_seconds",
     "scrape_timeout_seconds",
     "max_body_bytes",
