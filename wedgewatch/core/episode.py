@@ -594,7 +594,7 @@ def capture_reports(
     """C3: (event, level, log-only fields, fields) of evidence_captured / _capture_failed."""
     fields = {
         "episode": event.episode_id,
-        "phase": event.phase,
+        "phase": str(event.phase),  # plain strings: a console log line shows a list's reprs
         "family": event.family,
         "engine": event.key.engine if event.key else "",
         "model_name": event.key.model_name if event.key else "",
@@ -605,10 +605,10 @@ def capture_reports(
     }
     reports: list[tuple[str, Level, dict[str, Any], dict[str, Any]]] = []
     if event.bundle is not None:
-        more = {"failures": list(event.failures), "detail": event.detail or None}
+        more = {"failures": [str(f) for f in event.failures], "detail": event.detail or None}
         reports.append(("evidence_captured", "info", more, fields))
     if event.failures:
-        more = {"reasons": list(event.failures), "detail": event.detail}
+        more = {"reasons": [str(f) for f in event.failures], "detail": event.detail}
         reports.append(("evidence_capture_failed", "warning", more, fields))
     return reports
 
