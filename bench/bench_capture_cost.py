@@ -43,11 +43,11 @@ from typing import Any
 import httpx
 
 from wedgewatch.config.model import Config
+from wedgewatch.core.states import CapturePhase
 from wedgewatch.io.evidence import (
     CaptureRequest,
     EvidenceDeps,
     EvidenceSettings,
-    Phase,
     capture_bundle,
 )
 from wedgewatch.io.procs import ProcessSelector
@@ -105,7 +105,7 @@ async def measure(url: str, mode: str, window: float, deps: EvidenceDeps) -> dic
         if mode == "idle":
             await asyncio.sleep(window - (time.monotonic() - started))
             break
-        phase = Phase.SUSPECT if mode == "suspect" else Phase.WEDGED
+        phase = CapturePhase.SUSPECT if mode == "suspect" else CapturePhase.WEDGED
         t0 = time.monotonic()
         result = await capture_bundle(
             CaptureRequest(target="bench", selector=selector, phase=phase, family="bench"), deps

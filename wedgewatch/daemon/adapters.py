@@ -25,6 +25,7 @@ from wedgewatch.core.detect import (
     ScrapeFailed,
 )
 from wedgewatch.core.redact import redact_url
+from wedgewatch.core.states import CaptureFailureReason, CapturePhase
 from wedgewatch.daemon.report import thresholds_of
 from wedgewatch.daemon.roles import (
     CaptureOutcome,
@@ -33,7 +34,7 @@ from wedgewatch.daemon.roles import (
     Deps,
     ScrapeResult,
 )
-from wedgewatch.io import bundles, canary, evidence, restarters, statefile
+from wedgewatch.io import canary, evidence, restarters, statefile
 from wedgewatch.io.notify import Notification, WebhookNotifier
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
 from wedgewatch.io.scrape import FetchFailed, ScrapeLimits, fetch, new_client
@@ -171,7 +172,7 @@ class BundleEvidence:
                     pid_file=target.pid_file,
                     systemd_unit=target.systemd_unit,
                 ),
-                phase=bundles.Phase(request.phase),
+                phase=request.phase,
                 family=request.family,
                 engine=request.key.engine,
                 model_name=request.key.model_name,
@@ -201,17 +202,17 @@ class BundleEvidence:
             log.warning("bundle_resolve_failed", bundle=bundle, reason=problem)
 
 
-def capture_failure_reasons(result: evidence.BundleResult) -> tuple[str, ...]:
-    """The closed set of reasons (`ownmetrics.CAPTURE_FAILURE_REASONS`) for the failure counter."""
-    reasons: list[str] = []
+def capture_failure_reasons(result: evidence.BundleResult) -> tuple[CaptureFailureReason, ...]:
+    """What went wrong in a capture, as the closed set of reasons of the failure counter."""
+    reasons: list[CaptureFailureReason] = []
     if result.bundle is None:
-        reasons.append("write_failed")
+        reasons.append(CaptureFailureReason.WRITE_FAILED)
     if result.ptrace_denied:
-        reasons.append("ptrace_denied")
+        reasons.append(CaptureFailureReason.PTRACE_DENIED)
     if result.deadline_exceeded:
-        reasons.append("timeout")
+        reasons.append(CaptureFailureReason.TIMEOUT)
     if result.failures and not reasons:
-        reasons.append("incomplete")
+        reasons.append(CaptureFailureReason.INCOMPLETE)
     return tuple(reasons)
 
 
@@ -430,8 +431,7 @@ async def capture_on_demand(
     request = evidence.CaptureRequest(
         target=name,
         selector=ProcessSelector(url=url, pid=pid, pid_file=pid_file),
-        phase=bundles.Phase.MANUAL,
-        family="manual",
+        phase=CapturePhase.MANUAL,
         metrics_body=body,
         metrics_error=metrics_error,
         verdict={"reason": "on-demand capture (wedgewatch capture)"},

@@ -31,7 +31,7 @@ from wedgewatch.core.detect import (
 )
 from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.replacement import ServerIdentity
-from wedgewatch.core.states import EngineState
+from wedgewatch.core.states import CaptureFailureReason, EngineState
 from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import target_record, target_snapshot
 from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
@@ -40,7 +40,6 @@ from wedgewatch.daemon.server import TargetSnapshot
 from wedgewatch.io import bundles, restarters, statefile
 from wedgewatch.io.procs import Discovery, ProcessFinder, ProcessSelector
 from wedgewatch.io.supervisor import SupervisorProbe
-from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import Exposition
 
 log = structlog.get_logger("wedgewatch.daemon")
@@ -314,12 +313,14 @@ class TargetRunner:
         except TimeoutError:
             outcome = CaptureOutcome(
                 bundle=request.bundle,
-                failures=("timeout",),
+                failures=(CaptureFailureReason.TIMEOUT,),
                 detail=f"evidence capture did not finish within {limit:g} s",
             )
         except (OSError, ValueError) as exc:
             outcome = CaptureOutcome(
-                bundle=request.bundle, failures=("error",), detail=f"evidence capture failed: {exc}"
+                bundle=request.bundle,
+                failures=(CaptureFailureReason.ERROR,),
+                detail=f"evidence capture failed: {exc}",
             )
         done = core.CaptureDone(
             episode_id,
@@ -407,12 +408,7 @@ async def supervisor_says(
 
 def identity_of(exposition: Exposition) -> ServerIdentity:
     """What a good scrape says about which server answered (see `core.replacement`)."""
-    return ServerIdentity(
-        process_start_time_seconds=exposition.process_start_time_seconds,
-        progress={
-            key.engine: progress_counters(reading) for key, reading in exposition.engines.items()
-        },
-    )
+    return ServerIdentity.of(exposition)
 
 
 async def wait(sleep: Callable[[float], Any], seconds: float, stop: asyncio.Event) -> None:
