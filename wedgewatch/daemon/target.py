@@ -115,7 +115,8 @@ class TargetRunner:
         self.failure: ScrapeFailed | None = None
         self.failing_since_timestamp: float | None = None
         self.target_state = EngineState.STARTING
-        self.snapshot: TargetSnapshot | None = None
+        self._snapshot: TargetSnapshot | None = None
+        self._published_at: tuple[float, float] | None = None  # (monotonic, wall) of publish
         self.record: statefile.TargetRecord | None = None  # None: rebuild at the next save
         self.steps = 0
         self.canary = TargetCanary.of(target, config, deps, reporter.metrics, lambda: self.busy)
@@ -235,9 +236,25 @@ class TargetRunner:
         self.feed(core.ProbeServed(ServerMark.of(self.detector)), clock.monotonic(), clock.wall())
 
     def publish(self, now_at: float, now: float, *, state_changed: bool = False) -> None:
-        """Rebuild this target's snapshot and tell the daemon."""
+        """Mark this target's snapshot stale (as of `now_at`) and tell the daemon.
+
+        The snapshot itself is rebuilt only when an endpoint reads it (`snapshot`), so a
+        step costs nothing for /status, /probe or /metrics that nobody asked for.
+        """
+        self._snapshot = None
+        self._published_at = (now_at, now)
+        self.host.target_changed(self.name, state_changed=state_changed)
+
+    @property
+    def snapshot(self) -> TargetSnapshot | None:
+        """The target as /status, /probe and /metrics show it, as of its last publish."""
+        if self._snapshot is None and self._published_at is not None:
+            self._snapshot = self._build_snapshot(*self._published_at)
+        return self._snapshot
+
+    def _build_snapshot(self, now_at: float, now: float) -> TargetSnapshot:
         failure = self.failure
-        self.snapshot = target_snapshot(
+        return target_snapshot(
             self.target,
             self.core,
             self.rules.restart_policy,
@@ -249,7 +266,6 @@ class TargetRunner:
             now=now,
             canary=self.canary.snapshot(),
         )
-        self.host.target_changed(self.name, state_changed=state_changed)
 
     def saved_record(self, at: float, now: float, *, refresh: bool) -> statefile.TargetRecord:
         """The target's state record, rebuilt only when it changed (or `refresh`)."""
