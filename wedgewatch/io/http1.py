@@ -234,14 +234,17 @@ class _Connection(asyncio.Protocol):
                 if 100 <= status < 200:
                     continue  # an interim response (100 Continue, 103 Early Hints)
                 self._start_body(status, headers)
-            elif state == _LENGTH:
+            elif state in (_LENGTH, _CHUNK_DATA):
                 if not buf:
                     return
                 take = bytes(buf[: self._remaining])
                 del buf[: len(take)]
                 self._remaining -= len(take)
-                self._body(take)
-                if self._remaining == 0 and self._state == _LENGTH:
+                ended = self._remaining == 0
+                if ended and state == _CHUNK_DATA:
+                    self._state = _CHUNK_END
+                self._body(take)  # may end the response early (the sink has enough)
+                if ended and self._state == _LENGTH:
                     self._finish()
             elif state == _CHUNK_SIZE:
                 end = buf.find(b"\n")
@@ -258,15 +261,6 @@ class _Connection(asyncio.Protocol):
                 if self._remaining < 0 or field[:1] in (b"-", b"+") or b"_" in field:
                     raise RemoteProtocolError(f"bad chunk size {field[:20]!r}")
                 self._state = _CHUNK_DATA if self._remaining else _TRAILERS
-            elif state == _CHUNK_DATA:
-                if not buf:
-                    return
-                take = bytes(buf[: self._remaining])
-                del buf[: len(take)]
-                self._remaining -= len(take)
-                if self._remaining == 0:
-                    self._state = _CHUNK_END
-                self._body(take)
             elif state == _CHUNK_END:
                 if len(buf) < 2 and buf != b"\n":
                     return
