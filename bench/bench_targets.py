@@ -19,6 +19,9 @@ watches all N + 1 targets at the interval with the 5 s scrape timeout. After
 
 - daemon CPU per target-scrape: the daemon's user + system CPU time (from /proc via
   psutil) divided by the number of requests the healthy ports answered;
+- how long the daemon waited for a CPU while runnable (its threads' run-queue wait from
+  `/proc/PID/task/*/schedstat`, as a share of the window): on a loaded machine, whether
+  the daemon kept up with its work or was starved of a core;
 - the worst cadence of a healthy target: the longest gap between two consecutive requests
   on any healthy port (the hung port beside them never answers), from the servers' own
   `time.monotonic()` stamps (one clock for every process on Linux).
@@ -168,6 +171,19 @@ def write_config(path: Path, ports: list[int], hung: int, workdir: Path, interva
     path.write_text("\n".join(lines))
 
 
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time the process's threads spent runnable but waiting for a CPU (/proc schedstat).
+
+    On a loaded machine this says whether the daemon kept up with its own work or waited
+    for a core: the second field of `/proc/PID/task/TID/schedstat`, in nanoseconds.
+    """
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[1])
+    return total / 1e9
+
+
 def cpu_seconds(proc: psutil.Process) -> float:
     times = proc.cpu_times()
     return float(times.user + times.system)
@@ -275,8 +291,10 @@ async def measure(size: int, interval: float, args: argparse.Namespace) -> dict[
                 raise RuntimeError(f"wedgewatch run exited; see {workdir / 'daemon.log'}")
             load0 = os.getloadavg()[0]
             start, cpu0, served0 = time.monotonic(), cpu_seconds(proc), servers.cpu_seconds()
+            waited0 = runqueue_wait_seconds(child.pid)
             await asyncio.sleep(args.seconds)
             end, cpu1, served1 = time.monotonic(), cpu_seconds(proc), servers.cpu_seconds()
+            waited1 = runqueue_wait_seconds(child.pid)
             load1 = os.getloadavg()[0]
             rss = proc.memory_info().rss
         finally:
@@ -302,6 +320,7 @@ async def measure(size: int, interval: float, args: argparse.Namespace) -> dict[
         "daemon_cpu_seconds": round(cpu, 3),
         "cpu_ms_per_target_scrape": round(1000 * cpu / scrapes, 3) if scrapes else None,
         "daemon_cpu_share_of_one_core": round(cpu / (end - start), 3),
+        "daemon_runqueue_wait_share": round((waited1 - waited0) / (end - start), 3),
         "daemon_rss_mib": round(rss / 2**20, 1),
         "servers_cpu_share_of_one_core": round((served1 - served0) / (end - start), 3),
         "worst_healthy_gap_seconds": round(worst_gap, 3),
