@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import ssl
 import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
-
-import httpx
 
 from wedgewatch import __version__
 from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
@@ -30,6 +28,11 @@ from wedgewatch.core.states import ScrapeFailureReason
 from wedgewatch.io import http1
 from wedgewatch.vllm import signals
 
+if TYPE_CHECKING:  # httpx is imported when a client is made: a probe may never need it
+    import ssl
+
+    import httpx
+
 #: Request headers: plain text only (vLLM's `/metrics/` mount escapes `:` in OpenMetrics).
 REQUEST_HEADERS = {
     "Accept": "text/plain;version=0.0.4;q=1.0, text/plain;q=0.9",
@@ -37,6 +40,7 @@ REQUEST_HEADERS = {
     "User-Agent": f"wedgewatch/{__version__}",
 }
 _SNIPPET_CHARS = 200
+_OK = 200
 _INFLATE_STEP_BYTES = 256 * 1024
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"
 
@@ -165,6 +169,8 @@ def new_client(keepalive: int = 20, tls: ssl.SSLContext | None = None) -> httpx.
     connections stay open between scrapes (one per target it serves; more are opened when
     needed, never queued behind a slow one). `tls` shares one TLS context between clients.
     """
+    import httpx  # noqa: PLC0415 - see TYPE_CHECKING above
+
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=keepalive)
     return httpx.AsyncClient(
         trust_env=False, follow_redirects=True, limits=limits, verify=tls or True
@@ -259,7 +265,7 @@ class _Body:
         """Start a response: a 200 in an encoding that was asked for is kept and decoded."""
         self.received, self.snippet, self.inflater = 0, b"", None
         self.encoding = headers.get("content-encoding", "identity").strip().lower()
-        if status == httpx.codes.OK and self.encoding in ("identity", "gzip", ""):
+        if status == _OK and self.encoding in ("identity", "gzip", ""):
             self.inflater = _Inflater(self.encoding, self.max_body_bytes)
         return self
 
@@ -310,7 +316,7 @@ async def fetch(
     try:
         async with asyncio.timeout(timeout_seconds):
             status, headers = await _get(client, url, sink, timeout_seconds)
-        if status != httpx.codes.OK:
+        if status != _OK:
             snippet = sink.snippet_text()
             return failed(
                 "http_status", f"HTTP {status} from {url}" + (f": {snippet}" if snippet else "")
@@ -332,24 +338,24 @@ async def fetch(
         return failed("too_large", f"body from {url} exceeded {max_body_bytes} bytes")
     except _BadEncoding as exc:
         return failed("parse_error", f"{url}: {exc}")
-    except (TimeoutError, httpx.TimeoutException):
+    except TimeoutError:
         progress = f" ({sink.received} bytes of body received)" if sink.received else ""
         return failed(
             "timeout", f"no complete response from {url} within {timeout_seconds:g} s{progress}"
         )
-    except (httpx.ConnectError, OSError) as exc:
+    except (_ConnectFailed, OSError) as exc:
         # OSError: the lean client could not connect (errors on an open connection arrive
-        # as RemoteProtocolError).
+        # as RemoteProtocolError); _ConnectFailed: httpx could not.
         if _is_refused(exc):
             return failed("refused", f"connection refused by {_host_port(url)}")
         return failed(
             "connect_error", f"cannot connect to {_host_port(url)}: {_one_line(str(exc))}"
         )
-    except httpx.TooManyRedirects:
+    except _TooManyRedirects:
         return failed("http_status", f"too many redirects from {url}")
-    except (httpx.HTTPError, http1.RemoteProtocolError) as exc:
+    except (_Broken, http1.RemoteProtocolError) as exc:
         # The connection broke mid-response, or the server spoke broken HTTP.
-        what = type(exc).__name__
+        what = exc.what if isinstance(exc, _Broken) else type(exc).__name__
         return failed(
             "connect_error", f"{what} from {_host_port(url)}: {_one_line(str(exc)) or 'no detail'}"
         )
@@ -368,24 +374,60 @@ async def _get(
                 return status, headers
             client.redirected(url)
         client = client.httpx_client()
+    return await _get_httpx(client, url, sink, timeout_seconds)
+
+
+class _ConnectFailed(Exception):
+    """httpx could not connect; `__cause__` is its error."""
+
+
+class _TooManyRedirects(Exception):
+    pass
+
+
+class _Broken(Exception):
+    """httpx saw the connection break or broken HTTP; `what` names its error."""
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(detail)
+        self.what = what
+
+
+async def _get_httpx(
+    client: httpx.AsyncClient, url: str, sink: _Body, timeout_seconds: float
+) -> tuple[int, Mapping[str, str]]:
+    """`_get` through httpx; its errors become the module's own (httpx imported only here)."""
+    import httpx  # noqa: PLC0415 - see TYPE_CHECKING above
+
     timeout = httpx.Timeout(timeout_seconds)
-    async with client.stream("GET", url, headers=REQUEST_HEADERS, timeout=timeout) as response:
-        sink.open(response.status_code, response.headers)
-        if response.status_code != httpx.codes.OK:
-            sink.snippet = await _read_snippet(response)
-            sink.encoding = "identity"  # httpx decoded it
-        elif sink.inflater is not None and response.is_stream_consumed:
-            # An in-memory transport (httpx.MockTransport) already read and decoded it.
-            sink.inflater = _Inflater("identity", sink.max_body_bytes)
-            sink.feed(response.content)
-        elif sink.inflater is not None:
-            async for chunk in response.aiter_raw():
-                sink.feed(chunk)
-        return response.status_code, response.headers
+    try:
+        async with client.stream("GET", url, headers=REQUEST_HEADERS, timeout=timeout) as response:
+            sink.open(response.status_code, response.headers)
+            if response.status_code != _OK:
+                sink.snippet = await _read_snippet(response)
+                sink.encoding = "identity"  # httpx decoded it
+            elif sink.inflater is not None and response.is_stream_consumed:
+                # An in-memory transport (httpx.MockTransport) already read and decoded it.
+                sink.inflater = _Inflater("identity", sink.max_body_bytes)
+                sink.feed(response.content)
+            elif sink.inflater is not None:
+                async for chunk in response.aiter_raw():
+                    sink.feed(chunk)
+            return response.status_code, response.headers
+    except httpx.TimeoutException:
+        raise TimeoutError from None
+    except httpx.ConnectError as exc:
+        raise _ConnectFailed(str(exc)) from exc
+    except httpx.TooManyRedirects:
+        raise _TooManyRedirects from None
+    except httpx.HTTPError as exc:
+        raise _Broken(type(exc).__name__, str(exc)) from exc
 
 
 async def _read_snippet(response: httpx.Response) -> bytes:
     """The start of an error response's body, decoded, for the failure detail."""
+    import httpx  # noqa: PLC0415 - see TYPE_CHECKING above
+
     raw = b""
     try:
         async for chunk in response.aiter_bytes():
