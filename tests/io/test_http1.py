@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import socket
+import struct
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -638,3 +640,24 @@ async def test_a_redirect_is_followed_by_httpx_from_then_on() -> None:
     # lean: /metrics (307); httpx: /metrics, /metrics/; then httpx again: /metrics, /metrics/
     paths = ["/metrics", "/metrics", "/metrics/", "/metrics", "/metrics/"]
     assert [r.path for r in server.requests] == paths
+
+
+async def test_a_reset_ends_no_body_delimited_by_the_close() -> None:
+    """A body read until the close that ends in a connection reset is broken, not complete."""
+
+    async def handler(
+        server: RawServer, _: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await server.request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\n" + BODY[:1000])
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # RST, not FIN
+
+    async with RawServer(handler) as server:
+        result = await lean_fetch(server.url)
+    assert isinstance(result, FetchFailed)
+    assert result.reason == "connect_error"
+    assert "in the middle of the response" in result.detail

@@ -115,6 +115,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.received = 0  # body bytes of the current response
         self._buffer = bytearray()
+        self._head_seen = 0  # bytes of the buffered head already searched for its end
         self._state = _IDLE
         self._remaining = 0
         self._keep_alive = True
@@ -149,8 +150,8 @@ class _Connection(asyncio.Protocol):
         done = self._done
         if done is None or done.done():
             return
-        if self._state == _UNTIL_CLOSE:
-            self._finish()
+        if self._state == _UNTIL_CLOSE and exc is None:
+            self._finish()  # the end of a body delimited by the close (a reset is no end)
         elif not self._answered and self._reused:
             done.set_exception(_StaleConnection())
         else:
@@ -174,6 +175,7 @@ class _Connection(asyncio.Protocol):
         self._open_sink, self._sink, self._head = open_sink, _DROP, (0, {})
         self._state, self._answered, self._reused, self.received = _HEAD, False, reused, 0
         self._buffer.clear()
+        self._head_seen = 0
         transport.write(request)
         try:
             return await done
@@ -220,17 +222,22 @@ class _Connection(asyncio.Protocol):
         while self._done is not None and not self._done.done():
             state = self._state
             if state == _HEAD:
-                end = buf.find(b"\r\n\r\n")
+                # Search only what arrived since the last look (a head that trickles in a
+                # byte at a time must not be scanned from its start every time).
+                start = max(0, self._head_seen - 3)
+                end = buf.find(b"\r\n\r\n", start)
                 size = end + 4
                 if end < 0:
-                    end = buf.find(b"\n\n")
+                    end = buf.find(b"\n\n", start)
                     size = end + 2
                 if end < 0 or end > MAX_HEAD_BYTES:
                     if len(buf) > MAX_HEAD_BYTES:
                         raise RemoteProtocolError(f"response head over {MAX_HEAD_BYTES} bytes")
+                    self._head_seen = len(buf)
                     return
                 status, headers = parse_head(bytes(buf[:end]))
                 del buf[:size]
+                self._head_seen = 0
                 if 100 <= status < 200:
                     continue  # an interim response (100 Continue, 103 Early Hints)
                 self._start_body(status, headers)
