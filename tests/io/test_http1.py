@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import gzip
 import socket
 import struct
+import tracemalloc
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -661,3 +663,26 @@ async def test_a_reset_ends_no_body_delimited_by_the_close() -> None:
     assert isinstance(result, FetchFailed)
     assert result.reason == "connect_error"
     assert "in the middle of the response" in result.detail
+
+
+async def test_a_body_cut_at_the_cap_is_not_kept_alive_by_a_cycle() -> None:
+    """With the collector off, five 16 MiB bodies cut at the cap leave nothing behind:
+    the body is freed when the fetch returns, not at the next full collection."""
+    huge = 200 * 1000 * 1000
+    with ScriptedServer(always(Reply(body=zeros(huge), content_length=huge))) as server:
+        async with new_scrape_client() as client:
+            await lean_fetch(server.url, client=client, max_body_bytes=16 * MIB)  # warm up
+            gc.collect()
+            gc.disable()
+            tracemalloc.start()
+            try:
+                for _ in range(5):
+                    result = await lean_fetch(server.url, client=client, max_body_bytes=16 * MIB)
+                    assert isinstance(result, FetchFailed)
+                    assert result.reason == "too_large"
+                await asyncio.sleep(0.1)  # let the closed transports go
+                held, _ = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+                gc.enable()
+    assert held < 16 * MIB, f"{held / MIB:.0f} MiB still held"

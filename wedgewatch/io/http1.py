@@ -180,7 +180,12 @@ class _Connection(asyncio.Protocol):
         try:
             return await done
         finally:
+            # Hold nothing of this response past it: the sink may hold a body up to the
+            # cap, and a failed future's traceback points back at this frame, so the local
+            # `done` would make a cycle that keeps it all until a full collection.
+            del done
             self._done = None
+            self._open_sink, self._sink, self._head = _no_sink, _DROP, (0, {})
             if self._state != _IDLE:
                 self.close()
 
