@@ -40,6 +40,7 @@ import httpx
 import psutil
 
 from wedgewatch.vllm.profiles import builtin_profiles
+from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import Exposition, parse
 
 WEDGEWATCH = [sys.executable, "-m", "wedgewatch"]
@@ -165,7 +166,7 @@ class ProgressWatch:
             except httpx.HTTPError:
                 continue
             if isinstance(parsed, Exposition) and parsed.engines:
-                progress = parsed.engines[min(parsed.engines)].progress
+                progress = progress_counters(parsed.engines[min(parsed.engines)])
                 if progress != self._last:
                     self._last, self.last_change = progress, time.time()
 

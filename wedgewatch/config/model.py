@@ -12,6 +12,7 @@ they receive a narrowed slice (`Config.policy()`, `Config.scrape_limits()`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -135,6 +136,7 @@ def _check_http_url(url: str) -> str:
     return url
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and asked on every scrape
 def metrics_url_of(url: str) -> str:
     """The `/metrics` URL of a server given its base URL or its `/metrics` URL.
 

@@ -37,7 +37,14 @@ from wedgewatch.daemon.roles import (
 from wedgewatch.io import canary, evidence, restarters, statefile
 from wedgewatch.io.notify import Notification, WebhookNotifier
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
-from wedgewatch.io.scrape import FetchFailed, ScrapeLimits, fetch, new_client
+from wedgewatch.io.scrape import (
+    FetchFailed,
+    ScrapeClient,
+    ScrapeLimits,
+    fetch,
+    new_client,
+    new_scrape_client,
+)
 from wedgewatch.io.supervisor import SystemdStateProbe
 from wedgewatch.io.systemd_notify import SystemdNotifier
 from wedgewatch.vllm import signals
@@ -100,23 +107,27 @@ class HttpCanary:
 class HttpScraper:
     """Scrapes with `scrape.fetch` (bounded in time and size) and parses with `signals.parse`.
 
-    Each target gets its own HTTP client (sharing one TLS context) that keeps its connection
-    open between scrapes: a connection pool's cost per request grows with its size, so one
-    pool for many targets would make every scrape slower as targets are added.
+    Each target gets its own `ScrapeClient` that keeps its connection open between scrapes
+    (the lean HTTP/1.1 client for `http://`; httpx, sharing one TLS context, for the rest):
+    a connection pool's cost per request grows with its size, so one pool for many targets
+    would make every scrape slower as targets are added.
     """
 
     def __init__(self, limits: ScrapeLimits, clock: Clock) -> None:
         self._limits = limits
         self._clock = clock
         self._tls: ssl.SSLContext | None = None
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._clients: dict[str, ScrapeClient] = {}
 
-    def _client(self, target: Target) -> httpx.AsyncClient:
+    def _client(self, target: Target) -> ScrapeClient:
         client = self._clients.get(target.name)
         if client is None:
-            if self._tls is None:
-                self._tls = httpx.create_ssl_context()
-            client = self._clients[target.name] = new_client(keepalive=1, tls=self._tls)
+            tls = None
+            if target.metrics_url.lower().startswith("https:"):
+                if self._tls is None:
+                    self._tls = httpx.create_ssl_context()
+                tls = self._tls
+            client = self._clients[target.name] = new_scrape_client(tls)
         return client
 
     async def scrape(self, target: Target) -> ScrapeResult:

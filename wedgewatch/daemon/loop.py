@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import signal
 
@@ -401,6 +402,11 @@ def serve(config: Config, *, supervisor: restarters.Supervisor | None = None) ->
     except (RuntimeError, ValueError) as exc:
         log.error("startup_failed", reason=str(exc))
         return 2
+    # What start-up built (modules, the config, the adapters) lives as long as the daemon:
+    # moved out of the collector's reach, a full collection no longer walks it again and
+    # again (measured: several percent of the CPU of every scrape at 100 targets).
+    gc.collect()
+    gc.freeze()
     try:
         return asyncio.run(run(config, deps))
     except OSError as exc:

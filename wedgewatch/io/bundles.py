@@ -95,9 +95,14 @@ def json_safe(value: Any) -> Any:
 
 def history_lines(history: Iterable[Mapping[str, Any]]) -> bytes:
     """The flight recorder as JSON lines."""
-    return "".join(
-        json.dumps(json_safe(item), sort_keys=True, allow_nan=False) + "\n" for item in history
-    ).encode()
+    return "".join(_json_line(item) for item in history).encode()
+
+
+def _json_line(item: Mapping[str, Any]) -> str:
+    try:  # the common case, in C: every value already JSON (`json_safe` would change nothing)
+        return json.dumps(item, sort_keys=True, allow_nan=False) + "\n"
+    except (TypeError, ValueError):  # a non-finite float, or a value json does not know
+        return json.dumps(json_safe(item), sort_keys=True, allow_nan=False) + "\n"
 
 
 def stack_file_stem(process: ServerProcess) -> str:
