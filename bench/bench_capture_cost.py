@@ -48,11 +48,11 @@ import httpx
 import psutil
 
 from wedgewatch.config.model import Config
+from wedgewatch.core.states import CapturePhase
 from wedgewatch.io.evidence import (
     CaptureRequest,
     EvidenceDeps,
     EvidenceSettings,
-    Phase,
     capture_bundle,
 )
 from wedgewatch.io.procs import ProcessSelector
@@ -129,7 +129,7 @@ async def measure(
             incomplete += sampled.profile is None
             rounds += 1
             continue
-        phase = Phase.SUSPECT if mode == "suspect" else Phase.WEDGED
+        phase = CapturePhase.SUSPECT if mode == "suspect" else CapturePhase.WEDGED
         result = await capture_bundle(
             CaptureRequest(target="bench", selector=selector, phase=phase, family="bench"), deps
         )

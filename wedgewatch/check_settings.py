@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wedgewatch.core import states
 from wedgewatch.core.detect import Policy
 from wedgewatch.core.restart_policy import RestartPolicy
 from wedgewatch.io.scrape_rules import ScrapeLimits
@@ -27,14 +28,12 @@ if TYPE_CHECKING:
 #: Bumped when `CheckSettings` or the digest changes: an old cache entry then misses.
 SETTINGS_CACHE_VERSION = 1
 
-#: The settings `check` takes as flags (and from --config and WEDGEWATCH_* like any command).
+_CANARY_THRESHOLD = states.THRESHOLD_SETTING[states.Family.CANARY_STALL]
+#: The settings `check` takes as flags (and from --config and WEDGEWATCH_* like any command):
+#: every detector threshold but the canary's (`check` sends no canary).
 CHECK_FLAG_SETTINGS = (
     "interval_seconds",
-    "stall_after_seconds",
-    "hang_after_seconds",
-    "output_stall_after_seconds",
-    "deferred_only_after_seconds",
-    "unreachable_after_seconds",
+    *(name for name in states.THRESHOLD_SETTINGS if name != _CANARY_THRESHOLD),
     "startup_timeout_seconds",
     "scrape_timeout_seconds",
     "max_body_bytes",

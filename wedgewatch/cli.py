@@ -373,9 +373,9 @@ def _run(
     if not loaded.config.targets:
         raise _fail(["no targets to watch: give --target URL or [[targets]] in --config"], 2)
     configure_logging(loaded.config.log_level)
-    from wedgewatch.daemon import loop as daemon  # noqa: PLC0415 - heavy: only for `run`
+    from wedgewatch.daemon.loop import serve  # noqa: PLC0415 - heavy: only for `run`
 
-    raise typer.Exit(daemon.serve(loaded.config))
+    raise typer.Exit(serve(loaded.config))
 
 
 @app.command("capture")
@@ -443,10 +443,10 @@ def _capture(
         except ValueError as exc:
             raise typer.BadParameter(f"{target_url!r} {exc}", param_hint="--target") from None
     configure_logging(settings.log_level)
-    from wedgewatch.daemon import loop as daemon  # noqa: PLC0415 - heavy: only for `capture`
+    from wedgewatch.daemon.adapters import capture_on_demand  # noqa: PLC0415 - heavy: only for `capture`
 
     result = asyncio.run(
-        daemon.capture_on_demand(settings, url=target_url, pid=pid, pid_file=pid_file, name=name)
+        capture_on_demand(settings, url=target_url, pid=pid, pid_file=pid_file, name=name)
     )
     if as_json:
         typer.echo(

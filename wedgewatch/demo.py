@@ -35,7 +35,7 @@ import httpx
 
 from wedgewatch import launch
 from wedgewatch.config import Config, load_config
-from wedgewatch.core.states import CALM
+from wedgewatch.core.states import CALM, CapturePhase
 from wedgewatch.demo_story import (
     Event,
     Story,
@@ -259,7 +259,7 @@ def _read_summary(bundle: str) -> Mapping[str, Any] | None:
 def _show_bundle(screen: Screen, bundle: str | None, at: float) -> list[str]:
     """Print what a completed wedge bundle holds; [] while it is not complete yet."""
     summary = _read_summary(bundle) if bundle is not None else None
-    if summary is None or summary.get("verdict") != "wedged":
+    if summary is None or summary.get("verdict") != CapturePhase.WEDGED:
         return []
     lines = bundle_report(summary)
     for line in lines:

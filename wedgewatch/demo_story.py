@@ -11,7 +11,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from wedgewatch.core.states import ACTED_ON, CALM, THRESHOLD_SETTING, Family
+from wedgewatch.core.states import (
+    ACTED_ON,
+    CALM,
+    THRESHOLD_SETTING,
+    CapturePhase,
+    EngineState,
+    Family,
+)
 
 #: Recovered = after the restart, every engine calm for this long while tokens are generated.
 RECOVERED_AFTER_SECONDS = 5.0
@@ -98,13 +105,13 @@ def advance(story: Story, status: Mapping[str, Any], at: float) -> tuple[Story, 
     restarts = int(target.get("restarts") or 0)
     in_restart = bool(target.get("restart_in_progress"))
 
-    if story.up_at is None and engines and state != "starting":
+    if story.up_at is None and engines and state != EngineState.STARTING:
         story = replace(story, up_at=at)
         names = ", ".join(f"{_engine_name(e)} {e.get('state')}" for e in engines)
         events.append(Event(at, "up", f"the server answers: {names}"))
 
     if story.wedged_at is None:
-        suspect = next((e for e in engines if e.get("state") == "suspect"), None)
+        suspect = next((e for e in engines if e.get("state") == EngineState.SUSPECT), None)
         wedged = next((e for e in engines if e.get("state") in ACTED_ON), None)
         if suspect is None and wedged is None and story.suspect_at is not None:
             story = replace(story, suspect_at=None)  # it cleared: the next stall is new
@@ -274,7 +281,9 @@ def bundle_report(summary: Mapping[str, Any]) -> list[str]:
     """What a completed bundle holds, in a few lines: verdict, triage, stacks by role."""
     triage = summary.get("triage") or {}
     phases = summary.get("phases") or {}
-    stacks = (phases.get("wedged") or phases.get("suspect") or {}).get("stacks") or []
+    stacks = (phases.get(CapturePhase.WEDGED) or phases.get(CapturePhase.SUSPECT) or {}).get(
+        "stacks"
+    ) or []
     dumped = [s for s in stacks if s.get("have_json")]
     roles: dict[str, int] = {}
     for record in dumped:

@@ -32,7 +32,9 @@ from typing import NoReturn, TextIO
 import structlog
 
 from wedgewatch.config import Config, Target, default_target_name
-from wedgewatch.daemon import loop as daemon
+from wedgewatch.daemon.adapters import FileStateStore, real_deps
+from wedgewatch.daemon.loop import run as run_watchdog
+from wedgewatch.daemon.roles import Deps
 from wedgewatch.io import restarters, runner
 from wedgewatch.io.nvidia_smi import count_gpus
 from wedgewatch.vllm.profiles import Profile
@@ -451,7 +453,7 @@ def exec_server(command: LaunchCommand, environ: Mapping[str, str]) -> NoReturn:
         raise LaunchError(f"cannot run {command.argv[0]}: {exc.strerror or exc}") from exc
 
 
-DepsFactory = Callable[..., daemon.Deps]
+DepsFactory = Callable[..., Deps]
 
 
 async def watch(
@@ -460,7 +462,7 @@ async def watch(
     *,
     environ: Mapping[str, str] | None = None,
     stop: asyncio.Event | None = None,
-    make_deps: DepsFactory = daemon.real_deps,
+    make_deps: DepsFactory = real_deps,
     on_started: Callable[[restarters.Supervisor], None] | None = None,
 ) -> int:
     """Run the server under a Supervisor and the watchdog beside it; the launcher's exit code.
@@ -490,7 +492,7 @@ async def watch(
             on_started=on_started,
         )
     finally:
-        if isinstance(deps.state_store, daemon.FileStateStore):
+        if isinstance(deps.state_store, FileStateStore):
             deps.state_store.close()
 
 
@@ -498,7 +500,7 @@ async def _watch(
     *,
     command: LaunchCommand,
     config: Config,
-    deps: daemon.Deps,
+    deps: Deps,
     supervisor: restarters.Supervisor,
     stop: asyncio.Event | None,
     on_started: Callable[[restarters.Supervisor], None] | None,
@@ -518,7 +520,7 @@ async def _watch(
         on_started(supervisor)
     stop_event = stop if stop is not None else asyncio.Event()
     daemon_stop = asyncio.Event()
-    daemon_task = asyncio.create_task(daemon.run(config, deps, stop=daemon_stop), name="watchdog")
+    daemon_task = asyncio.create_task(run_watchdog(config, deps, stop=daemon_stop), name="watchdog")
     server_task = asyncio.create_task(supervisor.wait(), name="server")
     stop_task = asyncio.create_task(stop_event.wait(), name="stop")
     loop = asyncio.get_running_loop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -28,6 +29,7 @@ from wedgewatch.config import (
     render_toml,
 )
 from wedgewatch.core.detect import Policy
+from wedgewatch.core.states import THRESHOLD_SETTINGS
 from wedgewatch.io.scrape import ScrapeLimits
 
 REPO = Path(__file__).resolve().parents[2]
@@ -334,6 +336,19 @@ def test_policy_and_scrape_limits_are_narrowed_from_the_config() -> None:
         startup_timeout_seconds=900.0,
     )
     assert config.scrape_limits() == ScrapeLimits(timeout_seconds=2.0, max_body_bytes=1024 * 1024)
+
+
+def test_the_detector_policy_holds_every_threshold_of_the_table() -> None:
+    """Policy's fields are the threshold table's settings plus the start-up timeout, each
+    narrowed from the Config field of the same name."""
+    assert {f.name for f in dataclasses.fields(Policy)} == {
+        *THRESHOLD_SETTINGS,
+        "startup_timeout_seconds",
+    }
+    values = {name: 1000.0 + i for i, name in enumerate(THRESHOLD_SETTINGS)}
+    policy = load_config(flags={**values, "startup_timeout_seconds": 77.0}).config.policy()
+    assert {name: getattr(policy, name) for name in values} == values
+    assert policy.startup_timeout_seconds == 77.0
 
 
 @pytest.mark.parametrize(

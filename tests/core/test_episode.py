@@ -47,7 +47,14 @@ from wedgewatch.core.restart_policy import (
     RestartOutcome,
     RestartPolicy,
 )
-from wedgewatch.core.states import SEVERITY, EngineState, Family, NotifyEvent
+from wedgewatch.core.states import (
+    SEVERITY,
+    CaptureFailureReason,
+    CapturePhase,
+    EngineState,
+    Family,
+    NotifyEvent,
+)
 from wedgewatch.vllm.signals import EngineKey
 
 KEY0, KEY1 = EngineKey("m", "0"), EngineKey("m", "1")
@@ -611,6 +618,17 @@ ROWS = {
                 "detail": "",
             },
             s.state == with_episode(restart_asked=True),
+        ),
+    ),
+    "C3 a capture's phase and reasons are reported as plain words, not enum reprs": Row(
+        with_episode(restart_asked=True),
+        CaptureDone(
+            opened().episode_id, CapturePhase.WEDGED, None, None, (CaptureFailureReason.TIMEOUT,)
+        ),
+        lambda s: _all(
+            [type(r) for r in report(s, "evidence_capture_failed").log_only["reasons"]] == [str],
+            type(report(s, "evidence_capture_failed").fields["phase"]) is str,
+            report(s, "evidence_capture_failed").fields["phase"] == "wedged",
         ),
     ),
     # T1

@@ -10,6 +10,7 @@ from wedgewatch.core import probe_policy
 from wedgewatch.core.detect import EngineMemory, EngineState, TargetState
 from wedgewatch.core.probe_policy import ProbeMemory, ServerMark
 from wedgewatch.core.restart_policy import Phase, PolicyEventKind, PolicyState, RestartPolicy
+from wedgewatch.io import statefile
 from wedgewatch.vllm.signals import EngineKey, EngineReading
 
 POLICY = RestartPolicy()  # 3 per 3600 s, backoff 60 doubling to 900
@@ -266,3 +267,48 @@ def test_server_mark_takes_the_start_time_and_counter_sums() -> None:
     mark = ServerMark.of(detector(7.0, 10.0))
     assert mark.process_start_time_seconds == 7.0
     assert mark.progress == {"m|0": 10.0 + 10.0 + 1.0 + 0.0}
+
+
+# What the daemon and `check --state-file` wrote before ServerMark took its counters from
+# `core.replacement.engine_counters`: a target's probe record in a version-1 state file.
+STATE_FILE_PROBE_RECORD = b"""{
+ "schema_version": 1,
+ "written_timestamp": 1800000000.0,
+ "wedgewatch_version": "0.1.0",
+ "targets": {
+  "vllm": {
+   "restart_policy": null,
+   "open_episodes": [],
+   "detector": null,
+   "probe": {
+    "first_failed_timestamp": 1799999980.0,
+    "last_failed_timestamp": 1799999990.0,
+    "failures": 2,
+    "process_start_time_seconds": 1700000000.0,
+    "progress": {"m|0": 1234.0}
+   }
+  }
+ }
+}"""
+
+
+def test_a_probe_record_written_by_the_earlier_code_still_loads_and_judges() -> None:
+    """A state file's served failures from before still load, name the same server as a mark
+    of today's code, and a new server after them counts one probe restart."""
+    saved = statefile.decode(STATE_FILE_PROBE_RECORD)
+    assert isinstance(saved, statefile.SavedState)
+    memory = probe_policy.memory_from_json(
+        saved.targets["vllm"].probe, at=500.0, timestamp=1_800_000_000.0
+    )
+    assert memory.failures == 2
+    assert memory.server == ServerMark(1_700_000_000.0, {"m|0": 1234.0})
+    assert memory.last_failed_at is not None
+    assert math.isclose(memory.last_failed_at, 490.0)
+    same = ServerMark.of(detector(1_700_000_000.0, 616.5))  # 616.5 * 2 + 1.0 + 0.0 = 1234.0
+    assert memory.server.replaced_by(same) is None
+    _, step = probe_policy.observe_server(
+        memory, PolicyState(), POLICY, ServerMark.of(detector(1_700_000_500.0, 0.0)),
+        scraped=True, target_state="ok", at=510.0, timestamp=1_800_000_010.0,
+    )  # fmt: skip
+    assert [e.kind for e in step.events] == [PolicyEventKind.RESTART_SUCCEEDED]
+    assert len(step.state.restarts_at) == 1

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pytest
 
+from wedgewatch.core.detect import Policy, Scraped, TargetState, step
+from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.replacement import (
     NotReplaced,
     Replaced,
     ServerIdentity,
     judge_replacement,
 )
+from wedgewatch.vllm.semantics import progress_counters
+from wedgewatch.vllm.signals import Exposition, parse
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 OLD = ServerIdentity(
     process_start_time_seconds=1000.0,
@@ -100,3 +109,24 @@ def test_judge_replacement(
     assert isinstance(result, Replaced if replaced else NotReplaced), result
     text = result.proof if isinstance(result, Replaced) else result.reason
     assert words in text
+
+
+@pytest.mark.parametrize("fixture", ["deferred_wedge.prom", "dp2_multiproc.prom"])
+def test_the_identity_and_the_probes_mark_of_one_scrape_describe_one_server(fixture: str) -> None:
+    """A good scrape's ServerIdentity holds each engine's progress counters as they came and
+    the probe's ServerMark of the detector that read it their sum, with one start time."""
+    exposition = parse((FIXTURES / fixture).read_bytes())
+    assert isinstance(exposition, Exposition)
+    identity = ServerIdentity.of(exposition)
+    state, _ = step(TargetState.initial(), Scraped(1.0, exposition), Policy())
+    mark = ServerMark.of(state)
+    assert identity.process_start_time_seconds == exposition.process_start_time_seconds
+    assert mark.process_start_time_seconds == exposition.process_start_time_seconds
+    assert identity.progress == {
+        key.engine: progress_counters(reading) for key, reading in exposition.engines.items()
+    }
+    assert mark.progress == {
+        f"{key.model_name}|{key.engine}": math.fsum(identity.progress[key.engine])
+        for key in exposition.engines
+    }
+    assert len(identity.progress) == len(exposition.engines) >= 1

@@ -24,7 +24,7 @@ from wedgewatch.core.restart_policy import (
     Step,
 )
 
-CHILD = Path(__file__).parents[1] / "remedy_child.py"
+CHILD = Path(__file__).parents[1] / "child_process.py"
 POLICY = RestartPolicy()  # 3 per 3600 s, backoff 60 doubling to 900, startup 900
 OK = RestartOutcome(ok=True, detail="done", duration_seconds=1.0)
 FAILED = RestartOutcome(False, "boom", 1.0, FailureReason.REMEDY_ERROR)

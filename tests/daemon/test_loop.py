@@ -21,16 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from wedgewatch.config import Config
 from wedgewatch.core import restart_policy
 from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
-from wedgewatch.daemon.loop import (
-    CaptureOutcome,
-    CaptureRequest,
-    Daemon,
-    Deps,
-    ScrapeResult,
-    WebhookNotifications,
-    run,
-)
+from wedgewatch.daemon.adapters import WebhookNotifications
+from wedgewatch.daemon.loop import Daemon, run
 from wedgewatch.daemon.ownmetrics import CAPTURE_FAILURE_REASONS
+from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
 from wedgewatch.daemon.server import make_app
 from wedgewatch.io import restarters, statefile
 from wedgewatch.io.notify import Notification, NotifyStats
@@ -914,13 +908,14 @@ def test_capture_failure_reasons(
     expected: tuple[str, ...],
 ) -> None:
     """Bundle results map onto the closed set of capture failure reasons of the metric."""
+    from wedgewatch.core.states import CapturePhase
     from wedgewatch.core.triage import Triage, TriageKind
-    from wedgewatch.daemon.loop import capture_failure_reasons
+    from wedgewatch.daemon.adapters import capture_failure_reasons
     from wedgewatch.io import evidence
 
     result = evidence.BundleResult(
         bundle=bundle,
-        phase=evidence.Phase.WEDGED,
+        phase=CapturePhase.WEDGED,
         verdict="wedged",
         triage=Triage(TriageKind.UNKNOWN, "n/a"),
         failures=failures,

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from wedgewatch.core.states import SCRAPE_FAILURE_REASONS, CaptureFailureReason, CapturePhase
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics, render
 
 GOLDEN = Path(__file__).parent / "golden" / "ownmetrics.prom"
@@ -231,3 +232,25 @@ def test_the_golden_story_uses_the_real_label_values() -> None:
     assert tuple(EngineState) == STATES
     assert tuple(Family) == FAMILIES
     assert set(SCRAPE_FAILURE_REASONS) == set(REASONS)
+
+
+DAEMON_DOC = Path(__file__).parents[2] / "docs" / "daemon.md"
+
+
+@pytest.mark.parametrize(
+    ("metric", "words"),
+    [
+        pytest.param("wedgewatch_scrape_failures_total", SCRAPE_FAILURE_REASONS, id="scrape"),
+        pytest.param("wedgewatch_evidence_captures_total", tuple(CapturePhase), id="phase"),
+        pytest.param(
+            "wedgewatch_evidence_capture_failures_total", tuple(CaptureFailureReason), id="capture"
+        ),
+    ],
+)
+def test_the_metric_table_lists_each_closed_set_of_label_values(
+    metric: str, words: tuple[str, ...]
+) -> None:
+    """docs/daemon.md names every label value of a closed set (from core/states), no other."""
+    (row,) = [line for line in DAEMON_DOC.read_text().splitlines() if f"| `{metric}` |" in line]
+    listed = set(re.findall(r"`([a-z_]+)`", row.rsplit("|", 2)[1]))
+    assert listed == {str(word) for word in words}

@@ -21,7 +21,8 @@ from test_loop import (
 )
 
 from wedgewatch.config import Config
-from wedgewatch.daemon.loop import Daemon, Deps, ScrapeResult
+from wedgewatch.daemon.loop import Daemon
+from wedgewatch.daemon.roles import Deps, ScrapeResult
 
 
 class VirtualTime:

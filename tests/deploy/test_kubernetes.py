@@ -47,7 +47,7 @@ def _kustomize(directory: Path) -> subprocess.CompletedProcess[str]:
     kubectl = shutil.which("kubectl")
     assert kubectl is not None, (
         "kubectl is not installed: the manifests are rendered with `kubectl kustomize` "
-        "(kubectl >= 1.27; see tests/run.sh)"
+        "(kubectl 1.21 or newer; tests/run.sh says how to install it)"
     )
     return subprocess.run(
         [kubectl, "kustomize", str(directory)],

@@ -14,8 +14,9 @@ import pytest
 from bundle_files import assert_private, fake_bundle, modes
 from standin_tree import StandinTree, standin_tree
 
+from wedgewatch.core.states import CapturePhase
 from wedgewatch.core.triage import TriageKind
-from wedgewatch.io.bundles import Phase, scan_bundles
+from wedgewatch.io.bundles import scan_bundles
 from wedgewatch.io.evidence import (
     BundleResult,
     CaptureRequest,
@@ -51,7 +52,7 @@ def request_for(selector: ProcessSelector, **changes: Any) -> CaptureRequest:
     values: dict[str, Any] = {
         "target": "local",
         "selector": selector,
-        "phase": Phase.SUSPECT,
+        "phase": CapturePhase.SUSPECT,
         "family": "deferred_stall",
         "engine": "0",
         "model_name": "m",
@@ -76,14 +77,14 @@ def summary_of(result: BundleResult) -> dict[str, Any]:
 # ---------------------------------------------------------------- requests and settings
 
 
-def test_request_accepts_the_detectors_plain_phase_strings(tmp_path: Path) -> None:
-    """`phase="wedged"` (a plain string, as the detector's actions carry it) becomes Phase."""
+def test_request_accepts_plain_phase_strings(tmp_path: Path) -> None:
+    """`phase="wedged"` (a plain string, as a saved record carries it) becomes CapturePhase."""
     request = CaptureRequest(
         target="t", selector=ProcessSelector(pid=1), phase="wedged", bundle=str(tmp_path)
     )  # type: ignore[arg-type]
-    assert request.phase is Phase.WEDGED
+    assert request.phase is CapturePhase.WEDGED
     assert request.bundle == tmp_path
-    with pytest.raises(ValueError, match="'sideways' is not a valid Phase"):
+    with pytest.raises(ValueError, match="'sideways' is not a valid CapturePhase"):
         CaptureRequest(target="t", selector=ProcessSelector(pid=1), phase="sideways")  # type: ignore[arg-type]
 
 
@@ -191,7 +192,10 @@ async def test_complete_of_missing_bundle_writes_a_one_shot_bundle(tmp_path: Pat
     deps = EvidenceDeps(settings_for(tmp_path))
     gone = tmp_path / "evidence" / "20261201T000000Z_local_engine0_deferred_stall"
     request = request_for(
-        ProcessSelector(pid=dead_pid()), phase=Phase.WEDGED, bundle=gone, metrics_body=WEDGED_BODY
+        ProcessSelector(pid=dead_pid()),
+        phase=CapturePhase.WEDGED,
+        bundle=gone,
+        metrics_body=WEDGED_BODY,
     )
     result = await complete_bundle(gone, request, deps)
     assert result.bundle is not None
@@ -327,7 +331,7 @@ async def test_suspect_then_wedged_bundle(
     wedged = await capture_bundle(
         request_for(
             url_of(tree),
-            phase=Phase.WEDGED,
+            phase=CapturePhase.WEDGED,
             bundle=bundle,
             metrics_body=WEDGED_BODY,
             history=[{"at": float(i)} for i in range(5)],
@@ -375,7 +379,7 @@ async def test_one_shot_wedge_bundle(tree: StandinTree, tmp_path: Path) -> None:
     the sampled profile: `profile_seconds = 0` turns it off)."""
     deps = EvidenceDeps(settings_for(tmp_path, profile_seconds=0))
     result = await capture_bundle(
-        request_for(url_of(tree), phase=Phase.WEDGED, metrics_body=WEDGED_BODY), deps
+        request_for(url_of(tree), phase=CapturePhase.WEDGED, metrics_body=WEDGED_BODY), deps
     )
     assert result.complete, result.failures
     assert result.bundle is not None
@@ -496,6 +500,6 @@ async def test_collective_hang_tree_is_triaged(tmp_path: Path) -> None:
     deps = EvidenceDeps(settings_for(tmp_path))
     with standin_tree("collective_hang") as hung:
         result = await capture_bundle(
-            request_for(url_of(hung), phase=Phase.WEDGED, family="progress_stall"), deps
+            request_for(url_of(hung), phase=CapturePhase.WEDGED, family="progress_stall"), deps
         )
     assert summary_of(result)["triage"]["kind"] == "collective_hang"

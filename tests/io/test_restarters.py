@@ -22,7 +22,7 @@ from wedgewatch.core.restart_policy import (
     RestartOutcome,
     RestartPolicy,
 )
-from wedgewatch.io import restarters as remedy
+from wedgewatch.io import restarters
 from wedgewatch.io.restarters import (
     ExecRestarter,
     RestartRequest,
@@ -34,7 +34,7 @@ from wedgewatch.io.restarters import (
 )
 from wedgewatch.io.supervisor import SystemdStateProbe
 
-CHILD = Path(__file__).parents[1] / "remedy_child.py"
+CHILD = Path(__file__).parents[1] / "child_process.py"
 POLICY = RestartPolicy()  # 3 per 3600 s, backoff 60 doubling to 900, startup 900
 OK = RestartOutcome(ok=True, detail="done", duration_seconds=1.0)
 FAILED = RestartOutcome(False, "boom", 1.0, FailureReason.REMEDY_ERROR)
@@ -519,7 +519,7 @@ async def test_exec_gets_a_minimal_environment(tmp_path: Path) -> None:
         "KUBERNETES_SERVICE_HOST": "10.96.0.1",
     }
     assert sorted(k for k in seen if k.startswith("WEDGEWATCH_")) == sorted(
-        remedy.restart_environment(_request())
+        restarters.restart_environment(_request())
     )
     assert "SECRET" not in out.read_text()
 
@@ -529,7 +529,7 @@ async def test_exec_without_path_gets_the_default_path(tmp_path: Path) -> None:
     out = tmp_path / "path.txt"
     script = f"import os; open({str(out)!r}, 'w').write(os.environ['PATH'])"
     assert (await ExecRestarter([sys.executable, "-c", script], env={}).restart(_request())).ok
-    assert out.read_text() == remedy.DEFAULT_PATH
+    assert out.read_text() == restarters.DEFAULT_PATH
 
 
 def test_exec_url_is_passed_without_credentials() -> None:
@@ -537,7 +537,7 @@ def test_exec_url_is_passed_without_credentials() -> None:
     request = replace(
         _request(), url="http://bob:PWSECRET@127.0.0.1:8000/metrics?token=QSECRET&a=1"
     )
-    env = remedy.restart_environment(request)
+    env = restarters.restart_environment(request)
     assert env["WEDGEWATCH_URL"] == "http://bob:***@127.0.0.1:8000/metrics?token=***&a=1"
 
 
@@ -549,16 +549,16 @@ async def test_group_is_signalled_only_while_its_leader_is_the_same_process(
     leader = psutil.Process(pids["root"])
     created = leader.create_time()
     try:
-        assert remedy.group_is_still_ours(pids["root"], created)
-        assert not remedy.group_is_still_ours(pids["root"], created - 100.0)
-        assert not remedy.group_is_still_ours(pids["root"], None)
+        assert restarters.group_is_still_ours(pids["root"], created)
+        assert not restarters.group_is_still_ours(pids["root"], created - 100.0)
+        assert not restarters.group_is_still_ours(pids["root"], None)
         # As if the tree had been collected from an older process with the same pid: nothing
         # may be signalled through the group, and no victim was named.
-        result = await remedy._terminate([], pids["root"], 0.2, created - 100.0)
+        result = await restarters._terminate([], pids["root"], 0.2, created - 100.0)
         assert any("pid reused" in e for e in result.errors)
         assert all(_alive(pid) for pid in pids.values())
         # With the true create time the group is reached.
-        result = await remedy._terminate([], pids["root"], 5.0, created)
+        result = await restarters._terminate([], pids["root"], 5.0, created)
         assert not [r for r, pid in pids.items() if _alive(pid)]
     finally:
         _kill_leftovers(pids)
@@ -568,7 +568,7 @@ def test_group_of_a_vanished_leader_may_still_be_signalled() -> None:
     """No process with the group's id: killpg can only reach the old group's members."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    assert remedy.group_is_still_ours(proc.pid, None)
+    assert restarters.group_is_still_ours(proc.pid, None)
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from wedgewatch.io.statefile import (
     TargetRecord,
 )
 
-CHILD = Path(__file__).parents[1] / "remedy_child.py"
+CHILD = Path(__file__).parents[1] / "child_process.py"
 
 RECORD = PolicyRecord(
     phase=Phase.GAVE_UP,

@@ -12,6 +12,7 @@ they receive a narrowed slice (`Config.policy()`, `Config.scrape_limits()`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -32,6 +33,7 @@ from wedgewatch.core.canary import CanaryPolicy
 from wedgewatch.core.detect import Policy
 from wedgewatch.core.redact import redact_url
 from wedgewatch.core.restart_policy import RestartPolicy
+from wedgewatch.core.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS, Family
 from wedgewatch.io.procs import remote_host_reason
 from wedgewatch.io.scrape import ScrapeLimits
 from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles
@@ -71,6 +73,14 @@ _SIZE_UNITS: Mapping[str, int] = {
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _TARGET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\[\]-]{0,63}$")
+#: The thresholds a scrape observes: each must be at least interval_seconds. Not the
+#: deferred-only one (0 turns it off; its own rule) nor the canary's (a canary's own clock).
+_SCRAPED_THRESHOLDS = tuple(
+    name
+    for name in THRESHOLD_SETTINGS
+    if name
+    not in (THRESHOLD_SETTING[Family.DEFERRED_ONLY_STALL], THRESHOLD_SETTING[Family.CANARY_STALL])
+)
 
 
 class ConfigError(Exception):
@@ -126,6 +136,7 @@ def _check_http_url(url: str) -> str:
     return url
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and asked on every scrape
 def metrics_url_of(url: str) -> str:
     """The `/metrics` URL of a server given its base URL or its `/metrics` URL.
 
@@ -632,12 +643,7 @@ class Config(BaseModel):
                 self.restart_backoff_max_seconds,
                 f"must be at least restart_backoff_seconds ({self.restart_backoff_seconds})",
             )
-        for field in (
-            "stall_after_seconds",
-            "hang_after_seconds",
-            "output_stall_after_seconds",
-            "unreachable_after_seconds",
-        ):
+        for field in _SCRAPED_THRESHOLDS:
             value = getattr(self, field)
             if value < self.interval_seconds:
                 raise FieldRuleError(
@@ -658,13 +664,8 @@ class Config(BaseModel):
     def policy(self) -> Policy:
         """The detector's slice of the configuration."""
         return Policy(
-            stall_after_seconds=self.stall_after_seconds,
-            hang_after_seconds=self.hang_after_seconds,
-            output_stall_after_seconds=self.output_stall_after_seconds,
-            unreachable_after_seconds=self.unreachable_after_seconds,
             startup_timeout_seconds=self.startup_timeout_seconds,
-            deferred_only_after_seconds=self.deferred_only_after_seconds,
-            canary_timeout_seconds=self.canary_timeout_seconds,
+            **{name: getattr(self, name) for name in THRESHOLD_SETTINGS},
         )
 
     def canary_policy(self) -> CanaryPolicy:

@@ -132,7 +132,7 @@ from wedgewatch.core.detect_types import (
     TargetVerdict,
     Transition,
 )
-from wedgewatch.core.states import ACTED_ON, SEVERITY, STALLED, EngineState, Family
+from wedgewatch.core.states import ACTED_ON, SEVERITY, STALLED, CapturePhase, EngineState, Family
 from wedgewatch.vllm import semantics
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
@@ -280,10 +280,10 @@ class _Outcome:
                 and judgement.stalled_seconds
                 >= SUSPECT_CAPTURE_FRACTION * self.policy.threshold(family)
             ):
-                self.captures.append(CaptureEvidence(key, family, "suspect"))
+                self.captures.append(CaptureEvidence(key, family, CapturePhase.SUSPECT))
                 captured = True
             if judgement.state in ACTED_ON and not acted:
-                self.captures.append(CaptureEvidence(key, family, "wedged"))
+                self.captures.append(CaptureEvidence(key, family, CapturePhase.WEDGED))
                 self.restarts.append(Restart(key, family))
                 acted = True
         else:

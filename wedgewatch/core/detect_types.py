@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 from wedgewatch.core.states import (
     SCRAPE_FAILURE_REASONS,
     THRESHOLD_SETTING,
+    THRESHOLD_SETTINGS,
     EngineState,
+    EpisodePhase,
     Family,
     ScrapeFailureReason,
 )
@@ -76,15 +77,7 @@ class Policy:
 
     def __post_init__(self) -> None:
         """Reject thresholds that are negative, NaN or infinite."""
-        for name in (
-            "stall_after_seconds",
-            "hang_after_seconds",
-            "output_stall_after_seconds",
-            "unreachable_after_seconds",
-            "startup_timeout_seconds",
-            "deferred_only_after_seconds",
-            "canary_timeout_seconds",
-        ):
+        for name in (*THRESHOLD_SETTINGS, "startup_timeout_seconds"):
             value = getattr(self, name)
             if value is None and name == "startup_timeout_seconds":
                 continue
@@ -113,7 +106,7 @@ class CaptureEvidence:
 
     key: EngineKey
     family: Family
-    phase: Literal["suspect", "wedged"]
+    phase: EpisodePhase
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,7 +152,7 @@ from wedgewatch.core.replacement import (
     judge_replacement,
     with_listener,
 )
-from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState
+from wedgewatch.core.states import ACTED_ON, CALM, STALLED, CapturePhase, EngineState
 from wedgewatch.core.transitions import Level, transition_reports
 from wedgewatch.vllm.signals import EngineKey
 
@@ -391,7 +391,7 @@ class _Run:
         if episode is None:  # an action always comes with a stalled engine, hence an episode
             return
         if isinstance(action, CaptureEvidence):
-            if action.phase == "suspect":  # C1
+            if action.phase == CapturePhase.SUSPECT:  # C1
                 if episode.suspect_asked or episode.wedged_asked:
                     return
                 if self.suspect_capture_too_soon(episode):  # C4
@@ -594,7 +594,7 @@ def capture_reports(
     """C3: (event, level, log-only fields, fields) of evidence_captured / _capture_failed."""
     fields = {
         "episode": event.episode_id,
-        "phase": event.phase,
+        "phase": str(event.phase),  # plain strings: a console log line shows a list's reprs
         "family": event.family,
         "engine": event.key.engine if event.key else "",
         "model_name": event.key.model_name if event.key else "",
@@ -605,10 +605,10 @@ def capture_reports(
     }
     reports: list[tuple[str, Level, dict[str, Any], dict[str, Any]]] = []
     if event.bundle is not None:
-        more = {"failures": list(event.failures), "detail": event.detail or None}
+        more = {"failures": [str(f) for f in event.failures], "detail": event.detail or None}
         reports.append(("evidence_captured", "info", more, fields))
     if event.failures:
-        more = {"reasons": list(event.failures), "detail": event.detail}
+        more = {"reasons": [str(f) for f in event.failures], "detail": event.detail}
         reports.append(("evidence_capture_failed", "warning", more, fields))
     return reports
 

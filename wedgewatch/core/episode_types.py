@@ -13,10 +13,8 @@ from typing import Any, Literal
 from wedgewatch.core import probe_policy, restart_policy
 from wedgewatch.core.detect import Policy, TargetVerdict
 from wedgewatch.core.replacement import ServerIdentity
-from wedgewatch.core.states import NOTIFIED
+from wedgewatch.core.states import NOTIFIED, CaptureFailureReason, EpisodePhase
 from wedgewatch.vllm.signals import EngineKey
-
-Phase = Literal["suspect", "wedged"]
 
 # ---------------------------------------------------------------------------------------------
 # State
@@ -97,10 +95,10 @@ class CaptureDone:
     """An evidence capture asked by a `Capture` effect finished (well or not)."""
 
     episode_id: str
-    phase: Phase
+    phase: EpisodePhase
     bundle: str | None
     triage: str | None = None
-    failures: tuple[str, ...] = ()
+    failures: tuple[CaptureFailureReason, ...] = ()
     key: EngineKey | None = None  # the engine the capture was about
     family: str = ""
     detail: str = ""  # what went wrong, when something did
@@ -159,7 +157,7 @@ Input = (
 class Capture:
     """Queue an evidence capture: `suspect` opens the episode's bundle, `wedged` completes it."""
 
-    phase: Phase
+    phase: EpisodePhase
     key: EngineKey
     family: str
     episode_id: str

@@ -6,7 +6,7 @@ probe). For the restart budget, backoff and `gave_up` to hold there too, the pro
 only while the restart policy would allow a restart, and each restart the probe caused is
 counted against the budget once it is proven. Pure: time is passed in, results are data.
 
-# RULES (tests/test_probe_policy.py checks them)
+# RULES (tests/core/test_probe_policy.py checks them)
 #
 # Verdict (`probe_verdict`)
 #   P1  A target that is not wedged or unreachable passes (decision `healthy`).
@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from wedgewatch.core.detect import TargetState
+from wedgewatch.core.replacement import engine_counters
 from wedgewatch.core.restart_policy import (
     Allow,
     DenyReason,
@@ -58,7 +59,6 @@ from wedgewatch.core.restart_policy import (
     seconds_text,
 )
 from wedgewatch.core.states import ACTED_ON
-from wedgewatch.vllm.semantics import progress_counters
 
 #: Target states in which a liveness probe would ask for a restart: the acted-on states.
 FAILING_STATES = ACTED_ON
@@ -74,7 +74,16 @@ _DENIED: Mapping[DenyReason, Decision] = {
 
 @dataclass(frozen=True, slots=True)
 class ServerMark:
-    """Who a server is: its process start time and each engine's summed progress counters."""
+    """Who a server is: its process start time and each engine's summed progress counters.
+
+    Read from the detector's memory (`of`), so a probe that fails while scrapes fail still
+    names the server it judged, with non-finite counters already replaced by the last finite
+    ones; persisted (`memory_to_json`) in the state files of the daemon and of `wedgewatch
+    check --state-file`, hence one finite sum per engine. `core.replacement.ServerIdentity`
+    describes the same server for rule N1 (did our own restart replace it?) from a good
+    scrape, per counter and with the port's listener; both take their counters from
+    `core.replacement.engine_counters`.
+    """
 
     process_start_time_seconds: float | None
     progress: Mapping[str, float]  # "model_name|engine" -> sum of the engine's counters
@@ -82,11 +91,12 @@ class ServerMark:
     @classmethod
     def of(cls, detector: TargetState) -> ServerMark:
         """The mark of the server the detector last read (readings survive failed scrapes)."""
+        counters = engine_counters(m.reading for m in detector.engines)
         return cls(
             process_start_time_seconds=detector.process_start_time_seconds,
             progress={
-                f"{m.key.model_name}|{m.key.engine}": math.fsum(progress_counters(m.reading))
-                for m in detector.engines
+                f"{key.model_name}|{key.engine}": math.fsum(values)
+                for key, values in counters.items()
             },
         )
 

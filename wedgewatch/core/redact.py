@@ -21,6 +21,7 @@ The mask is always `***`.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -100,6 +101,7 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (MASK if is_secret_env_name(k) else v) for k, v in sorted(env.items())}
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and asked on every scrape
 def redact_url(url: str) -> str:
     """A URL without its password and with secret-looking query values masked.
 

@@ -20,21 +20,52 @@ reason `not_replaced`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from wedgewatch.vllm.semantics import PROGRESS_COUNTERS
+from wedgewatch.vllm.semantics import PROGRESS_COUNTERS, progress_counters
+from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
+
+
+def engine_counters(readings: Iterable[EngineReading]) -> dict[EngineKey, tuple[float, ...]]:
+    """Each engine's progress counters (`vllm.semantics.progress_counters`, in that order).
+
+    Counters of one server only grow, so they tell a server from its successor: this is
+    the one place both `ServerIdentity` and the liveness probe's `ServerMark`
+    (`core.probe_policy`) take them from.
+    """
+    return {reading.key: progress_counters(reading) for reading in readings}
 
 
 @dataclass(frozen=True, slots=True)
 class ServerIdentity:
-    """What tells one server from its successor, as seen at one instant (None: not known)."""
+    """What tells one server from its successor, as seen at one instant (None: not known).
+
+    Built from one good scrape's exposition (`of`), as it came; the port's listener is added
+    after a restart (`with_listener`). It lives in memory only, for rule N1 of the episode
+    core: did *our* restart replace the server? `core.probe_policy.ServerMark` describes the
+    same server for another question (did a restart the *kubelet* made after a failed
+    liveness probe replace it?) and differs on purpose: it must exist while scrapes fail (a
+    probe fails exactly then), so it is read from the detector's last good readings; it is
+    persisted in state files that `wedgewatch check` (an exec probe) also writes, so it
+    keeps one finite sum per engine; and it has no listener (`check` never looks one up).
+    Both take their counters from `engine_counters`.
+    """
 
     process_start_time_seconds: float | None = None
     # engine -> its counters, in the order of `vllm.semantics.progress_counters`
     progress: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     listener_pid: int | None = None
     listener_create_time: float | None = None
+
+    @classmethod
+    def of(cls, exposition: Exposition) -> ServerIdentity:
+        """What a good scrape says about which server answered."""
+        counters = engine_counters(exposition.engines.values())
+        return cls(
+            process_start_time_seconds=exposition.process_start_time_seconds,
+            progress={key.engine: values for key, values in counters.items()},
+        )
 
     @property
     def known(self) -> bool:

@@ -1,5 +1,6 @@
 """The words wedgewatch judges with, in one place: engine states, stall families, scrape
-failure reasons, and which threshold setting governs each family.
+failure reasons, which threshold setting governs each family, evidence capture phases and
+capture failure reasons.
 
 The detector decides with them, the daemon's own metrics label with them, `/status` and
 `/probe` report them, and the docs list them; every one of those imports them from here.
@@ -68,6 +69,34 @@ THRESHOLD_SETTING: Mapping[Family, str] = {
     Family.UNREACHABLE: "unreachable_after_seconds",
     Family.CANARY_STALL: "canary_timeout_seconds",
 }
+#: Each threshold setting once, in family order: the detector `Policy`'s fields (with
+#: `startup_timeout_seconds`), the thresholds a bundle and a webhook record.
+THRESHOLD_SETTINGS: tuple[str, ...] = tuple(dict.fromkeys(THRESHOLD_SETTING.values()))
+
+
+class CapturePhase(StrEnum):
+    """Which evidence capture a bundle part belongs to: opened at suspect, completed at
+    wedged, or taken on demand (`wedgewatch capture`). The values name the rounds in a
+    bundle's `summary.json`, its file names and the `phase` label of the capture metric."""
+
+    SUSPECT = "suspect"
+    WEDGED = "wedged"
+    MANUAL = "manual"
+
+
+#: The phases the detector and the episode core ask for (a manual capture is an operator's).
+EpisodePhase = Literal[CapturePhase.SUSPECT, CapturePhase.WEDGED]
+
+
+class CaptureFailureReason(StrEnum):
+    """Why an evidence capture step failed: a closed set, the `reason` label of
+    `wedgewatch_evidence_capture_failures_total`."""
+
+    WRITE_FAILED = "write_failed"  # the bundle could not be written
+    PTRACE_DENIED = "ptrace_denied"  # py-spy without root or CAP_SYS_PTRACE
+    TIMEOUT = "timeout"  # the capture deadline passed
+    INCOMPLETE = "incomplete"  # some part failed
+    ERROR = "error"  # the capture raised (a bug, or an unwritable evidence_dir)
 
 
 class NotifyEvent(StrEnum):

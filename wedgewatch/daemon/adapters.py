@@ -25,6 +25,7 @@ from wedgewatch.core.detect import (
     ScrapeFailed,
 )
 from wedgewatch.core.redact import redact_url
+from wedgewatch.core.states import CaptureFailureReason, CapturePhase
 from wedgewatch.daemon.report import thresholds_of
 from wedgewatch.daemon.roles import (
     CaptureOutcome,
@@ -33,10 +34,17 @@ from wedgewatch.daemon.roles import (
     Deps,
     ScrapeResult,
 )
-from wedgewatch.io import bundles, canary, evidence, restarters, statefile
+from wedgewatch.io import canary, evidence, restarters, statefile
 from wedgewatch.io.notify import Notification, WebhookNotifier
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
-from wedgewatch.io.scrape import FetchFailed, ScrapeLimits, fetch, new_client
+from wedgewatch.io.scrape import (
+    FetchFailed,
+    ScrapeClient,
+    ScrapeLimits,
+    fetch,
+    new_client,
+    new_scrape_client,
+)
 from wedgewatch.io.supervisor import SystemdStateProbe
 from wedgewatch.io.systemd_notify import SystemdNotifier
 from wedgewatch.vllm import signals
@@ -99,23 +107,27 @@ class HttpCanary:
 class HttpScraper:
     """Scrapes with `scrape.fetch` (bounded in time and size) and parses with `signals.parse`.
 
-    Each target gets its own HTTP client (sharing one TLS context) that keeps its connection
-    open between scrapes: a connection pool's cost per request grows with its size, so one
-    pool for many targets would make every scrape slower as targets are added.
+    Each target gets its own `ScrapeClient` that keeps its connection open between scrapes
+    (the lean HTTP/1.1 client for `http://`; httpx, sharing one TLS context, for the rest):
+    a connection pool's cost per request grows with its size, so one pool for many targets
+    would make every scrape slower as targets are added.
     """
 
     def __init__(self, limits: ScrapeLimits, clock: Clock) -> None:
         self._limits = limits
         self._clock = clock
         self._tls: ssl.SSLContext | None = None
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._clients: dict[str, ScrapeClient] = {}
 
-    def _client(self, target: Target) -> httpx.AsyncClient:
+    def _client(self, target: Target) -> ScrapeClient:
         client = self._clients.get(target.name)
         if client is None:
-            if self._tls is None:
-                self._tls = httpx.create_ssl_context()
-            client = self._clients[target.name] = new_client(keepalive=1, tls=self._tls)
+            tls = None
+            if target.metrics_url.lower().startswith("https:"):
+                if self._tls is None:
+                    self._tls = httpx.create_ssl_context()
+                tls = self._tls
+            client = self._clients[target.name] = new_scrape_client(tls)
         return client
 
     async def scrape(self, target: Target) -> ScrapeResult:
@@ -171,7 +183,7 @@ class BundleEvidence:
                     pid_file=target.pid_file,
                     systemd_unit=target.systemd_unit,
                 ),
-                phase=bundles.Phase(request.phase),
+                phase=request.phase,
                 family=request.family,
                 engine=request.key.engine,
                 model_name=request.key.model_name,
@@ -201,17 +213,17 @@ class BundleEvidence:
             log.warning("bundle_resolve_failed", bundle=bundle, reason=problem)
 
 
-def capture_failure_reasons(result: evidence.BundleResult) -> tuple[str, ...]:
-    """The closed set of reasons (`ownmetrics.CAPTURE_FAILURE_REASONS`) for the failure counter."""
-    reasons: list[str] = []
+def capture_failure_reasons(result: evidence.BundleResult) -> tuple[CaptureFailureReason, ...]:
+    """What went wrong in a capture, as the closed set of reasons of the failure counter."""
+    reasons: list[CaptureFailureReason] = []
     if result.bundle is None:
-        reasons.append("write_failed")
+        reasons.append(CaptureFailureReason.WRITE_FAILED)
     if result.ptrace_denied:
-        reasons.append("ptrace_denied")
+        reasons.append(CaptureFailureReason.PTRACE_DENIED)
     if result.deadline_exceeded:
-        reasons.append("timeout")
+        reasons.append(CaptureFailureReason.TIMEOUT)
     if result.failures and not reasons:
-        reasons.append("incomplete")
+        reasons.append(CaptureFailureReason.INCOMPLETE)
     return tuple(reasons)
 
 
@@ -438,8 +450,7 @@ async def capture_on_demand(
     request = evidence.CaptureRequest(
         target=name,
         selector=ProcessSelector(url=url, pid=pid, pid_file=pid_file),
-        phase=bundles.Phase.MANUAL,
-        family="manual",
+        phase=CapturePhase.MANUAL,
         metrics_body=body,
         metrics_error=metrics_error,
         verdict={"reason": "on-demand capture (wedgewatch capture)"},

@@ -6,7 +6,7 @@ daemon is the only writer; the HTTP server renders the registry with `render`.
 
 Names follow the Prometheus conventions (`wedgewatch_` prefix, `_total` for counters,
 `_seconds` for durations, `_timestamp_seconds` for Unix times). docs/daemon.md documents
-every family; tests/golden/ownmetrics.prom pins the exposition.
+every family; tests/daemon/golden/ownmetrics.prom pins the exposition.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from prometheus_client.exposition import choose_encoder
 
 from wedgewatch.core.canary import CANARY_FAILURE_REASONS
 from wedgewatch.core.restart_policy import FailureReason
-from wedgewatch.io.bundles import Phase
+from wedgewatch.core.states import CaptureFailureReason, CapturePhase
 
 # Buckets for how long an evidence capture takes: py-spy of a handful of processes
 # normally finishes in a second or two; the goal is a complete bundle within 5 s.
@@ -30,16 +30,14 @@ CAPTURE_DURATION_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 CANARY_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 
 # Phases of an evidence capture: opened at suspect, completed at wedged, or on demand.
-CAPTURE_PHASES = tuple(str(phase) for phase in Phase)
+CAPTURE_PHASES = tuple(str(phase) for phase in CapturePhase)
 
 # Why a restart failed: the remedy itself reported an error, it did not finish within its
 # timeout, or the server did not come back healthy within startup_timeout_seconds.
 RESTART_FAILURE_REASONS = tuple(str(reason) for reason in FailureReason)
 
-# Why an evidence capture step failed: the bundle could not be written, ptrace was denied
-# (py-spy without root or CAP_SYS_PTRACE), the capture deadline passed, some part failed,
-# or the capture raised an error (a bug or an unwritable evidence_dir).
-CAPTURE_FAILURE_REASONS = ("write_failed", "ptrace_denied", "timeout", "incomplete", "error")
+# Why an evidence capture step failed (each reason is explained in `CaptureFailureReason`).
+CAPTURE_FAILURE_REASONS = tuple(str(reason) for reason in CaptureFailureReason)
 
 
 @dataclass(frozen=True, slots=True)

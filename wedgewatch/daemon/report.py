@@ -23,7 +23,7 @@ from wedgewatch.core.detect import (
 )
 from wedgewatch.core.episode import Report
 from wedgewatch.core.redact import redact_url, scrub_text, secret_fragments
-from wedgewatch.core.states import STALLED, THRESHOLD_SETTING
+from wedgewatch.core.states import STALLED, THRESHOLD_SETTINGS
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.roles import Notifier
 from wedgewatch.io.bundles import history_lines
@@ -154,8 +154,7 @@ class Reporter:
 def thresholds_of(config: Config) -> dict[str, float]:
     """The detector's thresholds and the scrape interval, by setting name (bundles, webhooks)."""
     policy = config.policy()
-    settings = dict.fromkeys(THRESHOLD_SETTING.values())  # each setting once, in family order
-    return {name: getattr(policy, name) for name in settings} | {
+    return {name: getattr(policy, name) for name in THRESHOLD_SETTINGS} | {
         "interval_seconds": config.interval_seconds
     }
 

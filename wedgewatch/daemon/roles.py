@@ -1,14 +1,14 @@
 """The roles the daemon talks to (Protocols), the data they exchange, and `Deps`.
 
-The watch loop (`daemon`) depends only on these; `daemon_adapters.real_deps` builds the real
-ones and the tests pass fakes (a fake clock replays a 30-minute story in milliseconds).
+The watch loop (`daemon.loop`) depends only on these; `daemon.adapters.real_deps` builds the
+real ones and the tests pass fakes (a fake clock replays a 30-minute story in milliseconds).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -17,6 +17,7 @@ from wedgewatch.core.canary import CanaryResult
 from wedgewatch.core.detect import (
     Observation,
 )
+from wedgewatch.core.states import CaptureFailureReason, EpisodePhase
 from wedgewatch.io import restarters, statefile
 from wedgewatch.io.procs import ProcessFinder
 from wedgewatch.io.supervisor import SupervisorProbe
@@ -83,7 +84,7 @@ class CaptureRequest:
     target: Target
     key: EngineKey
     family: str
-    phase: Literal["suspect", "wedged"]
+    phase: EpisodePhase
     episode_id: str
     bundle: str | None  # the bundle opened at suspect, to be completed; None opens one
     metrics_body: bytes | None
@@ -97,7 +98,7 @@ class CaptureOutcome:
     """What a capture produced: the bundle directory, failed steps (reasons), the triage."""
 
     bundle: str | None
-    failures: tuple[str, ...] = ()
+    failures: tuple[CaptureFailureReason, ...] = ()
     triage: str | None = None
     detail: str = ""
 

@@ -11,9 +11,8 @@ Nothing here decides: the shell performs effects and reports.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,7 +30,7 @@ from wedgewatch.core.detect import (
 )
 from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.replacement import ServerIdentity
-from wedgewatch.core.states import EngineState
+from wedgewatch.core.states import CaptureFailureReason, EngineState
 from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import target_record, target_snapshot
 from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
@@ -40,7 +39,6 @@ from wedgewatch.daemon.server import TargetSnapshot
 from wedgewatch.io import bundles, restarters, statefile
 from wedgewatch.io.procs import Discovery, ProcessFinder, ProcessSelector
 from wedgewatch.io.supervisor import SupervisorProbe
-from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import Exposition
 
 log = structlog.get_logger("wedgewatch.daemon")
@@ -115,7 +113,8 @@ class TargetRunner:
         self.failure: ScrapeFailed | None = None
         self.failing_since_timestamp: float | None = None
         self.target_state = EngineState.STARTING
-        self.snapshot: TargetSnapshot | None = None
+        self._snapshot: TargetSnapshot | None = None
+        self._published_at: tuple[float, float] | None = None  # (monotonic, wall) of publish
         self.record: statefile.TargetRecord | None = None  # None: rebuild at the next save
         self.steps = 0
         self.canary = TargetCanary.of(target, config, deps, reporter.metrics, lambda: self.busy)
@@ -131,11 +130,14 @@ class TargetRunner:
         """Scrape and judge every `interval_seconds` until `stop`; skip, never burst.
 
         The first scrape waits `offset_seconds`, so many targets spread over the interval
-        instead of all scraping at the same instant.
+        instead of all scraping at the same instant. `stop` is looked at between steps;
+        `Daemon.run` cancels the cadence when it is set, which ends a sleep at once (a
+        plain sleep: racing it against `stop` cost two tasks per step and target).
         """
         clock = self.deps.clock
+        sleep = self.deps.sleeper.sleep
         if offset_seconds > 0:
-            await wait(self.deps.sleeper.sleep, offset_seconds, stop)
+            await sleep(offset_seconds)
         next_at = clock.monotonic()
         while not stop.is_set():
             try:
@@ -149,7 +151,10 @@ class TargetRunner:
             next_at += self.config.interval_seconds
             now_at = clock.monotonic()
             next_at = max(next_at, now_at)
-            await wait(self.deps.sleeper.sleep, next_at - now_at, stop)
+            if next_at > now_at:
+                await sleep(next_at - now_at)
+            else:
+                await asyncio.sleep(0)  # late: let the others run, then scrape at once
 
     def observe(self, result: ScrapeResult) -> None:
         """Fold one scrape into the detector and the episode core, then perform the effects."""
@@ -235,9 +240,25 @@ class TargetRunner:
         self.feed(core.ProbeServed(ServerMark.of(self.detector)), clock.monotonic(), clock.wall())
 
     def publish(self, now_at: float, now: float, *, state_changed: bool = False) -> None:
-        """Rebuild this target's snapshot and tell the daemon."""
+        """Mark this target's snapshot stale (as of `now_at`) and tell the daemon.
+
+        The snapshot itself is rebuilt only when an endpoint reads it (`snapshot`), so a
+        step costs nothing for /status, /probe or /metrics that nobody asked for.
+        """
+        self._snapshot = None
+        self._published_at = (now_at, now)
+        self.host.target_changed(self.name, state_changed=state_changed)
+
+    @property
+    def snapshot(self) -> TargetSnapshot | None:
+        """The target as /status, /probe and /metrics show it, as of its last publish."""
+        if self._snapshot is None and self._published_at is not None:
+            self._snapshot = self._build_snapshot(*self._published_at)
+        return self._snapshot
+
+    def _build_snapshot(self, now_at: float, now: float) -> TargetSnapshot:
         failure = self.failure
-        self.snapshot = target_snapshot(
+        return target_snapshot(
             self.target,
             self.core,
             self.rules.restart_policy,
@@ -249,7 +270,6 @@ class TargetRunner:
             now=now,
             canary=self.canary.snapshot(),
         )
-        self.host.target_changed(self.name, state_changed=state_changed)
 
     def saved_record(self, at: float, now: float, *, refresh: bool) -> statefile.TargetRecord:
         """The target's state record, rebuilt only when it changed (or `refresh`)."""
@@ -314,12 +334,14 @@ class TargetRunner:
         except TimeoutError:
             outcome = CaptureOutcome(
                 bundle=request.bundle,
-                failures=("timeout",),
+                failures=(CaptureFailureReason.TIMEOUT,),
                 detail=f"evidence capture did not finish within {limit:g} s",
             )
         except (OSError, ValueError) as exc:
             outcome = CaptureOutcome(
-                bundle=request.bundle, failures=("error",), detail=f"evidence capture failed: {exc}"
+                bundle=request.bundle,
+                failures=(CaptureFailureReason.ERROR,),
+                detail=f"evidence capture failed: {exc}",
             )
         done = core.CaptureDone(
             episode_id,
@@ -407,29 +429,7 @@ async def supervisor_says(
 
 def identity_of(exposition: Exposition) -> ServerIdentity:
     """What a good scrape says about which server answered (see `core.replacement`)."""
-    return ServerIdentity(
-        process_start_time_seconds=exposition.process_start_time_seconds,
-        progress={
-            key.engine: progress_counters(reading) for key, reading in exposition.engines.items()
-        },
-    )
-
-
-async def wait(sleep: Callable[[float], Any], seconds: float, stop: asyncio.Event) -> None:
-    """Sleep `seconds` with `sleep`, or less if `stop` is set first."""
-    if seconds <= 0:
-        await asyncio.sleep(0)
-        return
-    sleeper = asyncio.ensure_future(sleep(seconds))
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (sleeper, stopper):
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+    return ServerIdentity.of(exposition)
 
 
 def remedy_note(

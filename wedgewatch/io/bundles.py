@@ -18,7 +18,6 @@ import re
 import shutil
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from wedgewatch.core.bundle_facts import bundle_facts, seen_frames
 from wedgewatch.core.known_issues import match_known_issues, shipped_known_issues
 from wedgewatch.core.redact import redact_command_line
 from wedgewatch.core.retention import StoredBundle, plan_retention
+from wedgewatch.core.states import CapturePhase
 from wedgewatch.core.triage import ProcessStacks, StackRound, parse_pyspy_json
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.procs import ServerProcess
@@ -35,14 +35,6 @@ _DIR_MODE = 0o700
 _FILE_MODE = 0o600
 _NAME_RE = re.compile(r"^(\d{8}T\d{6}Z)_")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-class Phase(StrEnum):
-    """Which capture a bundle part belongs to."""
-
-    SUSPECT = "suspect"
-    WEDGED = "wedged"
-    MANUAL = "manual"
 
 
 def sanitise(component: str, limit: int = 48) -> str:
@@ -103,9 +95,14 @@ def json_safe(value: Any) -> Any:
 
 def history_lines(history: Iterable[Mapping[str, Any]]) -> bytes:
     """The flight recorder as JSON lines."""
-    return "".join(
-        json.dumps(json_safe(item), sort_keys=True, allow_nan=False) + "\n" for item in history
-    ).encode()
+    return "".join(_json_line(item) for item in history).encode()
+
+
+def _json_line(item: Mapping[str, Any]) -> str:
+    try:  # the common case, in C: every value already JSON (`json_safe` would change nothing)
+        return json.dumps(item, sort_keys=True, allow_nan=False) + "\n"
+    except (TypeError, ValueError):  # a non-finite float, or a value json does not know
+        return json.dumps(json_safe(item), sort_keys=True, allow_nan=False) + "\n"
 
 
 def stack_file_stem(process: ServerProcess) -> str:
@@ -187,7 +184,7 @@ def load_first_round(bundle: Path, summary: Mapping[str, Any]) -> StackRound | N
     if not isinstance(phases, Mapping):
         return None
     for label, phase in phases.items():
-        if label == Phase.WEDGED or not isinstance(phase, Mapping):
+        if label == CapturePhase.WEDGED or not isinstance(phase, Mapping):
             continue
         discovery = phase.get("discovery")
         if not isinstance(discovery, Mapping):
@@ -255,7 +252,7 @@ def _is_wedge(path: Path) -> bool:
         summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(summary, dict) and summary.get("verdict") == Phase.WEDGED
+    return isinstance(summary, dict) and summary.get("verdict") == CapturePhase.WEDGED
 
 
 def apply_retention(

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from wedgewatch import __version__
+from wedgewatch.core.states import CapturePhase
 from wedgewatch.core.triage import (
     ProcessStacks,
     StackRound,
@@ -47,7 +48,6 @@ from wedgewatch.core.triage import (
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.build_capture import capture_build
 from wedgewatch.io.bundles import (
-    Phase,
     apply_retention,
     bundle_name,
     history_lines,
@@ -120,8 +120,8 @@ class CaptureRequest:
 
     target: str
     selector: ProcessSelector
-    phase: Phase = Phase.MANUAL
-    family: str = "manual"
+    phase: CapturePhase = CapturePhase.MANUAL
+    family: str = str(CapturePhase.MANUAL)  # an on-demand capture has no stall family
     engine: str | None = None
     model_name: str | None = None
     episode_id: str | None = None
@@ -134,8 +134,8 @@ class CaptureRequest:
     verdict_at: float | None = None
 
     def __post_init__(self) -> None:
-        # Callers may pass the detector's plain "suspect" / "wedged" strings.
-        object.__setattr__(self, "phase", Phase(self.phase))
+        # A plain "suspect" / "wedged" string (a saved record, a test) becomes the enum.
+        object.__setattr__(self, "phase", CapturePhase(self.phase))
         if self.bundle is not None:
             object.__setattr__(self, "bundle", Path(self.bundle))
 
@@ -145,7 +145,7 @@ class BundleResult:
     """What a capture produced. `failures` lists every step that did not work, in words."""
 
     bundle: Path | None
-    phase: Phase
+    phase: CapturePhase
     verdict: str
     triage: Triage
     failures: tuple[str, ...] = ()
@@ -196,7 +196,7 @@ class EvidenceDeps:
 class _Round:
     """What one capture round gathered (phase 1 or phase 2), before it is written."""
 
-    phase: Phase
+    phase: CapturePhase
     started_at: float
     started_timestamp: float
     files: dict[str, bytes] = field(default_factory=dict)
@@ -215,10 +215,6 @@ class _Round:
     @property
     def ptrace_denied(self) -> int:
         return sum(1 for d in self.dumps.values() if d.status is DumpStatus.PERMISSION_DENIED)
-
-
-def _suffix(phase: Phase, first_round: bool) -> str:
-    return "" if first_round else f"_{phase}"
 
 
 async def _sample_processes(
@@ -269,13 +265,13 @@ def _process_stacks(
 async def _capture_round(
     request: CaptureRequest,
     deps: EvidenceDeps,
-    phase: Phase,
+    phase: CapturePhase,
     first_round: bool,
     deadline_at: float,
 ) -> tuple[_Round, StackRound]:
     """Discover, dump, sample and query nvidia-smi under the deadline; nothing raises."""
     rnd = _Round(phase, deps.monotonic(), deps.wall_clock())
-    suffix = _suffix(phase, first_round)
+    suffix = "" if first_round else f"_{phase}"
     stack_dir = "pyspy" if first_round else f"pyspy/{phase}"
 
     def remaining() -> float:
@@ -313,7 +309,7 @@ async def _capture_round(
     if discovery.error:
         rnd.failures.append(f"processes: {discovery.error}")
 
-    dumper = deps.stack_dumper(gentle=phase is Phase.SUSPECT)
+    dumper = deps.stack_dumper(gentle=phase is CapturePhase.SUSPECT)
     to_dump = [p for p in discovery.processes if p.role in _DUMPED_ROLES]
     refusal = dump_refusal(discovery)
     if refusal is not None:  # never py-spy (ptrace, as root) a process not proven the server
@@ -402,7 +398,8 @@ async def _capture_round(
     label, s = str(phase), deps.settings
     if refusal is not None:
         return rnd, StackRound(label, (), f"stacks skipped: {rnd.stacks_skipped}")
-    profiled = discovery.pids(Role.ENGINE_CORE) if phase is Phase.WEDGED else ()  # proven
+    # The EngineCores of the tree just proven the server's, sampled at the wedge only.
+    profiled = discovery.pids(Role.ENGINE_CORE) if phase is CapturePhase.WEDGED else ()
     profiler = PySpyProfiler(
         s.pyspy_path, s.profile_seconds, s.profile_rate_hz, s.pyspy_timeout_seconds
     )
@@ -456,7 +453,7 @@ def _round_summary(rnd: _Round, deps: EvidenceDeps, finished_at: float) -> dict[
         "stacks": rnd.stacks,
         "stacks_skipped": rnd.stacks_skipped,
         "profiles": rnd.profiles,
-        "pyspy_mode": "nonblocking" if rnd.phase is Phase.SUSPECT else "blocking",
+        "pyspy_mode": "nonblocking" if rnd.phase is CapturePhase.SUSPECT else "blocking",
         "ptrace_denied": rnd.ptrace_denied,
         "nvidia_smi": rnd.nvidia_smi,
         "files": sorted(rnd.files),
@@ -477,7 +474,7 @@ def _pids_by_role(discovery: Discovery | None) -> dict[str, list[int]]:
 
 async def open_bundle(request: CaptureRequest, deps: EvidenceDeps) -> BundleResult:
     """Phase 1 (suspect): a new bundle with everything; complete it later with `complete_bundle`."""
-    return await _new_bundle(request, deps, Phase.SUSPECT)
+    return await _new_bundle(request, deps, CapturePhase.SUSPECT)
 
 
 async def capture_bundle(request: CaptureRequest, deps: EvidenceDeps) -> BundleResult:
@@ -486,9 +483,9 @@ async def capture_bundle(request: CaptureRequest, deps: EvidenceDeps) -> BundleR
     A `wedged` request with `bundle` set completes that bundle; without it (or when the
     bundle is gone) a complete wedge bundle is written in one call.
     """
-    if request.phase is Phase.SUSPECT:
+    if request.phase is CapturePhase.SUSPECT:
         return await open_bundle(request, deps)
-    if request.phase is Phase.WEDGED and request.bundle is not None:
+    if request.phase is CapturePhase.WEDGED and request.bundle is not None:
         return await complete_bundle(request.bundle, request, deps)
     return await _new_bundle(request, deps, request.phase)
 
@@ -507,12 +504,12 @@ async def complete_bundle(
         if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
             raise ValueError("not a wedgewatch evidence summary")
     except (OSError, ValueError) as exc:
-        result = await _new_bundle(request, deps, Phase.WEDGED)
+        result = await _new_bundle(request, deps, CapturePhase.WEDGED)
         note = f"suspect bundle {bundle} unusable ({exc}); wrote a one-shot wedge bundle"
         return dataclasses.replace(result, failures=(note, *result.failures))
 
     deadline_at = begun + deps.settings.capture_deadline_seconds
-    rnd, stack_round = await _capture_round(request, deps, Phase.WEDGED, False, deadline_at)
+    rnd, stack_round = await _capture_round(request, deps, CapturePhase.WEDGED, False, deadline_at)
     first_round = load_first_round(bundle, summary)
     rounds = [r for r in (first_round, stack_round) if r is not None]
     verdict = triage(rounds, request.engine)
@@ -525,9 +522,9 @@ async def complete_bundle(
 
     finished_at = deps.monotonic()
     phases = summary.setdefault("phases", {})
-    phases[str(Phase.WEDGED)] = _round_summary(rnd, deps, finished_at)
+    phases[str(CapturePhase.WEDGED)] = _round_summary(rnd, deps, finished_at)
     summary.update(
-        verdict=str(Phase.WEDGED),
+        verdict=str(CapturePhase.WEDGED),
         family=request.family,
         reason=request.verdict.get("reason", summary.get("reason")),
         verdict_detail=dict(request.verdict),
@@ -549,8 +546,8 @@ async def complete_bundle(
     evicted, retention_failures = await _retention(deps, bundle.name)
     return BundleResult(
         bundle=bundle,
-        phase=Phase.WEDGED,
-        verdict=str(Phase.WEDGED),
+        phase=CapturePhase.WEDGED,
+        verdict=str(CapturePhase.WEDGED),
         triage=verdict,
         failures=(*failures, *retention_failures),
         ptrace_denied=rnd.ptrace_denied,
@@ -568,7 +565,7 @@ def resolve_bundle(bundle: Path, deps: EvidenceDeps, note: str = "episode resolv
         summary = json.loads((bundle / "summary.json").read_text(encoding="utf-8"))
         if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
             return f"{bundle}: not a wedgewatch evidence bundle"
-        if summary.get("verdict") == Phase.WEDGED:
+        if summary.get("verdict") == CapturePhase.WEDGED:
             return None
         summary.update(
             verdict="resolved",
@@ -582,7 +579,9 @@ def resolve_bundle(bundle: Path, deps: EvidenceDeps, note: str = "episode resolv
     return None
 
 
-async def _new_bundle(request: CaptureRequest, deps: EvidenceDeps, phase: Phase) -> BundleResult:
+async def _new_bundle(
+    request: CaptureRequest, deps: EvidenceDeps, phase: CapturePhase
+) -> BundleResult:
     begun = deps.monotonic()
     deadline_at = begun + deps.settings.capture_deadline_seconds
     name = bundle_name(deps.wall_clock(), request.target, request.engine, request.family)

@@ -24,6 +24,7 @@ from wedgewatch.core.known_issues import (
     match_known_issues,
     shipped_known_issues,
 )
+from wedgewatch.core.states import STALLED, CapturePhase, EngineState
 from wedgewatch.core.triage import (
     _ENGINE_ANCHORS,
     _WORKER_ANCHORS,
@@ -280,7 +281,7 @@ def timeline(
         if isinstance(failure, Mapping):
             failure_text = f"{failure.get('reason')}: {failure.get('detail')}"
         state = str((item or {}).get("state") or entry.get("state") or "?")
-        if state != last_state and state in ("suspect", "wedged", "unreachable"):
+        if state != last_state and state in STALLED:
             marks.append((t - origin, state))
         last_state = state
         if item is None or "running" not in item:
@@ -383,7 +384,9 @@ def _stacks(
                 StackView(str(label), role, pid, title, threads, text, problem, highlighted)
             )
     order = {str(Role.API_SERVER): 0, str(Role.ENGINE_CORE): 1, str(Role.WORKER): 2}
-    return tuple(sorted(views, key=lambda v: (v.round != "suspect", order.get(v.role, 3), v.pid)))
+    return tuple(
+        sorted(views, key=lambda v: (v.round != CapturePhase.SUSPECT, order.get(v.role, 3), v.pid))
+    )
 
 
 def build_model(
@@ -490,7 +493,7 @@ def _wedge_at(summary: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) 
         (t for t in (_num(h.get("timestamp")) for h in reversed(history)) if t is not None), None
     )
     phases = summary.get("phases")
-    wedged = phases.get("wedged") if isinstance(phases, Mapping) else None
+    wedged = phases.get(CapturePhase.WEDGED) if isinstance(phases, Mapping) else None
     wedged = wedged if isinstance(wedged, Mapping) else {}
     detail = summary.get("verdict_detail")
     detail = detail if isinstance(detail, Mapping) else {}
@@ -504,7 +507,7 @@ def _wedge_at(summary: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) 
         if candidate is not None and (last is None or abs(candidate - last) < 86400):
             return candidate
     for entry in history:
-        if entry.get("state") == "wedged":
+        if entry.get("state") == EngineState.WEDGED:
             return _num(entry.get("timestamp"))
     return last
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from wedgewatch import __version__
 from wedgewatch.core.redact import redact_argv, redact_env
+from wedgewatch.core.states import CapturePhase
 from wedgewatch.report.chart import INSTALL_HINT
 from wedgewatch.report.model import BundleModel, Point, StackView, remedy_outcome
 
@@ -39,14 +40,14 @@ def verdict_sentence(model: BundleModel) -> str:
     family = model.text("family")
     stalled = model.stalled_seconds
     what = {
-        "wedged": "was wedged",
-        "suspect": "was suspect (no wedge verdict in this bundle)",
+        CapturePhase.WEDGED: "was wedged",
+        CapturePhase.SUSPECT: "was suspect (no wedge verdict in this bundle)",
         "resolved": "was suspect and recovered on its own",
-        "manual": "was captured on demand",
+        CapturePhase.MANUAL: "was captured on demand",
     }.get(verdict, f"had verdict {verdict}")
     parts = [
         f"Target {model.text('target')}, engine {model.engine} ({model.model_name}) {what}"
-        + (f" ({family.replace('_', ' ')})" if family not in ("?", "manual") else "")
+        + (f" ({family.replace('_', ' ')})" if family not in ("?", CapturePhase.MANUAL) else "")
         + (f" after {stalled:.0f} s without progress" if stalled is not None else "")
         + f" at {_when(model.summary.get('created_timestamp'))}."
     ]

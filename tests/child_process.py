@@ -1,4 +1,5 @@
-"""Real child processes for the remedy and statefile tests (run as a script, never imported).
+"""Real child processes for the restarters, restart-policy and statefile tests (run as a
+script, never imported).
 
 Modes:
   tree DIR [--stubborn ROLE,...] [--escape ROLE] [--orphan ROLE]
