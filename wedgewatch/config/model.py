@@ -465,8 +465,8 @@ class Config(BaseModel):
         "with `py-spy record --nonblocking` (the server is never paused; idle samples are "
         "dropped, so the scheduler's frames show where single dumps mostly catch the "
         "engine's sleep between empty steps). The folded profile goes into the bundle and "
-        "triage. Whole seconds (py-spy's unit); the wedge bundle takes this much longer. "
-        "0 = no profile.",
+        "triage. Whole seconds (py-spy's unit); the wedge bundle, and a restart that follows "
+        "it, take this much longer. 0 = no profile.",
         ge=0,
         le=60,
     )
