@@ -12,7 +12,11 @@ windows of `--window-seconds`, interleaved so drifting machine load hits every c
   py-spy `--json --nonblocking`, one dump per process, process sample, nvidia-smi attempt)
   one after another for the whole window: the worst case, far beyond what the daemon does;
 * `blocking back-to-back`: the same with blocking rounds (phase wedged, one-shot: py-spy
-  `--native` JSON and text dumps, each pausing its target), which the suspect round used to be.
+  `--native` JSON and text dumps, each pausing its target), which the suspect round used to be;
+* `profile back-to-back`: the wedge round's sampled profile of the EngineCore alone
+  (`io.profile`: `py-spy record --nonblocking`, 2 s at 50 Hz), one after another.
+  (The `suspect` and `blocking` rounds here run with `profile_seconds = 0`, so they keep
+  measuring the dumps alone.)
 
 Each capture runs in this process, as the daemon runs them, on the same machine as the
 simulator. From the back-to-back windows the bench derives the steps one round costs, and from
@@ -41,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from wedgewatch.config.model import Config
 from wedgewatch.core.states import CapturePhase
@@ -51,6 +56,7 @@ from wedgewatch.io.evidence import (
     capture_bundle,
 )
 from wedgewatch.io.procs import ProcessSelector
+from wedgewatch.io.profile import PySpyProfiler
 from wedgewatch.vllm.profiles import builtin_profiles
 from wedgewatch.vllm.signals import Exposition, parse
 
@@ -59,6 +65,7 @@ TP2_OFFLOAD = list(builtin_profiles()["tp2-offload"].args)
 STEP_TIME_SECONDS = 0.01
 DECODERS = 4
 CADENCE_SECONDS = Config.model_fields["suspect_capture_min_interval_seconds"].default
+MODES = ("suspect", "blocking", "profile")
 
 
 def free_port() -> int:
@@ -93,7 +100,17 @@ def keep_decoding(url: str, stop: threading.Event) -> None:
             )
 
 
-async def measure(url: str, mode: str, window: float, deps: EvidenceDeps) -> dict[str, float]:
+def engine_pid(sim_pid: int) -> int:
+    """The simulator's VLLM::EngineCore process."""
+    for child in psutil.Process(sim_pid).children(recursive=True):
+        if "VLLM::EngineCore" in " ".join(child.cmdline()):
+            return child.pid
+    raise RuntimeError("no VLLM::EngineCore under the simulator")
+
+
+async def measure(
+    url: str, mode: str, window: float, deps: EvidenceDeps, engine: int
+) -> dict[str, float]:
     """Steps per second over one window while `mode` runs; rounds taken and their mean time."""
     selector = ProcessSelector(url=url + "/metrics")
     rounds = 0
@@ -105,8 +122,14 @@ async def measure(url: str, mode: str, window: float, deps: EvidenceDeps) -> dic
         if mode == "idle":
             await asyncio.sleep(window - (time.monotonic() - started))
             break
-        phase = CapturePhase.SUSPECT if mode == "suspect" else CapturePhase.WEDGED
         t0 = time.monotonic()
+        if mode == "profile":
+            sampled = await PySpyProfiler(seconds=2, rate_hz=50).profile(engine)
+            durations.append(time.monotonic() - t0)
+            incomplete += sampled.profile is None
+            rounds += 1
+            continue
+        phase = CapturePhase.SUSPECT if mode == "suspect" else CapturePhase.WEDGED
         result = await capture_bundle(
             CaptureRequest(target="bench", selector=selector, phase=phase, family="bench"), deps
         )
@@ -128,13 +151,13 @@ async def measure(url: str, mode: str, window: float, deps: EvidenceDeps) -> dic
 
 
 async def measure_all(
-    url: str, args: argparse.Namespace, deps: EvidenceDeps
+    url: str, args: argparse.Namespace, deps: EvidenceDeps, engine: int
 ) -> dict[str, list[dict[str, float]]]:
-    """Interleaved windows: idle, suspect, idle, blocking; `--pairs` times."""
-    windows: dict[str, list[dict[str, float]]] = {"idle": [], "suspect": [], "blocking": []}
+    """Interleaved windows: idle, suspect, idle, blocking, idle, profile; `--pairs` times."""
+    windows: dict[str, list[dict[str, float]]] = {m: [] for m in (*MODES, "idle")}
     for _ in range(args.pairs):
-        for mode in ("idle", "suspect", "idle", "blocking"):
-            windows[mode].append(await measure(url, mode, args.window_seconds, deps))
+        for mode in ("idle", "suspect", "idle", "blocking", "idle", "profile"):
+            windows[mode].append(await measure(url, mode, args.window_seconds, deps, engine))
             print(mode, {k: round(v, 3) for k, v in windows[mode][-1].items()}, flush=True)
     return windows
 
@@ -173,9 +196,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 evidence_keep=10_000,
                 evidence_max_bytes=10 * 1024**3,
                 nvidia_smi_path="nvidia-smi-not-here",
+                profile_seconds=0,  # the profile is its own mode
             )
         )
-        windows = asyncio.run(measure_all(url, args, deps))
+        windows = asyncio.run(measure_all(url, args, deps, engine_pid(sim.pid)))
     finally:
         stop.set()
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -192,7 +216,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "baseline_steps_per_second": round(base, 2),
         "cadence_seconds": CADENCE_SECONDS,
     }
-    for mode in ("suspect", "blocking"):
+    for mode in MODES:
         rate = statistics.median(w["steps_per_second"] for w in windows[mode])
         rounds_per_second = sum(w["rounds"] for w in windows[mode]) / sum(
             w["elapsed"] for w in windows[mode]

@@ -153,7 +153,7 @@ def test_a_non_vllm_process_on_the_target_port_is_never_signalled_nor_dumped(
     failed = daemon.wait_for("restart_failed", timeout_seconds=60, reason="not_vllm")
     assert "not proven to be the vLLM server" in failed["detail"]
     assert str(impostor.pid) in failed["detail"]
-    daemon.wait_for("evidence_captured", timeout_seconds=30)
+    daemon.wait_for("evidence_captured", timeout_seconds=30, phase="wedged")
     time.sleep(1.5)  # the retry after the back-off is refused too
     assert impostor.alive()
     status = daemon.get("/status").json()["targets"][0]
@@ -163,8 +163,12 @@ def test_a_non_vllm_process_on_the_target_port_is_never_signalled_nor_dumped(
     files = _bundle_files(daemon.evidence_dir)
     assert files, "a bundle is still written (metrics, history, processes)"
     assert not [name for name in files if "/pyspy/" in name]
+    assert not [name for name in files if "/profile-" in name]  # nor sampled (py-spy record)
     summaries = [json.loads(data) for name, data in files.items() if name.endswith("summary.json")]
     assert any("stacks skipped" in json.dumps(s) for s in summaries)
+    wedge_rounds = [s["phases"]["wedged"] for s in summaries if "wedged" in s["phases"]]
+    assert wedge_rounds
+    assert all(r["profiles"] == [] for r in wedge_rounds)
     assert daemon.stop() == 0
     assert impostor.alive()
 

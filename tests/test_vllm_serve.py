@@ -9,7 +9,8 @@ venv. The tp2-offload flags (TP 2, 6 sequences, 4096 batched tokens, 60 GiB nati
   `agentic-burst` plan of seed 16 wedges the real scheduler (30 of 30 seeds do in
   ../shared/docs/real-scheduler-findings.md; with full-ISL on only seed 24 of 30 does, until
   the tuned profile lands), the daemon detects it and bundles the engine's and the workers'
-  stacks, and the engine's stack shows vLLM's own `Scheduler.schedule` under the busy loop.
+  stacks, and the bundle's sampled profile of the engine (`py-spy record --nonblocking` at
+  the wedge) shows vLLM's own `Scheduler.schedule` under the busy loop.
 * vLLM 0.33.0 with OffloadingConnector: the same traffic completes, and `/metrics` is vLLM
   0.33.0's own exposition (every family of the recorded fixture, same type and help).
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sim.simproc import LAUNCHER_FLAGS, PY_SPY, WEDGEWATCH, SimProcess, value
+from sim.simproc import LAUNCHER_FLAGS, WEDGEWATCH, SimProcess, value
 from wedgewatch_daemon import DaemonProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,18 +111,6 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=30)
 
 
-def nonblocking_dump(pid: int) -> str:
-    """`py-spy dump --nonblocking`, as the daemon takes it (the target is never paused)."""
-    done = subprocess.run(
-        [PY_SPY, "dump", "--nonblocking", "--pid", str(pid)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return done.stdout
-
-
 def schedule_under_busy_loop(dump: str) -> bool:
     """Whether one thread's stack in `dump` runs vLLM's `schedule` under the sim's busy loop."""
     for thread in dump.split("\nThread "):
@@ -133,6 +122,15 @@ def schedule_under_busy_loop(dump: str) -> bool:
         if all(frame.search(below) for frame in BUSY_LOOP_FRAMES):
             return True
     return False
+
+
+def schedule_stacks(folded: str) -> list[str]:
+    """The folded stacks (outermost first) that run vLLM's `schedule` under the busy loop."""
+    return [
+        line
+        for line in folded.splitlines()
+        if SCHEDULE_FRAME.search(line) and all(f.search(line) for f in BUSY_LOOP_FRAMES)
+    ]
 
 
 def stacks_text(directory: Path) -> str:
@@ -176,17 +174,25 @@ def test_vllm_0_30_0_wedges_over_http_and_the_daemon_catches_it(tmp_path: Path) 
             assert len(summary["pids"]["worker"]) == 2
             dumps = stacks_text(bundle / "pyspy")
             assert all(frame.search(dumps) for frame in BUSY_LOOP_FRAMES[2:]), dumps
-            # The wedged loop sleeps 1 ms per empty step, as vLLM's does, so a nonblocking dump
-            # catches `schedule` itself about one time in four (10 of 40 measured); the bundle's
-            # two rounds may miss it, 60 more dumps do not (0.75**60 ~ 3e-8).
-            in_bundle = schedule_under_busy_loop(dumps)
-            stack = dumps
-            for _ in range(60):
-                if schedule_under_busy_loop(stack):
-                    break
-                stack = nonblocking_dump(engine.pid)
-            assert schedule_under_busy_loop(stack), stack
-            sys.stderr.write(f"schedule frame in the bundle's own dumps: {in_bundle}\n")
+            # The wedged loop sleeps 1 ms per empty step, as vLLM's does, so a single dump
+            # catches `schedule` itself about one time in four (10 of 40 measured) and the
+            # bundle's two rounds may miss it. The wedge round's sampled profile of the engine
+            # (idle samples dropped) shows it.
+            wedge_round = summary["phases"]["wedged"]
+            (profile,) = wedge_round["profiles"]
+            assert (profile["pid"], profile["status"]) == (engine.pid, "ok"), profile
+            folded = (bundle / profile["file"]).read_text()
+            assert schedule_stacks(folded), folded
+            assert profile["function_share"]["schedule"] > 0, profile
+            assert any(d.startswith("profile: engine_core") for d in summary["triage"]["details"])
+            sys.stderr.write(
+                f"schedule frame in the bundle's own dumps: {schedule_under_busy_loop(dumps)}; "
+                f"profile: {profile['samples']} busy samples, schedule in "
+                f"{profile['function_share']['schedule']:.0%}, took "
+                f"{wedge_round['durations']['profile_seconds']:.2f} s of a "
+                f"{wedge_round['duration_seconds']:.2f} s wedge round; triage: "
+                f"{summary['triage']['summary']}\n"
+            )
             assert daemon.stop() == 0
         finally:
             if load is not None:

@@ -304,8 +304,11 @@ async def test_suspect_then_wedged_bundle(
         "discovery_seconds",
         "stacks_seconds",
         "pyspy_seconds",
+        "profile_seconds",
         "write_seconds",
     }
+    assert phase["durations"]["profile_seconds"] == 0  # no profile before the wedge
+    assert phase["profiles"] == []
     assert summary["wedgewatch_version"]
     assert summary["host"]
     build = json.loads((bundle / "build.json").read_text())
@@ -353,14 +356,28 @@ async def test_suspect_then_wedged_bundle(
     wedge_round = summary["phases"]["wedged"]
     assert wedge_round["pyspy_mode"] == "blocking"  # the engine is stuck anyway
     assert all(not a["nonblocking"] for s in wedge_round["stacks"] for a in s["attempts"])
+    # The wedge round samples the EngineCore (only it), nonblocking, into a folded file.
+    (profile,) = wedge_round["profiles"]
+    assert profile["pid"] == tree.engine_pid
+    assert (profile["status"], profile["nonblocking"]) == ("ok", True), profile
+    assert profile["file"] == f"profile-enginecore-{tree.engine_pid}.folded"
+    assert profile["samples"] > 0
+    assert profile["top_stacks"][0]["stack"]
+    folded = (bundle / profile["file"]).read_text()
+    assert "run_busy_loop" in folded
+    assert wedge_round["durations"]["profile_seconds"] > 1  # py-spy samples for ~2 s
+    assert any(
+        d.startswith(f"profile: engine_core pid {tree.engine_pid}: ") for d in wedged.triage.details
+    )
     assert_private(bundle)
     assert not list(bundle.rglob(".*.tmp"))
 
 
 @pytest.mark.slow
 async def test_one_shot_wedge_bundle(tree: StandinTree, tmp_path: Path) -> None:
-    """A wedge without a suspect bundle gets a complete bundle in one call."""
-    deps = EvidenceDeps(settings_for(tmp_path))
+    """A wedge without a suspect bundle gets a complete bundle in one call (here without
+    the sampled profile: `profile_seconds = 0` turns it off)."""
+    deps = EvidenceDeps(settings_for(tmp_path, profile_seconds=0))
     result = await capture_bundle(
         request_for(url_of(tree), phase=CapturePhase.WEDGED, metrics_body=WEDGED_BODY), deps
     )
@@ -371,6 +388,9 @@ async def test_one_shot_wedge_bundle(tree: StandinTree, tmp_path: Path) -> None:
     summary = summary_of(result)
     assert summary["verdict"] == "wedged"
     assert list(summary["phases"]) == ["wedged"]
+    assert summary["phases"]["wedged"]["profiles"] == []
+    assert not list(result.bundle.glob("profile-*"))
+    assert not any(d.startswith("profile:") for d in result.triage.details)
     assert result.since_verdict_seconds is not None
 
 

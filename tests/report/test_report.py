@@ -196,3 +196,36 @@ def test_cli_report_of_a_missing_bundle_exits_2(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "no such bundle directory" in done.stderr
+
+
+def test_the_wedge_time_profile_is_shown_with_its_top_stacks(tmp_path: Path) -> None:
+    """A bundle's sampled profile: each EngineCore's top stacks by share; junk is skipped."""
+    bundle = make_bundle(tmp_path)
+    summary = json.loads((bundle / "summary.json").read_text())
+    summary["phases"]["wedged"]["profiles"] = [
+        {
+            "pid": 4242,
+            "status": "ok",
+            "seconds": 2,
+            "samples": 10,
+            "file": "profile-enginecore-4242.folded",
+            "top_stacks": [
+                {"share": 0.7, "samples": 7, "stack": "Scheduler.schedule < step < <b>"},
+                {"share": "junk", "stack": "skipped"},
+                "not a mapping",
+            ],
+        },
+        {"pid": 4343, "status": "no_process", "seconds": 2, "error": "process 4343 is gone"},
+    ]
+    (bundle / "summary.json").write_text(json.dumps(summary))
+    write_report(bundle)
+    html = (bundle / "report.html").read_text()
+    assert "<h2>Sampled profile</h2>" in html
+    assert "EngineCore pid 4242, ok, 10 busy samples in 2 s" in html
+    assert "<td>70%</td><td><code>Scheduler.schedule &lt; step &lt; &lt;b&gt;</code>" in html
+    assert "skipped" not in html
+    assert "EngineCore pid 4343, no_process" in html
+    assert "process 4343 is gone" in html
+    plain = make_bundle(tmp_path / "plain")
+    write_report(plain)
+    assert "Sampled profile" not in (plain / "report.html").read_text()

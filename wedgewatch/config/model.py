@@ -458,6 +458,25 @@ class Config(BaseModel):
         "How long CPU usage of the server's processes is sampled for an evidence bundle.",
         gt=0,
     )
+    profile_seconds: int = _setting(
+        2,
+        "evidence",
+        "At the wedge, after the stack dumps, each EngineCore is sampled this many seconds "
+        "with `py-spy record --nonblocking` (the server is never paused; idle samples are "
+        "dropped, so the scheduler's frames show where single dumps mostly catch the "
+        "engine's sleep between empty steps). The folded profile goes into the bundle and "
+        "triage. Whole seconds (py-spy's unit); the wedge bundle, and a restart that follows "
+        "it, take this much longer. 0 = no profile.",
+        ge=0,
+        le=60,
+    )
+    profile_rate_hz: int = _setting(
+        50,
+        "evidence",
+        "Samples per second of the wedge-time profile (`profile_seconds`).",
+        ge=1,
+        le=1000,
+    )
     suspect_capture_min_interval_seconds: float = _setting(
         600.0,
         "evidence",

@@ -21,6 +21,11 @@ completed at the wedge):
    the executor while the workers idle in `acquire_read`, which a scheduler wedge
    produces for a moment every step: one more round of stacks usually settles it).
 
+When the latest round carries a sampled profile of the chosen EngineCore (the wedge
+round: `py-spy record`, idle samples dropped), its busy-sample share of `schedule` and its
+most sampled stack become a detail line, and a `scheduler_wedge` verdict names the share:
+single dumps of an engine that sleeps between empty steps mostly catch the sleep.
+
 Frame names are matched on their last dotted component (py-spy prints `EngineCore.step`)
 so the rules hold for real vLLM stacks and for the test stand-in alike.
 """
@@ -28,9 +33,10 @@ so the rules hold for real vLLM stacks and for the test stand-in alike.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from wedgewatch.core.profile import FoldedProfile, profile_line
 from wedgewatch.vllm.semantics import Role, is_engine_core_of
 
 _DEAD_STATUSES = frozenset({"zombie", "dead"})
@@ -97,6 +103,7 @@ class StackRound:
     label: str
     processes: tuple[ProcessStacks, ...]
     discovery_error: str | None = None
+    profiles: Mapping[int, FoldedProfile] = field(default_factory=dict)  # by EngineCore pid
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,8 +407,23 @@ def triage(rounds: Sequence[StackRound], engine: str | None = None) -> Triage:
     """Name the likely class of wedge from one or more rounds of stacks (oldest first).
 
     `engine` is the engine label (`"0"`) used to pick `VLLM::EngineCore_DP<n>` when a
-    data-parallel server has several engines.
+    data-parallel server has several engines. The latest round's profile of that engine,
+    if any, is added (see the module docstring).
     """
+    verdict = _triage_stacks(rounds, engine)
+    engines = _pick_engines(rounds[-1].processes, engine) if rounds else []
+    profile = rounds[-1].profiles.get(engines[0].pid) if engines else None
+    if profile is None or not engines:
+        return verdict
+    summary = verdict.summary
+    share = profile.share("schedule")
+    if verdict.kind is TriageKind.SCHEDULER_WEDGE and share > 0:
+        summary += f" (schedule() in {share:.0%} of the engine's sampled busy stacks)"
+    details = (profile_line(engines[0].pid, profile), *verdict.details)
+    return replace(verdict, summary=summary, details=details)
+
+
+def _triage_stacks(rounds: Sequence[StackRound], engine: str | None) -> Triage:
     if not rounds:
         return Triage(TriageKind.NO_STACKS, "unknown, stacks unavailable: nothing was captured")
     latest = rounds[-1]

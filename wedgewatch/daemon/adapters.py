@@ -313,12 +313,20 @@ def evidence_settings(config: Config) -> evidence.EvidenceSettings:
         evidence_max_bytes=config.evidence_max_bytes,
         process_sample_seconds=config.process_sample_seconds,
         capture_deadline_seconds=capture_deadline_seconds(config),
+        profile_seconds=config.profile_seconds,
+        profile_rate_hz=config.profile_rate_hz,
     )
 
 
 def capture_deadline_seconds(config: Config) -> float:
-    """How long one capture may take: py-spy with and without --native, sampling, writing."""
-    return 2 * config.pyspy_timeout_seconds + config.process_sample_seconds + 10.0
+    """How long one capture may take: py-spy with and without --native, sampling, the
+    wedge-time profile, writing."""
+    return (
+        2 * config.pyspy_timeout_seconds
+        + config.process_sample_seconds
+        + config.profile_seconds
+        + 10.0
+    )
 
 
 def build_restarters(

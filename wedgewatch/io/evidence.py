@@ -3,8 +3,9 @@
 Phase 1 (`open_bundle`, at suspect): /metrics body, flight recorder, process tree and CPU
 sample, py-spy of the API server, EngineCores and workers (`--nonblocking`: a maybe-healthy
 engine is never paused), nvidia-smi, triage, `summary.json`. Phase 2 (`complete_bundle`, at
-wedged): the body at the wedge, stacks under `pyspy/wedged/`, a second sample, triage over
-both rounds, `summary.json` rewritten atomically (verdict `wedged`). A wedge without a
+wedged): the body at the wedge, stacks under `pyspy/wedged/`, a second sample, then a
+sampled profile of each EngineCore (`io.profile`, nonblocking, `profile_seconds`), triage
+over both rounds, `summary.json` rewritten atomically (verdict `wedged`). A wedge without a
 suspect bundle, or `wedgewatch capture`: `capture_bundle` does it all in one call.
 
 Every failure inside a capture is recorded in `summary.json` and in the returned
@@ -25,6 +26,7 @@ docs/evidence.md.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import socket
@@ -70,6 +72,7 @@ from wedgewatch.io.procs import (
     dump_refusal,
     read_readings,
 )
+from wedgewatch.io.profile import PySpyProfiler, profile_engines
 from wedgewatch.io.pyspy import DumpStatus, PySpyRunner, StackDump, StackDumper
 from wedgewatch.vllm.semantics import Role
 
@@ -92,6 +95,8 @@ class EvidenceSettings:
     nvidia_smi_path: str = "nvidia-smi"
     nvidia_smi_timeout_seconds: float = 5.0
     protected_wedge_bundles: int = 1
+    profile_seconds: int = 2  # the wedge-time `py-spy record` of each EngineCore; 0 = none
+    profile_rate_hz: int = 50
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "evidence_dir", Path(self.evidence_dir))
@@ -205,6 +210,7 @@ class _Round:
     deadline_exceeded: bool = False
     build: dict[str, Any] | None = None
     stacks_skipped: str | None = None  # why no process was dumped: not proven to be vLLM
+    profiles: list[dict[str, object]] = field(default_factory=list)
 
     @property
     def ptrace_denied(self) -> int:
@@ -389,10 +395,20 @@ async def _capture_round(
         rnd.nvidia_smi = {"status": "failed", "errors": [smi]}
         rnd.failures.append(f"nvidia-smi: {smi}")
 
-    label = str(phase)
+    label, s = str(phase), deps.settings
     if refusal is not None:
         return rnd, StackRound(label, (), f"stacks skipped: {rnd.stacks_skipped}")
-    return rnd, StackRound(label, _process_stacks(discovery, rnd.dumps, missing), discovery.error)
+    # The EngineCores of the tree just proven the server's, sampled at the wedge only.
+    profiled = discovery.pids(Role.ENGINE_CORE) if phase is CapturePhase.WEDGED else ()
+    profiler = PySpyProfiler(
+        s.pyspy_path, s.profile_seconds, s.profile_rate_hz, s.pyspy_timeout_seconds
+    )
+    taken = await profile_engines(profiled, profiler, remaining())
+    rnd.files.update(taken.files)
+    rnd.failures.extend(taken.failures)
+    rnd.profiles, rnd.durations["profile_seconds"] = taken.records, taken.seconds
+    stacks = _process_stacks(discovery, rnd.dumps, missing)
+    return rnd, StackRound(label, stacks, discovery.error, taken.profiles)
 
 
 def _task_outcome(task: asyncio.Task[Any]) -> Any:
@@ -436,6 +452,7 @@ def _round_summary(rnd: _Round, deps: EvidenceDeps, finished_at: float) -> dict[
         "pids": _pids_by_role(discovery),
         "stacks": rnd.stacks,
         "stacks_skipped": rnd.stacks_skipped,
+        "profiles": rnd.profiles,
         "pyspy_mode": "nonblocking" if rnd.phase is CapturePhase.SUSPECT else "blocking",
         "ptrace_denied": rnd.ptrace_denied,
         "nvidia_smi": rnd.nvidia_smi,
@@ -489,7 +506,7 @@ async def complete_bundle(
     except (OSError, ValueError) as exc:
         result = await _new_bundle(request, deps, CapturePhase.WEDGED)
         note = f"suspect bundle {bundle} unusable ({exc}); wrote a one-shot wedge bundle"
-        return _with_failure(result, note)
+        return dataclasses.replace(result, failures=(note, *result.failures))
 
     deadline_at = begun + deps.settings.capture_deadline_seconds
     rnd, stack_round = await _capture_round(request, deps, CapturePhase.WEDGED, False, deadline_at)
@@ -642,22 +659,6 @@ async def _new_bundle(
 
 def _since(request: CaptureRequest, finished_at: float) -> float | None:
     return None if request.verdict_at is None else finished_at - request.verdict_at
-
-
-def _with_failure(result: BundleResult, note: str) -> BundleResult:
-    return BundleResult(
-        bundle=result.bundle,
-        phase=result.phase,
-        verdict=result.verdict,
-        triage=result.triage,
-        failures=(note, *result.failures),
-        ptrace_denied=result.ptrace_denied,
-        duration_seconds=result.duration_seconds,
-        since_verdict_seconds=result.since_verdict_seconds,
-        deadline_exceeded=result.deadline_exceeded,
-        evicted=result.evicted,
-        known_issues=result.known_issues,
-    )
 
 
 async def _write_files(

@@ -131,6 +131,29 @@ def _points_table(points: Sequence[Point], limit: int | None = None) -> list[lis
 _POINT_HEAD = ["t (s)", "state", "running", "capacity", "deferred", "KV", "gen tok/s", "scrape"]
 
 
+def _profiles_html(summary: Mapping[str, Any]) -> list[str]:
+    """The wedge-time sampled profiles: each EngineCore's top stacks by share of samples."""
+    out: list[str] = []
+    phases = summary.get("phases")
+    for phase, data in phases.items() if isinstance(phases, Mapping) else ():
+        for p in data.get("profiles") or [] if isinstance(data, Mapping) else ():
+            if not isinstance(p, Mapping):
+                continue
+            out.append(
+                f"<p>{_e(phase)}: EngineCore pid {_e(p.get('pid'))}, {_e(p.get('status'))}, "
+                f"{_e(p.get('samples', 0))} busy samples in {_e(p.get('seconds'))} s "
+                f"(<code>{_e(p.get('file') or p.get('error'))}</code>)</p>"
+            )
+            rows = [
+                f"<tr><td>{t['share']:.0%}</td><td><code>{_e(t.get('stack'))}</code></td></tr>"
+                for t in p.get("top_stacks") or []
+                if isinstance(t, Mapping) and isinstance(t.get("share"), int | float)
+            ]
+            if rows:
+                out.append("<table>" + "".join(rows) + "</table>")
+    return ["<h2>Sampled profile</h2>", *out] if out else []
+
+
 def _stack_html(view: StackView) -> str:
     head = f"{view.role} pid {view.pid} <span class=muted>{_e(view.title[:100])}</span>"
     body: list[str] = []
@@ -215,6 +238,7 @@ def render_html(model: BundleModel, chart_svg: str | None) -> str:
             f"on:</b> {_e('; '.join(m.evidence))}</div>"
         )
 
+    s.extend(_profiles_html(model.summary))
     s.append("<h2>Stacks</h2><p class=muted>Highlighted: the frames triage read.</p>")
     if not model.stacks:
         s.append("<p>No stacks in this bundle.</p>")
