@@ -15,6 +15,12 @@ import structlog
 _configured: list[str] = []  # the level configured, once configure_logging ran
 
 
+def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
+    """A print logger on the `sys.stderr` of the moment the line is logged, not of the
+    moment logging was configured (which may have been replaced and closed since)."""
+    return structlog.PrintLogger(file=sys.stderr)
+
+
 def configure_logging(level: str = "info") -> None:
     """structlog to stderr: a console renderer on a terminal, JSON lines otherwise.
 
@@ -35,7 +41,7 @@ def configure_logging(level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
     _configured[:] = [level]
