@@ -505,7 +505,8 @@ def run_plan(
     )
 
 
-def _seeds(text: str) -> list[int]:
+def parse_seeds(text: str) -> list[int]:
+    """`1-30`, `3,5,7-9`: the seeds named."""
     seeds: list[int] = []
     for part in text.split(","):
         low, _, high = part.partition("-")
@@ -536,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     import vllm  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
 
     wedged = 0
-    seeds = _seeds(args.seeds)
+    seeds = parse_seeds(args.seeds)
     for seed in seeds:
         started = time.monotonic()
         plan = plan_requests(args.profile, seed, args.duration)
