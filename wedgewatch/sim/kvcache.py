@@ -3,7 +3,8 @@
 Pure bookkeeping with no notion of time except the step numbers passed in. Mirrors the parts of
 vLLM's ``BlockPool`` / ``KVCacheManager`` that decide whether a request can be admitted:
 
-* The GPU pool has ``num_blocks`` blocks with reference counts. A block with no references sits
+* The GPU pool has ``num_blocks`` blocks with reference counts, block 0 being vLLM's null block
+  (never allocated), so ``num_blocks - 1`` are usable. A block with no references sits
   in the free queue, oldest first; allocation takes from the head, so the least recently freed
   block is evicted first. A freed block keeps its content hash, so it stays reusable through the
   prefix cache until it is reallocated (cached-but-free blocks count as free).
@@ -33,8 +34,9 @@ class BlockPool:
         self._enable_caching = enable_caching
         self._ref = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
-        # Free queue: insertion order is eviction order (head = least recently freed).
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Free queue: insertion order is eviction order (head = least recently freed). Block 0 is
+        # vLLM's null block: never handed out, not counted in the usage.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self._cached: dict[BlockHash, int] = {}
 
     @property
@@ -44,8 +46,9 @@ class BlockPool:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks held by some request; cached-but-free blocks count as free."""
-        return 1.0 - len(self._free) / self.num_blocks
+        """Fraction of usable blocks held by some request (cached-but-free blocks count as
+        free; the null block is not usable)."""
+        return 1.0 - len(self._free) / max(self.num_blocks - 1, 1)
 
     def find_cached_prefix(self, hashes: Iterable[BlockHash]) -> list[int]:
         """The blocks of the longest run of ``hashes`` that is cached, in order."""

@@ -118,7 +118,7 @@ def end_state(scheduler: Scheduler) -> dict[str, Any]:
     return {
         "running": len(snapshot.running),
         "waiting": len(snapshot.waiting),
-        "kv_usage": round(1.0 - scheduler.num_free_blocks / pool_blocks, 4),
+        "kv_usage": round(1.0 - scheduler.num_free_blocks / max(pool_blocks - 1, 1), 4),
         "free_blocks": scheduler.num_free_blocks,
         queue: [
             (r.request_id, r.status.upper(), r.num_computed_tokens)
