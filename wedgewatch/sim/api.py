@@ -677,6 +677,9 @@ def scheduler_config_from_args(args: ServeArgs) -> SchedulerConfig:
         else (defaults.kv_load_steps),
         policy=args.scheduler_fix,
         max_model_len=args.max_model_len,
+        vllm_structure="0.31+" if args.vllm_structure == "0.31+" else "0.30",
+        async_scheduling=args.async_scheduling,
+        reserve_full_isl=args.scheduler_reserve_full_isl,
     )
 
 

@@ -18,6 +18,7 @@ from wedgewatch.sim.faults import FaultSpec, parse_fault
 SchedulerFix = Literal["stock", "skip-head-when-idle"]
 SCHEDULER_FIXES: tuple[SchedulerFix, ...] = ("stock", "skip-head-when-idle")
 KV_OFFLOADING_BACKENDS = ("native", "lmcache")
+VLLM_STRUCTURES = ("0.30", "0.31+")  # the scheduler model's release structures
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # what `vllm serve` without a model serves in recent releases
 DEFAULT_STEP_TIME_SECONDS = 0.005
 
@@ -55,6 +56,9 @@ class ServeArgs:
     prefill_step_time_seconds: float | None = None  # None: step_time_seconds
     scheduler_fix: SchedulerFix = "stock"
     kv_load_steps: int | None = None  # None: the scheduler model's default
+    vllm_structure: str = "0.30"  # whose scheduler structure the model follows: 0.30 | 0.31+
+    async_scheduling: bool = True  # vLLM's default on CUDA
+    scheduler_reserve_full_isl: bool = True  # vLLM's default
     faults: tuple[FaultSpec, ...] = ()
     ignored_flags: tuple[str, ...] = field(default=())  # vLLM flags accepted but not modelled
 
@@ -207,6 +211,7 @@ _VALUE_FLAGS: dict[str, tuple[str, Converter]] = {
     ),
     "--scheduler-fix": ("scheduler_fix", lambda f, t: _choice(f, t, SCHEDULER_FIXES)),
     "--kv-load-steps": ("kv_load_steps", _non_negative_int),
+    "--vllm-structure": ("vllm_structure", lambda f, t: _choice(f, t, VLLM_STRUCTURES)),
 }
 _SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size"}
 
@@ -218,6 +223,10 @@ _SWITCHES: dict[str, tuple[str, bool]] = {
     "--no-enable-chunked-prefill": ("enable_chunked_prefill", False),
     "--disable-log-stats": ("disable_log_stats", True),
     "--disable-uvicorn-access-log": ("disable_uvicorn_access_log", True),
+    "--async-scheduling": ("async_scheduling", True),
+    "--no-async-scheduling": ("async_scheduling", False),
+    "--scheduler-reserve-full-isl": ("scheduler_reserve_full_isl", True),
+    "--no-scheduler-reserve-full-isl": ("scheduler_reserve_full_isl", False),
 }
 
 # vLLM flags that take no value: accepted (with a warning) without swallowing the next
@@ -243,8 +252,6 @@ _KNOWN_VLLM_SWITCHES = frozenset(
         "--disable-fastapi-docs",
         "--disable-frontend-multiprocessing",
         "--skip-tokenizer-init",
-        "--async-scheduling",
-        "--no-async-scheduling",
         "--headless",
         "--disable-sliding-window",
         "--disable-cascade-attn",
@@ -413,6 +420,8 @@ vLLM flags the simulator models:
   --disable-log-stats              no vllm:* metrics, like vLLM
   --disable-uvicorn-access-log     no per-request access log lines
   --uvicorn-log-level LEVEL        (default: info)
+  --[no-]async-scheduling          batch queue of 2 (default: on, as on CUDA)
+  --[no-]scheduler-reserve-full-isl  admit only what fits whole (default: on)
   --num-gpu-blocks-override N      same as --num-gpu-blocks
 Any other vLLM flag is accepted with a warning and ignored.
 
@@ -425,8 +434,12 @@ Simulator flags:
                                    prefills for minutes, chunk by chunk
   --scheduler-fix POLICY           stock | skip-head-when-idle (default: stock)
   --kv-load-steps N                steps an async CPU->GPU KV load takes
+  --vllm-structure 0.30|0.31+      whose scheduler the model follows (default: 0.30,
+                                   vLLM 0.30.0, which wedges; 0.31+ drains block
+                                   holders first, PR #58947)
   --fault NAME@SECONDS[:RANK]      inject a fault SECONDS after start (repeatable):
                                    collective-hang, engine-crash, api-hang,
-                                   garbage-metrics, slow-metrics, nan-gauges; RANK picks one
+                                   garbage-metrics, slow-metrics, nan-gauges, frozen-step,
+                                   lost-store-event, hung-load; RANK picks one
                                    data-parallel engine for engine faults
 """

@@ -16,6 +16,13 @@ watchdog sees from outside (docs/simulator.md has the full table):
   `future.result()` before its stats are published, so every `vllm:` value freezes at its
   last reading (idle when the engine was idle) while /health and /metrics keep answering
   200. Only a request through the queue (the canary) can tell it from a quiet server.
+* `lost-store-event` (KV connector worker, one TP rank): the next store the workers start is
+  never confirmed by one rank, so it stays pending forever: its CPU copy never becomes
+  readable and its request keeps a transfer in flight; requests that need those blocks are
+  deferred for good (with SimpleCPUOffloadConnector its GPU blocks stay pinned).
+* `hung-load` (KV connector worker, one TP rank): the next load never finishes: its request
+  stays parked in WAITING_FOR_REMOTE_KVS holding its blocks, and requests that need the same
+  chunks are deferred for good.
 """
 
 from __future__ import annotations
@@ -36,8 +43,14 @@ FaultName = Literal[
     "slow-metrics",
     "nan-gauges",
     "frozen-step",
+    "lost-store-event",
+    "hung-load",
 ]
-ENGINE_FAULTS: frozenset[FaultName] = frozenset({"collective-hang", "engine-crash", "frozen-step"})
+TRANSFER_FAULTS: tuple[FaultName, ...] = ("lost-store-event", "hung-load")
+"""Faults of the KV connector's workers: the next transfer started never completes on one rank."""
+ENGINE_FAULTS: frozenset[FaultName] = frozenset(
+    {"collective-hang", "engine-crash", "frozen-step", *TRANSFER_FAULTS}
+)
 FAULT_NAMES: tuple[FaultName, ...] = (
     "collective-hang",
     "engine-crash",
@@ -46,6 +59,8 @@ FAULT_NAMES: tuple[FaultName, ...] = (
     "slow-metrics",
     "nan-gauges",
     "frozen-step",
+    "lost-store-event",
+    "hung-load",
 )
 
 # What /metrics serves under `garbage-metrics`: the error page a broken proxy or a
