@@ -359,7 +359,9 @@ class EngineCoreProc:
                     "store" if name == "lost-store-event" else "load",
                     self.config.engine_index,
                 )
-                self.scheduler.arm_fault("lost-store-event" if name == "lost-store-event" else "hung-load")
+                self.scheduler.arm_fault(
+                    "lost-store-event" if name == "lost-store-event" else "hung-load"
+                )
                 self._transfer_faults.remove(name)
 
     def _blocked_step(self) -> None:

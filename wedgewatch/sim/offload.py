@@ -70,6 +70,14 @@ class ConnectorOutput:
     finished_recving: tuple[object, ...] = ()
 
 
+@dataclass(slots=True)
+class _PipeEntry:
+    """A store in the workers' FIFO pipe, with the blocks it still has to move."""
+
+    job: TransferJob
+    left: int
+
+
 class CpuTier:
     """The CPU tier: an LRU set of block keys, each pending until its store completes."""
 
@@ -124,13 +132,11 @@ class CpuTier:
 
     def _evict(self) -> None:
         entries = self._entries
-        if len(entries) <= self.capacity:
-            return
-        for key in list(entries):
-            if len(entries) <= self.capacity:
-                return
-            if entries[key]:  # a pending store cannot be evicted
-                del entries[key]
+        while len(entries) > self.capacity:
+            victim = next((key for key, ready in entries.items() if ready), None)
+            if victim is None:
+                return  # only pending stores left: they cannot be evicted
+            del entries[victim]
 
 
 class OffloadConnector:
@@ -162,12 +168,14 @@ class OffloadConnector:
             if self.simple:
                 return 0  # SimpleCPUOffload: a pending store is a miss, never "not yet"
             return None  # HIT_PENDING
-        if hit and not self.simple and self.chunks_being_loaded:
-            if any(key in self.chunks_being_loaded for key in keys[:hit]):
-                return None  # chunks being loaded by another request
+        loading = self.chunks_being_loaded
+        if hit and not self.simple and loading and any(key in loading for key in keys[:hit]):
+            return None  # chunks being loaded by another request
         return hit
 
-    def issue_load(self, owner: object, keys: Sequence[BlockHash], gpu_blocks: Sequence[int]) -> None:
+    def issue_load(
+        self, owner: object, keys: Sequence[BlockHash], gpu_blocks: Sequence[int]
+    ) -> None:
         """Start loading ``keys`` into ``gpu_blocks`` (vLLM: ``update_state_after_alloc``)."""
         job = self._new_job(owner, tuple(keys), tuple(gpu_blocks), is_store=False)
         self.tier.touch(keys)
@@ -283,7 +291,7 @@ class ConnectorWorkers:
         self.load_steps = load_steps
         self.store_blocks_per_step = store_blocks_per_step
         self._deferred: list[TransferJob] = []
-        self._pipe: deque[list[object]] = deque()  # [job, blocks left]
+        self._pipe: deque[_PipeEntry] = deque()
         self._loads: list[tuple[int, TransferJob]] = []
         self._armed: list[TransferFault] = []
         self.lost_jobs: set[int] = set()
@@ -308,31 +316,29 @@ class ConnectorWorkers:
         flushed = meta.jobs_to_flush
         if flushed:
             completed.extend(j.job_id for j in meta.store_jobs if j.job_id in flushed)
-            completed.extend(_job(e).job_id for e in self._pipe if _job(e).job_id in flushed)
+            completed.extend(e.job.job_id for e in self._pipe if e.job.job_id in flushed)
             completed.extend(j.job_id for j in self._deferred if j.job_id in flushed)
             meta.store_jobs = [j for j in meta.store_jobs if j.job_id not in flushed]
-            self._pipe = deque(e for e in self._pipe if _job(e).job_id not in flushed)
+            self._pipe = deque(e for e in self._pipe if e.job.job_id not in flushed)
             self._deferred = [j for j in self._deferred if j.job_id not in flushed]
         for job in self._deferred:
-            self._pipe.append([job, len(job.keys)])
+            self._pipe.append(_PipeEntry(job, len(job.keys)))
         self._deferred = list(meta.store_jobs)
         for job in meta.load_jobs:
             self._loads.append((step + self.load_steps, job))
-        budget = self.store_blocks_per_step or sum(len(_job(e).keys) for e in self._pipe)
+        budget = self.store_blocks_per_step or sum(e.left for e in self._pipe)
         while self._pipe:
             head = self._pipe[0]
-            left = head[1]
-            assert isinstance(left, int)
-            if left > 0:
+            if head.left > 0:
                 if budget <= 0:
                     break
-                taken = min(budget, left)
-                head[1] = left - taken
+                taken = min(budget, head.left)
+                head.left -= taken
                 budget -= taken
-                if left - taken > 0:
+                if head.left > 0:
                     break
             self._pipe.popleft()
-            completed.append(_job(head).job_id)
+            completed.append(head.job.job_id)
         recving: list[object] = []
         still: list[tuple[int, TransferJob]] = []
         for due, job in self._loads:
@@ -348,9 +354,3 @@ class ConnectorWorkers:
             completed_jobs=tuple(j for j in completed if j not in lost),
             finished_recving=tuple(recving),
         )
-
-
-def _job(entry: list[object]) -> TransferJob:
-    job = entry[0]
-    assert isinstance(job, TransferJob)
-    return job

@@ -75,6 +75,7 @@ import zlib
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Literal, get_args
 
 from wedgewatch.sim.kvcache import BlockHash, BlockPool
@@ -333,16 +334,13 @@ class _Request:
     """Mutable scheduler-side state of one request."""
 
     __slots__ = (
+        "_hashes",
         "blocks",
         "cached_external",
         "cached_local",
         "deferred",
         "in_flight",
         "load_ready",
-        "placeholders",
-        "prefill_chunk",
-        "undelivered_preemptions",
-        "stale",
         "max_tokens",
         "num_cached_blocks",
         "num_cached_tokens",
@@ -351,12 +349,16 @@ class _Request:
         "num_preemptions",
         "num_prompt",
         "num_shared_blocks",
+        "placeholders",
+        "prefill_chunk",
         "prefix_key",
         "request_id",
         "session_closed",
+        "stale",
         "status",
         "stop_at",
         "streaming",
+        "undelivered_preemptions",
     )
 
     def __init__(self, spec: SimRequest, block_size: int, stop_at: int) -> None:
@@ -375,6 +377,7 @@ class _Request:
         self.num_cached_tokens = -1
         self.cached_local = 0
         self.cached_external = 0
+        self._hashes: list[BlockHash] = []
         self.load_ready = False
         self.placeholders = 0
         self.in_flight = 0
@@ -395,7 +398,14 @@ class _Request:
         return ("request", self.request_id, index)
 
     def block_hashes(self, start: int, stop: int) -> list[BlockHash]:
-        return [self.block_hash(index) for index in range(start, stop)]
+        return self.hashes(stop)[start:stop]
+
+    def hashes(self, count: int) -> list[BlockHash]:
+        """The content keys of the first ``count`` blocks (or more: read only ``[:count]``)."""
+        cached = self._hashes
+        if len(cached) < count:
+            cached.extend(self.block_hash(index) for index in range(len(cached), count))
+        return cached
 
     @property
     def holds_blocks(self) -> bool:
@@ -612,7 +622,9 @@ class Scheduler:
             iteration, token_events = self._update_from_output(update, finished)
             queries = update.queries
         elif finished:
-            iteration, token_events = self._iteration([], [], 0, 0, 0, finished)
+            iteration, token_events = self._iteration(
+                [], first_tokens=[], prompt=0, cached=0, external=0, finished=finished
+            )
 
         capacity, deferred = self._num_waiting_and_deferred()
         pool = self._pool
@@ -740,7 +752,7 @@ class Scheduler:
 
     def _store(self, request: _Request, upto: int, *, fence: bool) -> None:
         job = self._connector.store(
-            request, request.block_hashes(0, upto), request.blocks, upto, fence=fence
+            request, request.hashes(upto), request.blocks, upto, fence=fence
         )
         if job is not None and self.config.simple_kv_offload:
             self._pool.touch(job.gpu_blocks)  # pinned until every rank confirms the store
@@ -833,10 +845,13 @@ class Scheduler:
             load_async = False
             if request.num_computed == 0:
                 max_hit_blocks = (request.num_tokens - 1) // block_size
-                hashes = request.block_hashes(0, request.num_tokens // block_size)
-                local_hits = pool.find_cached_prefix(hashes[:max_hit_blocks])
+                num_full_blocks = request.num_tokens // block_size
+                hashes = request.hashes(num_full_blocks)
+                local_hits = pool.find_cached_prefix(islice(hashes, max_hit_blocks))
                 if self._has_connector:
-                    external_blocks = self._connector.lookup(request, hashes[len(local_hits) :])
+                    external_blocks = self._connector.lookup(
+                        request, hashes[len(local_hits) : num_full_blocks]
+                    )
                     if external_blocks is None:
                         skip(queue)  # the connector cannot tell yet: deferred, holding nothing
                         continue
@@ -1080,9 +1095,7 @@ class Scheduler:
             request.num_output += 1
             emitted.append(request)
             if request.status is _Status.RUNNING:
-                self._cache_full_blocks(
-                    request, request.num_computed - request.placeholders
-                )
+                self._cache_full_blocks(request, request.num_computed - request.placeholders)
             if (
                 request.num_output >= request.max_tokens
                 or request.num_tokens >= cfg.max_model_len
@@ -1110,14 +1123,22 @@ class Scheduler:
             self._finish(request, reason, finished)
 
         self._apply_connector_output(batch.connector_output)
-        return self._iteration(emitted, first_tokens, prompt, cached, external, finished)
+        return self._iteration(
+            emitted,
+            first_tokens=first_tokens,
+            prompt=prompt,
+            cached=cached,
+            external=external,
+            finished=finished,
+        )
 
     def _apply_connector_output(self, output: ConnectorOutput) -> None:
         for store in self._connector.update(output):
             if self.config.simple_kv_offload:
                 self._pool.free(store.gpu_blocks)
         for owner in output.finished_recving:
-            assert isinstance(owner, _Request)
+            if not isinstance(owner, _Request):
+                continue
             if owner.status is _Status.WAITING_FOR_REMOTE_KVS:
                 owner.load_ready = True
             elif owner in self._orphan_loads:
@@ -1127,6 +1148,7 @@ class Scheduler:
     def _iteration(
         self,
         emitted: list[_Request],
+        *,
         first_tokens: list[str],
         prompt: int,
         cached: int,
