@@ -597,3 +597,56 @@ def test_duplicate_request_ids_are_refused() -> None:
     scheduler.add_request(SimRequest("a", 10, 1))
     with pytest.raises(ValueError, match="duplicate request id 'a'"):
         scheduler.add_request(SimRequest("a", 10, 1))
+
+
+# ------------------------------------------------------------------ transfer faults
+
+
+def test_a_lost_store_event_defers_every_request_that_needs_its_blocks_forever() -> None:
+    """lost-store-event: one rank never confirms the prefix's store, so a later request on
+    that prefix is deferred for good holding no blocks, while other requests still run."""
+    scheduler = Scheduler(cpu_config())
+    scheduler.arm_fault("lost-store-event")
+    scheduler.add_request(SimRequest("seed", 496, 1, "p", 480))
+    run_steps = [scheduler.step() for _ in range(3)]
+    assert any(r.token_events for r in run_steps)
+    scheduler.add_request(SimRequest("evictor", 1023, 1))
+    scheduler.add_request(SimRequest("b", 600, 2, "p", 480))
+    scheduler.add_request(SimRequest("w", 64, 2))
+    results = [scheduler.step() for _ in range(300)]
+    done = {f.request_id for f in finished_in(results)}
+    assert {"evictor", "w"} <= done
+    assert "b" not in done
+    snapshot = scheduler.snapshot()
+    assert [(r.request_id, r.num_blocks) for r in snapshot.skipped_waiting] == [("b", 0)]
+    assert results[-1].scheduler_stats.num_skipped_waiting_reqs == 1
+    assert results[-1].scheduler_stats.num_running_reqs == 0
+    assert scheduler.has_work()
+
+
+def test_a_hung_load_parks_its_request_forever_holding_its_blocks() -> None:
+    """hung-load: the load never finishes on one rank; the request stays parked with its
+    blocks, and nothing is freed for it."""
+    scheduler = Scheduler(cpu_config(kv_load_steps=2))
+    offload_prefix(scheduler)
+    scheduler.arm_fault("hung-load")
+    scheduler.add_request(SimRequest("r", 600, 2, "p", 480))
+    results = [scheduler.step() for _ in range(200)]
+    assert "r" not in {f.request_id for f in finished_in(results)}
+    (parked,) = scheduler.snapshot().skipped_waiting
+    assert (parked.request_id, parked.status, parked.num_blocks) == (
+        "r",
+        "waiting_for_remote_kvs",
+        30,
+    )
+    assert parked.kv_load_in_flight
+    assert results[-1].scheduler_stats.num_free_blocks == 64 - 30
+
+
+def test_without_a_fault_the_same_load_lands_and_the_request_finishes() -> None:
+    """The control for the hung load: the same request finishes within a few steps."""
+    scheduler = Scheduler(cpu_config(kv_load_steps=2))
+    offload_prefix(scheduler)
+    scheduler.add_request(SimRequest("r", 600, 2, "p", 480))
+    results = [scheduler.step() for _ in range(20)]
+    assert "r" in {f.request_id for f in finished_in(results)}
