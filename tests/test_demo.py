@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from wedgewatch.demo import DemoOptions, demo_settings
+from wedgewatch.demo import SCHEDULER_NOTE, DemoOptions, demo_settings
 from wedgewatch.demo_story import (
     RECOVERED_AFTER_SECONDS,
     Story,
@@ -24,6 +24,7 @@ from wedgewatch.demo_story import (
     render_summary,
     threshold_for,
 )
+from wedgewatch.sim.scheduler import SchedulerConfig
 
 SETTINGS = demo_settings(DemoOptions(stall_after_seconds=10.0), listen_port=9321)
 
@@ -101,6 +102,18 @@ def play(steps: list[tuple[float, dict[str, Any]]]) -> tuple[Story, list[str]]:
         story, events = advance(story, doc, at)
         kinds += [e.kind for e in events]
     return story, kinds
+
+
+def test_the_demo_names_the_vllm_release_its_scheduler_model_follows() -> None:
+    """The demo says which vLLM scheduler it simulates, and that model is the sim's default."""
+    default = SchedulerConfig()
+    assert (default.vllm_structure, default.async_scheduling, default.reserve_full_isl) == (
+        "0.30",
+        True,
+        True,
+    )
+    assert "vLLM 0.30.0's scheduler" in SCHEDULER_NOTE
+    assert "0.31+" in SCHEDULER_NOTE
 
 
 def test_the_story_is_told_in_order() -> None:
