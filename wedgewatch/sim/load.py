@@ -21,12 +21,13 @@ Profiles:
   request A, admitted after another big one C, is preempted by their decode growth, is
   retried before its stores are reported, and the next big request B (a CPU-tier load) fits
   in A's freed blocks yet A + B exceed the pool: sizes C < B <= A around half the pool,
-  rare in any traffic we tried. Variants measured on seeds 1-6 to 1-10 of 0.30.0 with the
-  defaults, none of which wedged once (so the profile stays as it is): burst prompts of
-  14k-18k, 15k-21k, 25k-31k or 7k-29k tokens; 5, 6, 8, 12, 15 or 20 burst requests per
-  second; a 6 s burst; 1-3 shared 6k-12k task contexts; 3-4 turn conversations re-sending
-  a growing 8k-20k context; burst outputs of 64-512, 128-512, 256-1024, 512-2048 or
-  1024-4096 tokens (the longest leave plans unfinished at 60 s).
+  rare in any traffic we tried. Variants measured with those defaults, none of which wedged
+  0.30.0 once (so the profile stays as it is; seeds 1-N): burst prompts of 6k-16k (N=10),
+  13k-15k (8) or 8k-24k (6) tokens of their own; a 6 s burst (6, also with 8k-24k);
+  22k-28k own tokens at 5 or 8 requests per second (10 each) or with 128-1536 output
+  tokens (6-8 each); 2-3 shared 6k-12k task contexts under 2k-16k own tokens (8 each);
+  3-turn conversations re-sending a growing 8k-16k context (8); 8k-24k prompts with
+  512-4096 output tokens (6-10; most plans then run past the 60 s).
 * `steady`: ~4 req/s of 256-1024 token prompts without shared prefixes.
 * `long-prefill`: one 16k-30k token prompt every two seconds.
 * `long-prompt`: one 30k-token prompt at the start and nothing else: a single chunked prefill
