@@ -17,10 +17,12 @@ watchdog sees from outside (docs/simulator.md has the full table):
   last reading (idle when the engine was idle) while /health and /metrics keep answering
   200. Only a request through the queue (the canary) can tell it from a quiet server.
 * `lost-store-event` (KV connector worker, one TP rank): the next store the workers start is
-  never confirmed by one rank, so it stays pending forever: its CPU copy never becomes
+  never confirmed by one rank (nor any later store: a rank reports in order), so it stays
+  pending forever: its CPU copy never becomes
   readable and its request keeps a transfer in flight; requests that need those blocks are
   deferred for good (with SimpleCPUOffloadConnector its GPU blocks stay pinned).
-* `hung-load` (KV connector worker, one TP rank): the next load never finishes: its request
+* `hung-load` (KV connector worker, one TP rank): the next load (and any later one) never
+  finishes: its request
   stays parked in WAITING_FOR_REMOTE_KVS holding its blocks, and requests that need the same
   chunks are deferred for good.
 """

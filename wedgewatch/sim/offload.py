@@ -19,10 +19,11 @@ Two halves, as in vLLM:
   back with the step's output, so under async scheduling the scheduler learns of them one
   ``schedule()`` late.
 
-Faults (``arm``): ``lost-store-event`` drops the completion of the next store job on one TP rank
-(the job, and the CPU copy of its blocks, stay pending forever); ``hung-load`` never finishes
-the next load (its request stays parked, holding its blocks, and its chunks stay "being
-loaded").
+Faults (``arm``), as ``vllm_engine``'s worker emulation has them: ``lost-store-event`` drops the
+completion of the next store job on one TP rank (the job, and the CPU copy of its blocks, stay
+pending forever); ``hung-load`` never finishes the next load (its request stays parked, holding
+its blocks, and its chunks stay "being loaded"). That rank reports its copies in order, so every
+later transfer of the same direction stays unreported too.
 
 ``simple=True`` models ``SimpleCPUOffloadConnector`` instead: its lookup never answers ``None``
 (a hit is finished or it is 0), and the GPU blocks of a store stay pinned until every rank has
@@ -294,6 +295,7 @@ class ConnectorWorkers:
         self._pipe: deque[_PipeEntry] = deque()
         self._loads: list[tuple[int, TransferJob]] = []
         self._armed: list[TransferFault] = []
+        self._stuck: set[bool] = set()  # directions (is_store) the faulty rank stopped reporting
         self.lost_jobs: set[int] = set()
 
     def arm(self, fault: TransferFault) -> None:
@@ -301,15 +303,20 @@ class ConnectorWorkers:
         self._armed.append(fault)
 
     def _mark_faults(self, jobs: Iterable[TransferJob]) -> None:
+        """The fault's transfer, and every later one of its direction: the faulty rank reports
+        its copies in order (as both real workers poll their streams), so nothing after the
+        lost one is reported either."""
         for job in jobs:
             wanted: TransferFault = "lost-store-event" if job.is_store else "hung-load"
             if wanted in self._armed:
                 self._armed.remove(wanted)
+                self._stuck.add(job.is_store)
+            if job.is_store in self._stuck:
                 self.lost_jobs.add(job.job_id)
 
     def execute(self, meta: ConnectorMeta, step: int) -> ConnectorOutput:
         """One step of every rank: flushes, stores through the pipe, loads that land."""
-        if self._armed:
+        if self._armed or self._stuck:
             self._mark_faults(meta.store_jobs)
             self._mark_faults(meta.load_jobs)
         completed: list[int] = []
