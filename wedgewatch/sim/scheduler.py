@@ -24,7 +24,9 @@ Rules (in the order one step applies them)
    scheduled on a placeholder before the previous token came back). When blocks run out the
    last running request is preempted (blocks freed, PREEMPTED, prepended to ``waiting``; its
    pending stores are flushed) until the request fits or preempted itself. A preemption skips
-   the waiting phase for this step.
+   the waiting phase for this step. Under async scheduling with a connector, blocks a batch in
+   flight may still write are freed only once its output is processed (vLLM's deferred block
+   frees), and a request whose blocks cannot be freed yet is not preempted (the scan stops).
 3. ``schedule()``, waiting phase, while the budget lasts and fewer than ``max_num_seqs`` run.
    Queue choice: 0.30 takes the head of ``skipped_waiting`` whenever it is non-empty, else of
    ``waiting``; 0.31+ takes ``kv_holding_waiting`` first, else ``waiting``. Per head:
@@ -340,6 +342,7 @@ class _Request:
         "cached_local",
         "deferred",
         "in_flight",
+        "last_sched_seq",
         "load_ready",
         "max_tokens",
         "num_cached_blocks",
@@ -381,6 +384,7 @@ class _Request:
         self.load_ready = False
         self.placeholders = 0
         self.in_flight = 0
+        self.last_sched_seq = 0
         self.stale = 0
         self.prefill_chunk = True
         self.deferred = False
@@ -471,6 +475,12 @@ class Scheduler:
         self._batches: deque[_Batch] = deque()
         self._batch_queue_size = 2 if config.async_scheduling else 1
         self._allocated: list[int] = []
+        # Deferred block frees (vLLM: defer_block_free, on with overlapping batches and a KV
+        # connector that loads): blocks a batch in flight may still write wait for its output.
+        self._defer_free = config.async_scheduling and self._has_connector
+        self._sched_seq = 0
+        self._processed_seq = 0
+        self._deferred_frees: deque[tuple[int, list[int]]] = deque()
         self._step = 0
         # Streaming-input sessions paused between chunks: deferred, yet holding a batch slot.
         self._num_paused_sessions = 0
@@ -715,9 +725,12 @@ class Scheduler:
         self._allocated = []
         scheduled, preempted = self._schedule(queries)
         meta = self._build_connector_meta(scheduled, preempted)
+        if self._defer_free and scheduled:
+            self._sched_seq += 1
         sampled: list[_Request] = []
         async_scheduling = self.config.async_scheduling
         for request, num_new in scheduled.items():  # vLLM: _update_after_schedule
+            request.last_sched_seq = self._sched_seq
             request.num_computed += num_new
             request.in_flight += num_new
             request.prefill_chunk = request.num_computed < request.num_tokens + request.placeholders
@@ -782,13 +795,19 @@ class Scheduler:
             if num_new <= 0:
                 index += 1
                 continue
+            allocated = True
             while not self._allocate_running(request, num_new):
-                victim = running.pop()
+                victim = running[-1]
+                if not self._can_free(victim):
+                    allocated = False  # a deferred free would not help now
+                    break
+                running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is request:
+                    allocated = False
                     break
-            if request.status is not _Status.RUNNING:
+            if not allocated:
                 break
             scheduled[request] = num_new
             budget -= num_new
@@ -1006,8 +1025,25 @@ class Scheduler:
             pool.cache(blocks[index], request.block_hash(index))
         request.num_cached_blocks = full
 
+    def _can_free(self, request: _Request) -> bool:
+        """vLLM's ``_request_blocks_can_be_freed``: no in-flight batch may still write them."""
+        return not self._defer_free or request.last_sched_seq <= self._processed_seq
+
+    def _return_blocks(self, request: _Request, blocks: list[int]) -> None:
+        """Free ``blocks`` now, or once the last batch that scheduled ``request`` is processed
+        (deferred block frees: async scheduling with a KV connector that loads)."""
+        if self._can_free(request):
+            self._pool.free(blocks)
+        else:
+            self._deferred_frees.append((self._sched_seq, blocks))
+
+    def _drain_deferred_frees(self) -> None:
+        frees = self._deferred_frees
+        while frees and frees[0][0] <= self._processed_seq:
+            self._pool.free(frees.popleft()[1])
+
     def _free_blocks(self, request: _Request) -> None:
-        self._pool.free(request.blocks)
+        self._return_blocks(request, request.blocks)
         request.blocks = []
         request.num_cached_blocks = 0
 
@@ -1042,7 +1078,7 @@ class Scheduler:
                 # The final blocks are stored by the next schedule (vLLM: finished_req_ids);
                 # the GPU blocks go back to the pool now, fenced by those stores.
                 self._finished_for_store.append(request)
-                self._pool.free(request.blocks)
+                self._return_blocks(request, list(request.blocks))
                 request.num_cached_blocks = 0
             else:
                 if self._has_connector and request.status is _Status.RUNNING:
@@ -1070,6 +1106,9 @@ class Scheduler:
         self, batch: _Batch, finished: list[FinishedRequest]
     ) -> tuple[IterationStats | None, tuple[tuple[str, int], ...]]:
         cfg = self.config
+        if self._defer_free and batch.scheduled:
+            self._processed_seq += 1
+            self._drain_deferred_frees()
         sampled = set(batch.sampled)
         emitted: list[_Request] = []
         first_tokens: list[str] = []
