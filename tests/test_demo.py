@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from wedgewatch.demo import DemoOptions, demo_settings
+from wedgewatch.demo import DEMO_SERVE_FLAGS, SCHEDULER_NOTE, DemoOptions, demo_settings
 from wedgewatch.demo_story import (
     RECOVERED_AFTER_SECONDS,
     Story,
@@ -24,6 +24,9 @@ from wedgewatch.demo_story import (
     render_summary,
     threshold_for,
 )
+from wedgewatch.sim.api import scheduler_config_from_args
+from wedgewatch.sim.args import ServeArgs, parse_serve_args
+from wedgewatch.sim.scheduler import SchedulerConfig
 
 SETTINGS = demo_settings(DemoOptions(stall_after_seconds=10.0), listen_port=9321)
 
@@ -101,6 +104,19 @@ def play(steps: list[tuple[float, dict[str, Any]]]) -> tuple[Story, list[str]]:
         story, events = advance(story, doc, at)
         kinds += [e.kind for e in events]
     return story, kinds
+
+
+def test_the_demo_names_the_vllm_release_its_scheduler_model_follows() -> None:
+    """The demo says which vLLM scheduler it simulates: the sim's default model (0.30.0, async
+    scheduling) with full-ISL admission off, the one flag the demo adds."""
+    default = SchedulerConfig()
+    assert (default.vllm_structure, default.async_scheduling) == ("0.30", True)
+    parsed = parse_serve_args(["tiny", *DEMO_SERVE_FLAGS])
+    assert isinstance(parsed, ServeArgs)
+    assert scheduler_config_from_args(parsed).reserve_full_isl is False
+    assert "vLLM 0.30.0's scheduler" in SCHEDULER_NOTE
+    assert "full-ISL admission off" in SCHEDULER_NOTE
+    assert "0.31+" in SCHEDULER_NOTE
 
 
 def test_the_story_is_told_in_order() -> None:

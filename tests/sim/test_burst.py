@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from wedgewatch.sim.api import RequestIds, scheduler_config_from_args
 from wedgewatch.sim.args import ServeArgs, parse_serve_args
@@ -47,14 +48,15 @@ def is_wedged_step(result: StepResult, scheduler: Scheduler) -> bool:
     )
 
 
-def drive(plan: tuple[PlannedRequest, ...], policy: Policy) -> BurstRun:
+def drive(plan: tuple[PlannedRequest, ...], policy: Policy, **overrides: Any) -> BurstRun:
     """Add each request at the step of its planned instant (default step time) and step on.
 
     Stops once the wedge has lasted `WEDGE_STEPS` steps, once every request is done, or at
     `MAX_STEPS`.
     """
     args = launcher_args()
-    scheduler = Scheduler(replace(scheduler_config_from_args(args), policy=policy))
+    config = replace(scheduler_config_from_args(args), policy=policy, **overrides)
+    scheduler = Scheduler(config)
     arrivals = [(round(p.send_at_seconds / args.step_time_seconds), p) for p in plan]
     results: list[StepResult] = []
     finished: set[str] = set()
@@ -109,8 +111,10 @@ def test_request_ids_are_a_function_of_the_seed() -> None:
 
 
 def test_the_stock_scheduler_wedges_under_the_seed_16_burst() -> None:
-    """The tp2-offload config and the seed-16 burst plan wedge stock scheduling for good."""
-    run = drive(plan_requests("agentic-burst", WEDGING_SEED, LOAD_SECONDS), "stock")
+    """The tp2-offload config and the seed-16 burst wedge vLLM 0.30.0's async scheduler with
+    full-ISL admission off for good (as the real 0.30.0 scheduler does: 30 of 30 seeds)."""
+    plan = plan_requests("agentic-burst", WEDGING_SEED, LOAD_SECONDS)
+    run = drive(plan, "stock", reserve_full_isl=False)
     assert run.wedge_started_at is not None, "no 2000-step wedge"
     wedged = run.results[run.wedge_started_at :]
     assert len(wedged) >= WEDGE_STEPS
@@ -121,10 +125,39 @@ def test_the_stock_scheduler_wedges_under_the_seed_16_burst() -> None:
     assert run.wedge_started_at * launcher_args().step_time_seconds < 60
 
 
+def test_the_wedge_is_a_preempted_request_deferred_ahead_of_a_parked_load() -> None:
+    """The mechanism measured on vLLM 0.30.0: a preempted request, deferred holding no blocks
+    (its flushed stores were not yet reported when schedule() ran), heads skipped_waiting;
+    a load parked behind it holds blocks and is never promoted."""
+    plan = plan_requests("agentic-burst", WEDGING_SEED, LOAD_SECONDS)
+    run = drive(plan, "stock", reserve_full_isl=False)
+    assert run.wedge_started_at is not None
+    skipped = run.scheduler.snapshot().skipped_waiting
+    assert (skipped[0].status, skipped[0].num_blocks) == ("preempted", 0)
+    assert any(r.status == "waiting_for_remote_kvs" and r.num_blocks > 0 for r in skipped[1:])
+    assert run.scheduler.num_free_blocks > 0
+
+
+def test_sync_scheduling_serves_the_same_plan_to_the_end() -> None:
+    """Sync scheduling sees the preempted request's flushed stores before the next schedule()."""
+    plan = plan_requests("agentic-burst", WEDGING_SEED, LOAD_SECONDS)
+    run = drive(plan, "stock", reserve_full_isl=False, async_scheduling=False)
+    assert run.wedge_started_at is None
+    assert run.finished == {f"req-{p.index}" for p in plan}
+
+
+def test_vllm_0_31_structure_serves_the_same_plan_to_the_end() -> None:
+    """Draining kv_holding_waiting before waiting (PR #58947) promotes the parked load."""
+    plan = plan_requests("agentic-burst", WEDGING_SEED, LOAD_SECONDS)
+    run = drive(plan, "stock", reserve_full_isl=False, vllm_structure="0.31+")
+    assert run.wedge_started_at is None
+    assert run.finished == {f"req-{p.index}" for p in plan}
+
+
 def test_skip_head_when_idle_finishes_every_request_of_the_same_plan() -> None:
     """The same plan under the PR #45406 idea never wedges and every request finishes."""
     plan = plan_requests("agentic-burst", WEDGING_SEED, LOAD_SECONDS)
-    run = drive(plan, "skip-head-when-idle")
+    run = drive(plan, "skip-head-when-idle", reserve_full_isl=False)
     assert run.wedge_started_at is None
     assert not run.scheduler.has_work()
     assert run.finished == {f"req-{p.index}" for p in plan}

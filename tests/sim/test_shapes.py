@@ -25,7 +25,9 @@ from .test_metrics import exposition, stats, value
 
 def small(**overrides: object) -> SchedulerConfig:
     base: dict[str, object] = {
-        "num_gpu_blocks": 256,
+        "num_gpu_blocks": 257,  # 256 usable plus vLLM's null block
+        "async_scheduling": False,  # vLLM's step(): a step's tokens come out of that step
+        "reserve_full_isl": False,
         "block_size": 16,
         "num_cpu_blocks": 0,
         "max_num_seqs": 4,
@@ -131,7 +133,7 @@ def test_a_chunk_sent_while_the_segment_runs_extends_it() -> None:
 
 def test_a_long_chunked_prefill_grows_kv_every_step_and_moves_no_counter() -> None:
     """Chunk after chunk KV usage rises while no token, prompt or finish is reported."""
-    scheduler = Scheduler(small(num_gpu_blocks=256, max_num_batched_tokens=256))
+    scheduler = Scheduler(small(num_gpu_blocks=257, max_num_batched_tokens=256))
     scheduler.add_request(SimRequest("long", 4000, 2))
     results = run(scheduler, 16)
     usages = [r.scheduler_stats.kv_cache_usage for r in results[:15]]

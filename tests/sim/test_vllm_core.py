@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from wedgewatch.sim.args import ArgsError, ServeArgs, parse_serve_args
-from wedgewatch.sim.faults import REAL_SCHEDULER_FAULTS
+from wedgewatch.sim.faults import TRANSFER_FAULTS
 from wedgewatch.sim.vllm_core import missing_vllm, real_settings, with_fault
 from wedgewatch.sim.vllm_engine import RealSettings
 
@@ -57,7 +57,7 @@ def test_vllm_flags_reach_the_real_settings() -> None:
     assert not settings.reserve_full_isl
     assert (settings.load_steps, settings.num_gpu_blocks, settings.step_seconds) == (20, 1024, 0.01)
     assert parse("--async-scheduling").async_scheduling is True
-    assert parse("--scheduler-reserve-full-isl").reserve_full_isl is True
+    assert parse("--scheduler-reserve-full-isl").scheduler_reserve_full_isl is True
     # No offloading flags (or the lmcache backend): no connector, hence no simple offload.
     plain = real_settings(parse("--scheduler", "vllm"), simple_kv_offload=True)
     assert plain.kv_offloading_size_gib is None
@@ -68,8 +68,6 @@ def test_vllm_flags_reach_the_real_settings() -> None:
     ("argv", "message"),
     [
         (["--scheduler", "real"], "--scheduler must be one of sim, vllm"),
-        (["--fault", "hung-load@3"], "add --scheduler vllm"),
-        (["--fault", "lost-store-event"], "add --scheduler vllm"),
         (["--scheduler", "vllm", "--api-server-count", "2"], "single API server"),
         (["--scheduler", "vllm", "--fault", "nan-gauges@3"], "the gauges are vLLM's own"),
     ],
@@ -82,7 +80,7 @@ def test_bad_combinations_are_refused(argv: list[str], message: str) -> None:
 
 def test_connector_faults_parse_with_the_real_scheduler() -> None:
     args = parse("--scheduler", "vllm", "--fault", "hung-load@5:0", "--fault", "lost-store-event")
-    assert {f.name for f in args.faults} == REAL_SCHEDULER_FAULTS
+    assert {f.name for f in args.faults} == set(TRANSFER_FAULTS)
     assert args.faults[0].engine == 0
 
 

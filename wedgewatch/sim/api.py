@@ -48,7 +48,7 @@ from wedgewatch.sim.client import EngineClient, EngineDeadError, EngineStartErro
 from wedgewatch.sim.engine import EngineConfig
 from wedgewatch.sim.faults import (
     GARBAGE_METRICS_BODY,
-    REAL_SCHEDULER_FAULTS,
+    TRANSFER_FAULTS,
     FaultClock,
     block_event_loop_forever,
     trickle,
@@ -683,6 +683,9 @@ def scheduler_config_from_args(args: ServeArgs) -> SchedulerConfig:
         else (defaults.kv_load_steps),
         policy=args.scheduler_fix,
         max_model_len=args.max_model_len,
+        vllm_structure="0.31+" if args.vllm_structure == "0.31+" else "0.30",
+        async_scheduling=args.async_scheduling,
+        reserve_full_isl=args.scheduler_reserve_full_isl,
     )
 
 
@@ -765,7 +768,7 @@ def serve(args: ServeArgs, origin_at: float) -> int:
         try:
             settings = real_settings(args, os.environ.get("VLLM_USE_SIMPLE_KV_OFFLOAD") == "1")
             for fault in args.faults:  # refuse a connector fault this checkout cannot emulate
-                if fault.name in REAL_SCHEDULER_FAULTS:
+                if fault.name in TRANSFER_FAULTS:
                     with_fault(settings, fault.name)
             frontend = VllmFrontend(
                 settings, args.model_name, tuple(range(args.data_parallel_size))
@@ -781,13 +784,6 @@ def serve(args: ServeArgs, origin_at: float) -> int:
             "on" if settings.async_scheduling else "off",
             "on" if settings.reserve_full_isl else "off",
         )
-    else:
-        for flag, value in (
-            ("--[no-]async-scheduling", args.async_scheduling),
-            ("--[no-]scheduler-reserve-full-isl", args.reserve_full_isl),
-        ):
-            if value is not None:
-                log.warning("ignoring %s: only --scheduler vllm models it", flag)
     engine_configs = [
         EngineConfig(
             engine_index=rank,

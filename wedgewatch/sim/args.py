@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
-from wedgewatch.sim.faults import REAL_SCHEDULER_FAULTS, FaultSpec, parse_fault
+from wedgewatch.sim.faults import FaultSpec, parse_fault
 
 SchedulerFix = Literal["stock", "skip-head-when-idle"]
 SCHEDULER_FIXES: tuple[SchedulerFix, ...] = ("stock", "skip-head-when-idle")
 SchedulerEngine = Literal["sim", "vllm"]
 SCHEDULER_ENGINES: tuple[SchedulerEngine, ...] = ("sim", "vllm")
 KV_OFFLOADING_BACKENDS = ("native", "lmcache")
+VLLM_STRUCTURES = ("0.30", "0.31+")  # the scheduler model's release structures
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # what `vllm serve` without a model serves in recent releases
 DEFAULT_STEP_TIME_SECONDS = 0.005
 
@@ -57,11 +58,12 @@ class ServeArgs:
     prefill_step_time_seconds: float | None = None  # None: step_time_seconds
     scheduler_fix: SchedulerFix = "stock"
     kv_load_steps: int | None = None  # None: the scheduler model's default
+    vllm_structure: str = "0.30"  # whose scheduler structure the model follows: 0.30 | 0.31+
+    async_scheduling: bool = True  # vLLM's default on CUDA
+    scheduler_reserve_full_isl: bool = True  # vLLM's default
     faults: tuple[FaultSpec, ...] = ()
     scheduler: SchedulerEngine = "sim"
     """`vllm`: the installed vLLM's own v1 scheduler runs in the EngineCore (sim/vllm_core.py)."""
-    async_scheduling: bool | None = None  # None: vLLM's default (on, as on CUDA)
-    reserve_full_isl: bool | None = None  # --[no-]scheduler-reserve-full-isl; None: on
     ignored_flags: tuple[str, ...] = field(default=())  # vLLM flags accepted but not modelled
 
     @property
@@ -214,6 +216,7 @@ _VALUE_FLAGS: dict[str, tuple[str, Converter]] = {
     "--scheduler-fix": ("scheduler_fix", lambda f, t: _choice(f, t, SCHEDULER_FIXES)),
     "--kv-load-steps": ("kv_load_steps", _non_negative_int),
     "--scheduler": ("scheduler", lambda f, t: _choice(f, t, SCHEDULER_ENGINES)),
+    "--vllm-structure": ("vllm_structure", lambda f, t: _choice(f, t, VLLM_STRUCTURES)),
 }
 _SHORT_ALIASES = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size"}
 
@@ -227,8 +230,8 @@ _SWITCHES: dict[str, tuple[str, bool]] = {
     "--disable-uvicorn-access-log": ("disable_uvicorn_access_log", True),
     "--async-scheduling": ("async_scheduling", True),
     "--no-async-scheduling": ("async_scheduling", False),
-    "--scheduler-reserve-full-isl": ("reserve_full_isl", True),
-    "--no-scheduler-reserve-full-isl": ("reserve_full_isl", False),
+    "--scheduler-reserve-full-isl": ("scheduler_reserve_full_isl", True),
+    "--no-scheduler-reserve-full-isl": ("scheduler_reserve_full_isl", False),
 }
 
 # vLLM flags that take no value: accepted (with a warning) without swallowing the next
@@ -386,11 +389,6 @@ def _validate(args: ServeArgs) -> ServeArgs | ArgsError:
     for fault in args.faults:
         if fault.name == "nan-gauges" and args.scheduler == "vllm":
             return ArgsError("--fault nan-gauges: with --scheduler vllm the gauges are vLLM's own")
-        if fault.name in REAL_SCHEDULER_FAULTS and args.scheduler != "vllm":
-            return ArgsError(
-                f"--fault {fault.name} is a fault of the KV connector workers that "
-                "--scheduler vllm emulates; add --scheduler vllm"
-            )
         if fault.engine is not None and fault.engine >= args.data_parallel_size:
             return ArgsError(
                 f"--fault {fault.name}@{fault.at_seconds:g}:{fault.engine} targets DP rank "
@@ -431,6 +429,8 @@ vLLM flags the simulator models:
   --disable-log-stats              no vllm:* metrics, like vLLM
   --disable-uvicorn-access-log     no per-request access log lines
   --uvicorn-log-level LEVEL        (default: info)
+  --[no-]async-scheduling          batch queue of 2 (default: on, as on CUDA)
+  --[no-]scheduler-reserve-full-isl  admit only what fits whole (default: on)
   --num-gpu-blocks-override N      same as --num-gpu-blocks
 Any other vLLM flag is accepted with a warning and ignored.
 
@@ -448,14 +448,16 @@ Simulator flags:
                                    connector in VLLM::EngineCore, with an emulated GPU
                                    side, and serves /metrics from vLLM's own stat logger
                                    (see docs/simulator.md to get vLLM)
-  --[no-]async-scheduling          --scheduler vllm: vLLM's AsyncScheduler with a batch
-                                   queue of 2 (default: on, as vLLM on CUDA)
+  --[no-]async-scheduling          vLLM's AsyncScheduler with a batch queue of 2 (default:
+                                   on, as vLLM on CUDA), for both engines
   --[no-]scheduler-reserve-full-isl
-                                   --scheduler vllm: full-ISL admission (default: on)
+                                   full-ISL admission (default: on, vLLM's default)
+  --vllm-structure 0.30|0.31+      whose scheduler the model follows (default: 0.30,
+                                   vLLM 0.30.0, which wedges; 0.31+ drains block
+                                   holders first, PR #58947)
   --fault NAME@SECONDS[:RANK]      inject a fault SECONDS after start (repeatable):
                                    collective-hang, engine-crash, api-hang,
-                                   garbage-metrics, slow-metrics, nan-gauges, frozen-step;
-                                   with --scheduler vllm also lost-store-event,
-                                   hung-load; RANK picks one data-parallel engine for
-                                   engine faults
+                                   garbage-metrics, slow-metrics, nan-gauges, frozen-step,
+                                   lost-store-event, hung-load; RANK picks one
+                                   data-parallel engine for engine faults
 """

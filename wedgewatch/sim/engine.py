@@ -34,7 +34,8 @@ from multiprocessing.context import ForkContext
 from types import FrameType
 from typing import Protocol
 
-from wedgewatch.sim.faults import FaultClock
+from wedgewatch.sim.faults import TRANSFER_FAULTS, FaultClock
+from wedgewatch.sim.offload import TransferFault
 from wedgewatch.sim.proctitle import configure_process_logging, set_process_title
 from wedgewatch.sim.scheduler import (
     IterationStats,
@@ -199,6 +200,7 @@ class EngineScheduler(Protocol):
     def add_streaming_input(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None: ...
     def close_streaming_input(self, request_id: str) -> None: ...
     def step(self) -> StepResult: ...
+    def arm_fault(self, fault: TransferFault) -> None: ...
 
 
 CoreFactory = Callable[
@@ -265,6 +267,9 @@ class EngineCoreProc:
         self.sleeping = False
         self._faults = config.faults
         self._crash_at = self._faults.first_at("engine-crash", config.engine_index)
+        self._transfer_faults = [
+            name for name in TRANSFER_FAULTS if self._faults.first_at(name) is not None
+        ]
         self._pending_steps: list[StepOutput] = []
         self._pending_stats: SchedulerStats | None = None
         self._pending_num_steps = 0
@@ -353,6 +358,8 @@ class EngineCoreProc:
 
     def step(self) -> tuple[StepResult, bool]:
         """Schedule, execute the model for what was scheduled, and update from its output."""
+        if self._transfer_faults:
+            self._arm_transfer_faults()
         result = self.scheduler.step()
         if not result.scheduled:
             return result, False
@@ -373,6 +380,22 @@ class EngineCoreProc:
         )
         future.result()
         return result, True
+
+    def _arm_transfer_faults(self) -> None:
+        """`lost-store-event` / `hung-load`: once due, the next transfer of that kind is lost."""
+        now = time.monotonic()
+        for name in list(self._transfer_faults):
+            if self._faults.active(name, now, self.config.engine_index):
+                log.warning(
+                    "fault %s: the next %s on engine %d never completes on one TP rank",
+                    name,
+                    "store" if name == "lost-store-event" else "load",
+                    self.config.engine_index,
+                )
+                self.scheduler.arm_fault(
+                    "lost-store-event" if name == "lost-store-event" else "hung-load"
+                )
+                self._transfer_faults.remove(name)
 
     def _blocked_step(self) -> None:
         """`frozen-step` (vLLM #46811): wait for good on a step result that never comes.
@@ -529,12 +552,13 @@ def run_engine_core(
         )
     )
     log.info(
-        "%s ready: %d GPU blocks of %d tokens, %d CPU blocks, policy %s",
+        "%s ready: %d GPU blocks of %d tokens, %d CPU blocks, policy %s, vLLM %s structure",
         config.title,
         config.scheduler.num_gpu_blocks,
         config.scheduler.block_size,
         config.scheduler.num_cpu_blocks,
         config.scheduler.policy,
+        config.scheduler.vllm_structure,
     )
     exit_code = 0
     try:

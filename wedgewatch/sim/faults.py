@@ -16,10 +16,15 @@ watchdog sees from outside (docs/simulator.md has the full table):
   `future.result()` before its stats are published, so every `vllm:` value freezes at its
   last reading (idle when the engine was idle) while /health and /metrics keep answering
   200. Only a request through the queue (the canary) can tell it from a quiet server.
-* `lost-store-event`, `hung-load` (`--scheduler vllm` only): a KV transfer that never
-  completes on one TP rank (a lost store confirmation pins GPU blocks, a hung CPU->GPU copy
-  parks a load), the `SimpleCPUOffloadConnector` failure mode; the emulated connector
-  workers of `vllm_engine.RealSettings.fault` carry them out from the fault's time on.
+* `lost-store-event` (KV connector worker, one TP rank; the built-in model and
+  `--scheduler vllm` alike, the latter through `vllm_engine.RealSettings.fault`): the next
+  store the workers start is never confirmed by one rank (nor any later store: a rank
+  reports in order), so it stays pending forever: its CPU copy never becomes readable and
+  its request keeps a transfer in flight; requests that need those blocks are deferred for
+  good (with SimpleCPUOffloadConnector its GPU blocks stay pinned).
+* `hung-load` (KV connector worker, one TP rank): the next load (and any later one) never
+  finishes: its request stays parked in WAITING_FOR_REMOTE_KVS holding its blocks, and
+  requests that need the same chunks are deferred for good.
 """
 
 from __future__ import annotations
@@ -43,10 +48,10 @@ FaultName = Literal[
     "lost-store-event",
     "hung-load",
 ]
-REAL_SCHEDULER_FAULTS: frozenset[FaultName] = frozenset({"lost-store-event", "hung-load"})
-"""Faults of the emulated KV connector workers of `--scheduler vllm` (vllm_engine.RealSettings)."""
+TRANSFER_FAULTS: tuple[FaultName, ...] = ("lost-store-event", "hung-load")
+"""Faults of the KV connector's workers: the next transfer started never completes on one rank."""
 ENGINE_FAULTS: frozenset[FaultName] = frozenset(
-    {"collective-hang", "engine-crash", "frozen-step", *REAL_SCHEDULER_FAULTS}
+    {"collective-hang", "engine-crash", "frozen-step", *TRANSFER_FAULTS}
 )
 FAULT_NAMES: tuple[FaultName, ...] = (
     "collective-hang",

@@ -1,16 +1,14 @@
-"""KV memory for the simulated scheduler: the GPU block pool with a prefix cache, and a CPU tier.
+"""KV memory for the simulated scheduler: the GPU block pool with a prefix cache.
 
 Pure bookkeeping with no notion of time except the step numbers passed in. Mirrors the parts of
-vLLM's ``BlockPool`` / ``KVCacheManager`` and of a CPU offloading connector that decide whether a
-request can be admitted:
+vLLM's ``BlockPool`` / ``KVCacheManager`` that decide whether a request can be admitted:
 
-* The GPU pool has ``num_blocks`` blocks with reference counts. A block with no references sits
+* The GPU pool has ``num_blocks`` blocks with reference counts, block 0 being vLLM's null block
+  (never allocated), so ``num_blocks - 1`` are usable. A block with no references sits
   in the free queue, oldest first; allocation takes from the head, so the least recently freed
   block is evicted first. A freed block keeps its content hash, so it stays reusable through the
   prefix cache until it is reallocated (cached-but-free blocks count as free).
-* The CPU tier holds up to ``capacity`` block hashes, least recently used first. A stored block is
-  *pending* until its store lands; a lookup that reaches a pending block cannot say how many
-  tokens match yet (vLLM's connector returns ``None``: the ``HIT_PENDING`` case).
+* The CPU tier and the transfers between the two live in ``wedgewatch/sim/offload.py``.
 
 A block's identity is its content: the ``n``-th block of a request's shared prefix is the same
 block for every request with that prefix; every other block belongs to one request only.
@@ -36,8 +34,9 @@ class BlockPool:
         self._enable_caching = enable_caching
         self._ref = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
-        # Free queue: insertion order is eviction order (head = least recently freed).
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Free queue: insertion order is eviction order (head = least recently freed). Block 0 is
+        # vLLM's null block: never handed out, not counted in the usage.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self._cached: dict[BlockHash, int] = {}
 
     @property
@@ -47,8 +46,9 @@ class BlockPool:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks held by some request; cached-but-free blocks count as free."""
-        return 1.0 - len(self._free) / self.num_blocks
+        """Fraction of usable blocks held by some request (cached-but-free blocks count as
+        free; the null block is not usable)."""
+        return 1.0 - len(self._free) / max(self.num_blocks - 1, 1)
 
     def find_cached_prefix(self, hashes: Iterable[BlockHash]) -> list[int]:
         """The blocks of the longest run of ``hashes`` that is cached, in order."""
@@ -116,65 +116,3 @@ class BlockPool:
             ref[block] -= 1
             if ref[block] == 0:
                 free[block] = None
-
-
-class CpuTier:
-    """The CPU offload tier: an LRU set of block hashes, each pending until its store lands.
-
-    Stores go through one FIFO pipe that moves ``store_blocks_per_step`` blocks per step, so
-    a burst of long requests backs the pipe up and their blocks stay pending for longer (what
-    SimpleCPUOffload's ``pending_store_blocks`` gauge shows). 0 means stores land at once.
-    """
-
-    __slots__ = ("_entries", "_pipe_cursor", "capacity", "store_blocks_per_step")
-
-    def __init__(self, capacity: int, store_blocks_per_step: int = 0) -> None:
-        self.capacity = capacity
-        self.store_blocks_per_step = store_blocks_per_step
-        # hash -> step from which its CPU copy is readable.
-        self._entries: OrderedDict[BlockHash, int] = OrderedDict()
-        # Blocks ever pushed into the store pipe, in pipe slots (step * blocks per step).
-        self._pipe_cursor = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def store(self, hashes: Iterable[BlockHash], now: int) -> None:
-        """Offload blocks freed at step ``now``: new ones join the pipe, known ones refresh."""
-        if self.capacity <= 0:
-            return
-        entries = self._entries
-        rate = self.store_blocks_per_step
-        cursor = max(self._pipe_cursor, now * rate)
-        for block_hash in hashes:
-            if block_hash in entries:
-                entries.move_to_end(block_hash)
-                continue
-            if rate:
-                cursor += 1
-                entries[block_hash] = -(-cursor // rate)
-            else:
-                entries[block_hash] = now
-        self._pipe_cursor = cursor
-        while len(entries) > self.capacity:
-            entries.popitem(last=False)
-
-    def match(self, hashes: Iterable[BlockHash], now: int) -> int | None:
-        """Length of the run of ``hashes`` held here, or None if the run reaches a pending store."""
-        entries = self._entries
-        count = 0
-        for block_hash in hashes:
-            ready_at = entries.get(block_hash)
-            if ready_at is None:
-                break
-            if ready_at > now:
-                return None
-            count += 1
-        return count
-
-    def touch(self, hashes: Iterable[BlockHash]) -> None:
-        """Mark blocks as just used (a load reads them), protecting them from LRU eviction."""
-        entries = self._entries
-        for block_hash in hashes:
-            if block_hash in entries:
-                entries.move_to_end(block_hash)

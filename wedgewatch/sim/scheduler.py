@@ -1,46 +1,69 @@
-"""A pure, deterministic, discrete-step model of vLLM's v1 scheduler (FCFS) with a CPU KV tier.
+"""A pure, deterministic, discrete-step model of vLLM's v1 scheduler, following a named release.
 
-One call to :meth:`Scheduler.step` is one EngineCore step: ``schedule`` -> "execute" (every
-scheduled token is computed at once) -> ``update_from_output``. Nothing reads a clock or a global
-random generator; the same requests in the same order give the same results. The model keeps the
-pieces of ``vllm/v1/core/sched/scheduler.py`` that decide admission, and that make it wedge:
+The model follows the structure of ``vllm/v1/core/sched/scheduler.py`` (and ``async_scheduler.py``)
+of the release it names with ``vllm_structure``: ``"0.30"`` (vLLM 0.30.0, the default, the last
+release with one mixed ``skipped_waiting`` queue) or ``"0.31+"`` (vLLM 0.31.0 and later, PR
+#58947: waiting requests that hold KV blocks sit in ``kv_holding_waiting``, drained before
+``waiting``). Its KV connector is ``wedgewatch/sim/offload.py`` (vLLM's ``OffloadingConnector``,
+or ``SimpleCPUOffloadConnector``), with the worker side emulated exactly as the real-scheduler
+harness ``wedgewatch/sim/vllm_engine.py`` emulates it. Nothing reads a clock or a global random
+generator; the same requests in the same order give the same results.
+
+One call to :meth:`Scheduler.step` is one EngineCore step. With ``async_scheduling`` off it is
+``EngineCore.step``: ``schedule`` -> execute -> ``update_from_output``. With it on (the CUDA
+default) it is ``EngineCore.step_with_batch_queue`` with a queue of 2: ``schedule`` runs and the
+batch is executed, then the *previous* batch's output (its tokens and its connector report) is
+processed. So every ``schedule()`` sees the transfers as they stood one step earlier.
 
 Rules (in the order one step applies them)
 ------------------------------------------
-1. Aborts received since the last step finish their requests ("abort"). An async load that is
-   still in flight keeps its blocks until the transfer lands.
-2. A load lands ``kv_load_steps`` steps after it was issued. An aborted load releases its blocks
-   then; a live one stays parked and is *promoted* only when the waiting scan reaches it.
-3. Running phase: every running request gets its next tokens (the rest of its prompt, chunked to
-   the token budget, or one decode token). When blocks run out, the last running request is
-   preempted (blocks freed, status PREEMPTED, prepended to ``waiting``) until the request fits or
-   preempted itself. A preemption skips the waiting phase for this step.
-4. Waiting phase, while a queue is non-empty, the budget lasts and fewer than ``max_num_seqs``
-   requests run. The head is taken from ``skipped_waiting`` whenever it is non-empty, else from
-   ``waiting``:
-   * a load still in flight is parked in the step's skipped list (``continue``); a landed load is
-     promoted (its blocks become prefix-cache entries, status WAITING or PREEMPTED) and handled on;
-   * a request with no computed tokens looks up the GPU prefix cache, then the CPU tier; if the CPU
-     hit reaches a block whose store has not landed, the tier cannot say how much matches: the
-     request is parked in the step's skipped list holding no blocks (``continue``);
-   * a CPU hit beyond the GPU hit becomes an async load: blocks for the whole hit are allocated
-     only if they fit in ``free - reserved``, where ``reserved`` is what every other in-flight
-     prefill or load still needs to finish (the #44560 gate); it is then parked, holding them;
-   * otherwise the next prompt chunk is allocated and the request joins ``running``;
-   * an allocation that does not fit ends the whole scan (``break``). Under the
-     ``skip-head-when-idle`` policy (the PR #45406 idea) the head is instead parked in the step's
-     skipped list and the scan continues, but only while nothing is running.
-   At the end of the scan the step's skipped list is put back at the front of ``skipped_waiting``.
-5. Execute: scheduled tokens are computed; a request whose prompt is complete emits one token per
-   step and finishes with "length" at ``max_tokens`` (or at ``max_model_len``). Finished and
-   preempted requests' full blocks are offloaded to the CPU tier through a store pipe of
-   ``kv_store_blocks_per_step``; each block is readable once it has gone through.
+1. Aborts received since the last step finish their requests ("abort"); an aborted load keeps its
+   blocks until its transfer lands.
+2. ``schedule()``, running phase: every running request gets its next tokens (the rest of its
+   prompt, chunked to the token budget, or one decode token; under async scheduling a decode is
+   scheduled on a placeholder before the previous token came back). When blocks run out the
+   last running request is preempted (blocks freed, PREEMPTED, prepended to ``waiting``; its
+   pending stores are flushed) until the request fits or preempted itself. A preemption skips
+   the waiting phase for this step. Under async scheduling with a connector, blocks a batch in
+   flight may still write are freed only once its output is processed (vLLM's deferred block
+   frees), and a request whose blocks cannot be freed yet is not preempted (the scan stops).
+3. ``schedule()``, waiting phase, while the budget lasts and fewer than ``max_num_seqs`` run.
+   Queue choice: 0.30 takes the head of ``skipped_waiting`` whenever it is non-empty, else of
+   ``waiting``; 0.31+ takes ``kv_holding_waiting`` first, else ``waiting``. Per head:
+   * a parked load is promoted once its transfer was reported (its blocks become prefix-cache
+     entries, WAITING or PREEMPTED); otherwise it is skipped (``continue``);
+   * a request whose preemption output is still in flight (async) is skipped;
+   * a request with no computed tokens looks up the GPU prefix cache, then asks the connector
+     for the rest. ``None`` (the request still has transfers in flight, or its hit reaches a
+     block still being stored or a chunk another request is loading) skips it, holding nothing;
+   * a CPU hit becomes an async load: blocks for the hit are allocated only if they fit in
+     ``free - reserved`` (``reserved``: what every other in-flight prefill or load still needs,
+     the #44560 gate); it is parked holding them;
+   * with ``reserve_full_isl`` (``scheduler_reserve_full_isl``, default on) a waiting request is
+     admitted only if its whole sequence fits in the free blocks;
+   * an allocation that does not fit ends the whole scan (``break``); under the
+     ``skip-head-when-idle`` policy (the PR #45406 idea) the head is skipped instead while
+     nothing runs.
+   Skipped requests go back in front: 0.30 puts them all at the front of ``skipped_waiting``
+   (block holders and block-less requests mixed); 0.31+ puts block holders at the front of
+   ``kv_holding_waiting`` and the others at the front of ``waiting``.
+4. The connector turns the blocks this batch completes into store jobs (stores as blocks are
+   computed), issues the loads admitted above and flushes the stores of preempted requests.
+5. Execute (emulated GPU): a request whose scheduled tokens reach the end of its sequence
+   samples one token; the connector workers move stores and loads (``offload.py``).
+6. ``update_from_output`` for the batch whose turn it is: tokens are appended (a request
+   finishes with "length" at ``max_tokens`` or ``max_model_len``), the connector's completed
+   jobs and landed loads are applied.
+
+"Deferred" (``vllm:num_requests_waiting_by_reason``) means what the release means: in 0.30 the
+length of ``skipped_waiting``; in 0.31+ the requests carrying the sticky per-request deferred
+flag (set when a scan skips them or they are enqueued blocked, cleared when they run).
 
 Streaming input (vLLM's resumable sessions): a request added with ``streaming_input`` does not
-finish when its segment's output is done; it pauses as WAITING_FOR_STREAMING_REQ in
-``skipped_waiting`` (reason "deferred"), keeping its KV blocks and its place in the batch limit,
-and the scan passes over it (``continue``) until ``add_streaming_input`` appends the next input
-chunk; ``close_streaming_input`` finishes a paused session ("stop").
+finish when its segment's output is done; it pauses as WAITING_FOR_STREAMING_REQ (deferred),
+keeping its KV blocks and its place in the batch limit, and the scan passes over it until
+``add_streaming_input`` appends the next input chunk; ``close_streaming_input`` finishes a paused
+session ("stop").
 
 No rule looks at the gauges: when the scan keeps breaking at a head that can never fit while the
 blocks it needs are held by parked loads behind it, the model schedules nothing forever on its
@@ -52,13 +75,25 @@ from __future__ import annotations
 import enum
 import zlib
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Literal, get_args
 
-from wedgewatch.sim.kvcache import BlockHash, BlockPool, CpuTier
+from wedgewatch.sim.kvcache import BlockHash, BlockPool
+from wedgewatch.sim.offload import (
+    ConnectorMeta,
+    ConnectorOutput,
+    ConnectorWorkers,
+    OffloadConnector,
+    TransferFault,
+)
 
 Policy = Literal["stock", "skip-head-when-idle"]
+VllmStructure = Literal["0.30", "0.31+"]
+VLLM_STRUCTURES: tuple[VllmStructure, ...] = ("0.30", "0.31+")
+DEFAULT_VLLM_VERSION = "0.30.0"
+"""The release the model follows by default: the last one with the mixed ``skipped_waiting``."""
 FinishReason = Literal["stop", "length", "abort"]
 
 GIB = 1024**3
@@ -117,9 +152,19 @@ class SchedulerConfig:
     kv_load_steps: int = 3
     """Steps from issuing an async CPU->GPU load to the request being promotable."""
     kv_store_blocks_per_step: int = 16
-    """GPU->CPU store bandwidth in blocks per step (0 = stores land at once). 16 blocks of 16
-    tokens at 128 KiB per token per rank is 32 MiB per rank per step: ~6.7 GB/s at 5 ms/step."""
+    """GPU->CPU store bandwidth in blocks per step (0 = the whole store pipe drains every step).
+    16 blocks of 16 tokens at 128 KiB per token per rank is 32 MiB per rank per step: ~6.7 GB/s
+    at 5 ms/step."""
     policy: Policy = "stock"
+    vllm_structure: VllmStructure = "0.30"
+    """Whose scheduler structure: vLLM 0.30.0's (one mixed ``skipped_waiting``) or 0.31+'s."""
+    async_scheduling: bool = True
+    """``--async-scheduling`` (vLLM's default on CUDA): a batch queue of 2."""
+    reserve_full_isl: bool = True
+    """``scheduler_reserve_full_isl`` (vLLM's default): admit only what fits whole."""
+    simple_kv_offload: bool = False
+    """``VLLM_USE_SIMPLE_KV_OFFLOAD=1``: ``SimpleCPUOffloadConnector`` instead of
+    ``OffloadingConnector``."""
     max_model_len: int = 32768
     early_stop_fraction: float = 0.0
     """Fraction of requests (chosen by a hash of the request id) that finish with "stop" before
@@ -142,6 +187,11 @@ class SchedulerConfig:
         if self.kv_store_blocks_per_step < 0:
             raise ValueError(
                 f"kv_store_blocks_per_step must be >= 0, got {self.kv_store_blocks_per_step}"
+            )
+        if self.vllm_structure not in VLLM_STRUCTURES:
+            raise ValueError(
+                f"vllm_structure must be one of {', '.join(VLLM_STRUCTURES)}, "
+                f"got {self.vllm_structure!r}"
             )
         if self.policy not in get_args(Policy):
             raise ValueError(
@@ -256,12 +306,17 @@ class QueuedRequest:
     num_computed_tokens: int
     num_tokens: int
     kv_load_in_flight: bool
-    """An async CPU->GPU load is still running (a landed load is promoted only by the scan)."""
+    """An async CPU->GPU load has not been reported done (a landed load is promoted only by the
+    scan)."""
+    transfers_in_flight: bool = False
+    """The connector still has a store or load of this request in flight."""
 
 
 @dataclass(frozen=True, slots=True)
 class QueueSnapshot:
-    """The scheduler's three queues in scan order."""
+    """The scheduler's queues in scan order.
+
+    Under 0.31+ ``skipped_waiting`` lists ``kv_holding_waiting`` (the block holders)."""
 
     running: tuple[QueuedRequest, ...]
     waiting: tuple[QueuedRequest, ...]
@@ -281,10 +336,14 @@ class _Request:
     """Mutable scheduler-side state of one request."""
 
     __slots__ = (
+        "_hashes",
         "blocks",
         "cached_external",
         "cached_local",
-        "load_done_at",
+        "deferred",
+        "in_flight",
+        "last_sched_seq",
+        "load_ready",
         "max_tokens",
         "num_cached_blocks",
         "num_cached_tokens",
@@ -293,12 +352,16 @@ class _Request:
         "num_preemptions",
         "num_prompt",
         "num_shared_blocks",
+        "placeholders",
+        "prefill_chunk",
         "prefix_key",
         "request_id",
         "session_closed",
+        "stale",
         "status",
         "stop_at",
         "streaming",
+        "undelivered_preemptions",
     )
 
     def __init__(self, spec: SimRequest, block_size: int, stop_at: int) -> None:
@@ -317,7 +380,15 @@ class _Request:
         self.num_cached_tokens = -1
         self.cached_local = 0
         self.cached_external = 0
-        self.load_done_at = 0
+        self._hashes: list[BlockHash] = []
+        self.load_ready = False
+        self.placeholders = 0
+        self.in_flight = 0
+        self.last_sched_seq = 0
+        self.stale = 0
+        self.prefill_chunk = True
+        self.deferred = False
+        self.undelivered_preemptions = 0
         self.streaming = spec.streaming_input
         self.session_closed = False
 
@@ -330,9 +401,20 @@ class _Request:
             return ("prefix", self.prefix_key, index)
         return ("request", self.request_id, index)
 
-    def block_hashes(self, start: int, stop: int) -> Iterator[BlockHash]:
-        for index in range(start, stop):
-            yield self.block_hash(index)
+    def block_hashes(self, start: int, stop: int) -> list[BlockHash]:
+        return self.hashes(stop)[start:stop]
+
+    def hashes(self, count: int) -> list[BlockHash]:
+        """The content keys of the first ``count`` blocks (or more: read only ``[:count]``)."""
+        cached = self._hashes
+        if len(cached) < count:
+            cached.extend(self.block_hash(index) for index in range(len(cached), count))
+        return cached
+
+    @property
+    def holds_blocks(self) -> bool:
+        """vLLM 0.31+'s ``_holds_kv_blocks``: computed tokens, or a load in flight."""
+        return self.num_computed > 0 or self.status is _Status.WAITING_FOR_REMOTE_KVS
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -349,17 +431,39 @@ def _stop_point(request: SimRequest, fraction: float) -> int:
     return 1 + (digest // 10_000) % (request.max_tokens - 1)
 
 
+@dataclass(slots=True)
+class _Batch:
+    """One scheduled batch between ``schedule()`` and its ``update_from_output``."""
+
+    scheduled: dict[_Request, int]
+    sampled: tuple[_Request, ...]
+    connector_output: ConnectorOutput
+    queries: list[int]
+
+
+def _final_store_blocks(request: _Request, block_size: int) -> int:
+    """Full blocks a finished request stores: up to its last committed token (vLLM clamps to
+    ``max(num_prompt_tokens, num_tokens - 1)``)."""
+    return min(len(request.blocks), max(request.num_prompt, request.num_tokens - 1) // block_size)
+
+
+_BLOCKED = (_Status.WAITING_FOR_REMOTE_KVS, _Status.WAITING_FOR_STREAMING_REQ)
+
+
 class Scheduler:
-    """vLLM's v1 FCFS scheduler with async CPU->GPU KV loads, stepped by the caller."""
+    """vLLM's v1 FCFS scheduler of one release with its KV connector, stepped by the caller."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self._pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching)
-        self._cpu = CpuTier(config.num_cpu_blocks, config.kv_store_blocks_per_step)
         self._has_connector = config.num_cpu_blocks > 0
+        self._connector = OffloadConnector(config.num_cpu_blocks, simple=config.simple_kv_offload)
+        self._workers = ConnectorWorkers(config.kv_load_steps, config.kv_store_blocks_per_step)
+        self._v030 = config.vllm_structure == "0.30"
         self._requests: dict[str, _Request] = {}
         self._running: list[_Request] = []
         self._waiting: deque[_Request] = deque()
+        # 0.30: skipped_waiting (mixed); 0.31+: kv_holding_waiting (block holders only).
         self._skipped: deque[_Request] = deque()
         # Requests still prefilling (chunked prefills and parked loads): their remaining blocks
         # are the reservation that gates new async loads (#44560). A dict keeps order stable.
@@ -367,7 +471,16 @@ class Scheduler:
         self._pending_aborts: list[str] = []
         # Aborted requests whose async load is still in flight: blocks are freed when it lands.
         self._orphan_loads: list[_Request] = []
-        self._pending_preemption_events = 0
+        self._finished_for_store: list[_Request] = []
+        self._batches: deque[_Batch] = deque()
+        self._batch_queue_size = 2 if config.async_scheduling else 1
+        self._allocated: list[int] = []
+        # Deferred block frees (vLLM: defer_block_free, on with overlapping batches and a KV
+        # connector that loads): blocks a batch in flight may still write wait for its output.
+        self._defer_free = config.async_scheduling and self._has_connector
+        self._sched_seq = 0
+        self._processed_seq = 0
+        self._deferred_frees: deque[tuple[int, list[int]]] = deque()
         self._step = 0
         # Streaming-input sessions paused between chunks: deferred, yet holding a batch slot.
         self._num_paused_sessions = 0
@@ -406,10 +519,15 @@ class Scheduler:
         """
         self._pending_aborts.append(request_id)
 
+    def arm_fault(self, fault: TransferFault) -> None:
+        """From now on, the next store (``lost-store-event``) or load (``hung-load``) that the
+        connector workers start never completes on one TP rank."""
+        self._workers.arm(fault)
+
     def add_streaming_input(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
         """Append an input chunk to a streaming session: `prompt_tokens` more, then up to
         `max_tokens` more output. A paused session becomes schedulable again (status WAITING,
-        still in ``skipped_waiting``); unknown ids are ignored, as for aborts."""
+        still in the deferred queue); unknown ids are ignored, as for aborts."""
         if prompt_tokens < 1 or max_tokens < 1:
             raise ValueError(
                 f"streaming input needs prompt_tokens and max_tokens >= 1, got "
@@ -433,13 +551,16 @@ class Scheduler:
             self._pending_closes.append(request_id)
 
     def has_work(self) -> bool:
-        """Whether the engine loop must keep stepping (vLLM's ``has_requests``)."""
+        """Whether the engine loop must keep stepping (vLLM's ``has_requests`` or a batch)."""
         return bool(
             self._running
             or self._waiting
             or self._skipped
             or self._pending_aborts
             or self._orphan_loads
+            or self._batches
+            or self._finished_for_store
+            or self._connector.jobs
         )
 
     @property
@@ -449,8 +570,8 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        """``len(waiting)``: new and preempted requests (reason "capacity")."""
-        return len(self._waiting)
+        """Waiting requests of reason "capacity"."""
+        return self._num_waiting_and_deferred()[0]
 
     @property
     def num_free_blocks(self) -> int:
@@ -459,7 +580,7 @@ class Scheduler:
 
     def snapshot(self) -> QueueSnapshot:
         """The queues as they stand between steps."""
-        now = self._step
+        connector = self._connector
 
         def view(requests: Iterable[_Request]) -> tuple[QueuedRequest, ...]:
             return tuple(
@@ -470,8 +591,9 @@ class Scheduler:
                     num_computed_tokens=r.num_computed,
                     num_tokens=r.num_tokens,
                     kv_load_in_flight=(
-                        r.status is _Status.WAITING_FOR_REMOTE_KVS and r.load_done_at > now
+                        r.status is _Status.WAITING_FOR_REMOTE_KVS and not r.load_ready
                     ),
+                    transfers_in_flight=connector.has_jobs(r),
                 )
                 for r in requests
             )
@@ -485,24 +607,41 @@ class Scheduler:
     # ------------------------------------------------------------------ the step
 
     def step(self) -> StepResult:
-        """One engine step: abort, land transfers, schedule, execute, update from output."""
+        """One engine step: ``step`` (sync) or ``step_with_batch_queue`` (async, a queue of 2)."""
         self._step += 1
         now = self._step
         finished: list[FinishedRequest] = []
-        queries = [0, 0, 0, 0]  # local queries, local hits, external queries, external hits
-
         self._process_aborts(finished)
         self._process_session_closes(finished)
-        self._land_orphan_loads(now)
-        scheduled = self._schedule(now, queries)
-        num_scheduled_tokens = sum(scheduled.values())
-        iteration, token_events = self._update_from_output(scheduled, finished)
+        num_scheduled_tokens = 0
+        update: _Batch | None = None
+        if self._has_requests():
+            batch = self._schedule_and_execute(now)
+            num_scheduled_tokens = sum(batch.scheduled.values())
+            self._batches.appendleft(batch)
+            if len(self._batches) >= self._batch_queue_size or not (
+                num_scheduled_tokens > 0 or self._has_requests()
+            ):
+                update = self._batches.pop()
+        elif self._batches:
+            update = self._batches.pop()
+        iteration: IterationStats | None = None
+        token_events: tuple[tuple[str, int], ...] = ()
+        queries = [0, 0, 0, 0]
+        if update is not None:
+            iteration, token_events = self._update_from_output(update, finished)
+            queries = update.queries
+        elif finished:
+            iteration, token_events = self._iteration(
+                [], first_tokens=[], prompt=0, cached=0, external=0, finished=finished
+            )
 
+        capacity, deferred = self._num_waiting_and_deferred()
         pool = self._pool
         stats = SchedulerStats(
             num_running_reqs=len(self._running),
-            num_waiting_reqs=len(self._waiting),
-            num_skipped_waiting_reqs=len(self._skipped),
+            num_waiting_reqs=capacity,
+            num_skipped_waiting_reqs=deferred,
             kv_cache_usage=pool.usage,
             prefix_cache_queries=queries[0],
             prefix_cache_hits=queries[1],
@@ -519,7 +658,26 @@ class Scheduler:
             token_events=token_events,
         )
 
-    # ------------------------------------------------------------------ aborts and transfers
+    def _has_requests(self) -> bool:
+        return bool(
+            self._running
+            or self._waiting
+            or self._skipped
+            or self._orphan_loads
+            or self._finished_for_store
+            or self._connector.jobs
+        )
+
+    def _num_waiting_and_deferred(self) -> tuple[int, int]:
+        if self._v030:
+            return len(self._waiting), len(self._skipped)
+        total = len(self._waiting) + len(self._skipped)
+        deferred = sum(1 for r in self._waiting if r.deferred) + sum(
+            1 for r in self._skipped if r.deferred
+        )
+        return total - deferred, deferred
+
+    # ------------------------------------------------------------------ aborts
 
     def _process_aborts(self, finished: list[FinishedRequest]) -> None:
         if not self._pending_aborts:
@@ -536,8 +694,7 @@ class Scheduler:
             else:
                 self._waiting.remove(request)
             load_in_flight = (
-                request.status is _Status.WAITING_FOR_REMOTE_KVS
-                and request.load_done_at > self._step
+                request.status is _Status.WAITING_FOR_REMOTE_KVS and not request.load_ready
             )
             self._finish(request, "abort", finished, free_blocks=not load_in_flight)
             if load_in_flight:
@@ -554,103 +711,168 @@ class Scheduler:
                 self._finish(session, "stop", finished)
 
     def _pause_session(self, session: _Request) -> None:
-        """A streaming session's segment is done: it waits for input in ``skipped_waiting``."""
+        """A streaming session's segment is done: it waits for input, deferred, holding KV."""
         self._running.remove(session)
         session.status = _Status.WAITING_FOR_STREAMING_REQ
+        session.deferred = True
         self._num_paused_sessions += 1
         self._skipped.append(session)
 
-    def _land_orphan_loads(self, now: int) -> None:
-        if not self._orphan_loads:
-            return
-        still: list[_Request] = []
-        for request in self._orphan_loads:
-            if request.load_done_at <= now:
-                self._pool.free(request.blocks)
-                request.blocks = []
-            else:
-                still.append(request)
-        self._orphan_loads = still
+    # ------------------------------------------------------------------ schedule + execute
 
-    # ------------------------------------------------------------------ schedule
+    def _schedule_and_execute(self, now: int) -> _Batch:
+        queries = [0, 0, 0, 0]  # local queries, local hits, external queries, external hits
+        self._allocated = []
+        scheduled, preempted = self._schedule(queries)
+        meta = self._build_connector_meta(scheduled, preempted)
+        if self._defer_free and scheduled:
+            self._sched_seq += 1
+        sampled: list[_Request] = []
+        async_scheduling = self.config.async_scheduling
+        for request, num_new in scheduled.items():  # vLLM: _update_after_schedule
+            request.last_sched_seq = self._sched_seq
+            request.num_computed += num_new
+            request.in_flight += num_new
+            request.prefill_chunk = request.num_computed < request.num_tokens + request.placeholders
+            if not request.prefill_chunk:
+                self._inflight.pop(request, None)
+                sampled.append(request)
+                if async_scheduling:
+                    request.placeholders += 1
+        output = self._workers.execute(meta, now)
+        return _Batch(scheduled, tuple(sampled), output, queries)
 
-    def _schedule(self, now: int, queries: list[int]) -> dict[_Request, int]:
+    def _build_connector_meta(
+        self, scheduled: dict[_Request, int], preempted: list[_Request]
+    ) -> ConnectorMeta:
+        """vLLM's ``build_connector_meta``: flushes, then the stores this batch completes."""
+        connector = self._connector
+        if not self._has_connector:
+            return connector.take_meta()
+        for request in preempted:
+            connector.flush(request)
+        connector.blocks_reallocated(self._allocated)
+        block_size = self.config.block_size
+        for request, num_new in scheduled.items():
+            upto = min(request.num_computed + num_new, request.num_tokens) // block_size
+            self._store(request, min(upto, len(request.blocks)), fence=False)
+        finished, self._finished_for_store = self._finished_for_store, []
+        for request in finished:
+            self._store(request, _final_store_blocks(request, block_size), fence=True)
+            request.blocks = []
+            connector.finished(request)
+        return connector.take_meta()
+
+    def _store(self, request: _Request, upto: int, *, fence: bool) -> None:
+        job = self._connector.store(
+            request, request.hashes(upto), request.blocks, upto, fence=fence
+        )
+        if job is not None and self.config.simple_kv_offload:
+            self._pool.touch(job.gpu_blocks)  # pinned until every rank confirms the store
+
+    def _schedule(self, queries: list[int]) -> tuple[dict[_Request, int], list[_Request]]:
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         scheduled: dict[_Request, int] = {}
+        preempted: list[_Request] = []
         running = self._running
-        preempted = False
 
         index = 0
         while index < len(running) and budget > 0:
             request = running[index]
+            if (
+                request.placeholders > 0
+                and request.num_computed + 2 - request.placeholders
+                >= request.num_prompt + request.max_tokens
+            ):
+                index += 1  # async: the previous step already reached max_tokens
+                continue
             num_new = min(
-                request.num_tokens - request.num_computed,
+                request.num_tokens + request.placeholders - request.num_computed,
                 budget,
                 cfg.max_model_len - request.num_computed - 1,
             )
             if num_new <= 0:
                 index += 1
                 continue
+            allocated = True
             while not self._allocate_running(request, num_new):
-                victim = running.pop()
-                self._preempt(victim, now)
-                preempted = True
-                if victim is request:
+                victim = running[-1]
+                if not self._can_free(victim):
+                    allocated = False  # a deferred free would not help now
                     break
-            if request.status is not _Status.RUNNING:
+                running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    allocated = False
+                    break
+            if not allocated:
                 break
             scheduled[request] = num_new
             budget -= num_new
             index += 1
 
         if not preempted:
-            self._schedule_waiting(now, budget, scheduled, queries)
-        return scheduled
+            self._schedule_waiting(budget, scheduled, queries)
+        return scheduled, preempted
+
+    def _next_queue(self) -> deque[_Request] | None:
+        if self._v030:
+            return self._skipped or self._waiting or None
+        return self._skipped or self._waiting or None
 
     def _schedule_waiting(
-        self, now: int, budget: int, scheduled: dict[_Request, int], queries: list[int]
+        self, budget: int, scheduled: dict[_Request, int], queries: list[int]
     ) -> None:
         cfg = self.config
         block_size = cfg.block_size
         pool = self._pool
         running = self._running
-        waiting = self._waiting
-        skipped = self._skipped
+        v030 = self._v030
         step_skipped: list[_Request] = []
+        step_skipped_waiting: list[_Request] = []  # 0.31+: block-less skipped requests
 
-        while (waiting or skipped) and budget > 0:
+        def skip(queue: deque[_Request]) -> None:
+            request = queue.popleft()
+            if v030:
+                step_skipped.append(request)
+                return
+            request.deferred = True
+            if request.holds_blocks:
+                step_skipped.append(request)
+            else:
+                step_skipped_waiting.append(request)
+
+        while budget > 0:
+            queue = self._next_queue()
+            if queue is None:
+                break
             if len(running) + self._num_paused_sessions >= cfg.max_num_seqs:
                 break
-            queue = skipped if skipped else waiting
             request = queue[0]
 
-            if request.status is _Status.WAITING_FOR_STREAMING_REQ:
-                step_skipped.append(queue.popleft())  # blocked status: skipped, as in vLLM
+            if request.status in _BLOCKED and not self._try_promote(request):
+                skip(queue)
                 continue
-
-            if request.status is _Status.WAITING_FOR_REMOTE_KVS:
-                if request.load_done_at > now:
-                    step_skipped.append(queue.popleft())
-                    continue
-                self._promote(request)
+            if request.stale > 0:
+                skip(queue)  # async: its preempted step's output has not come back yet
+                continue
 
             local_hits: list[int] = []
             num_external = 0
             load_async = False
             if request.num_computed == 0:
                 max_hit_blocks = (request.num_tokens - 1) // block_size
-                local_hits = pool.find_cached_prefix(request.block_hashes(0, max_hit_blocks))
-                if request.num_preemptions == 0:
-                    queries[0] += request.num_tokens
-                    queries[1] += len(local_hits) * block_size
+                num_full_blocks = request.num_tokens // block_size
+                hashes = request.hashes(num_full_blocks)
+                local_hits = pool.find_cached_prefix(islice(hashes, max_hit_blocks))
                 if self._has_connector:
-                    external_blocks = self._cpu.match(
-                        request.block_hashes(len(local_hits), max_hit_blocks), now
+                    external_blocks = self._connector.lookup(
+                        request, hashes[len(local_hits) : num_full_blocks]
                     )
                     if external_blocks is None:
-                        # HIT_PENDING: the tier cannot tell yet how many tokens match.
-                        step_skipped.append(queue.popleft())
+                        skip(queue)  # the connector cannot tell yet: deferred, holding nothing
                         continue
                     num_external = external_blocks * block_size
                     load_async = num_external > 0
@@ -676,29 +898,42 @@ class Scheduler:
                 cache=not load_async,
             ):
                 if cfg.policy == "skip-head-when-idle" and not running:
-                    step_skipped.append(queue.popleft())
+                    skip(queue)
                     continue
                 break
 
             queue.popleft()
-            if self._has_connector and request.num_computed == 0 and not request.num_preemptions:
-                # vLLM records the connector lookup once the request is admitted, and keeps
-                # lookups of preempted requests out of these counters (as for the GPU cache).
-                queries[2] += request.num_tokens - len(local_hits) * block_size
-                queries[3] += num_external
+            if request.num_computed == 0 and not request.num_preemptions:
+                # vLLM records lookups once the request is admitted, and keeps lookups of
+                # preempted requests out of these counters.
+                queries[0] += request.num_tokens
+                queries[1] += len(local_hits) * block_size
+                if self._has_connector:
+                    queries[2] += request.num_tokens - len(local_hits) * block_size
+                    queries[3] += num_external
             if request.num_output == 0 and request.num_computed == 0:
                 request.cached_local = len(local_hits) * block_size
                 request.cached_external = num_external
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_computed
-            request.num_computed = num_computed
             if load_async:
+                first = len(local_hits)
+                last = num_computed // block_size
+                request.num_computed = num_computed
                 request.status = _Status.WAITING_FOR_REMOTE_KVS
-                request.load_done_at = now + cfg.kv_load_steps
-                self._cpu.touch(request.block_hashes(len(local_hits), num_computed // block_size))
+                request.load_ready = False
+                self._connector.issue_load(
+                    request, request.block_hashes(first, last), request.blocks[first:last]
+                )
                 self._inflight[request] = None
-                step_skipped.append(request)
+                if v030:
+                    step_skipped.append(request)
+                else:
+                    request.deferred = True
+                    step_skipped.append(request)
                 continue
+            request.num_computed = num_computed
+            request.deferred = False
             request.status = _Status.RUNNING
             running.append(request)
             scheduled[request] = num_new
@@ -707,14 +942,20 @@ class Scheduler:
                 self._inflight[request] = None
 
         if step_skipped:
-            skipped.extendleft(reversed(step_skipped))
+            self._skipped.extendleft(reversed(step_skipped))
+        if step_skipped_waiting:
+            self._waiting.extendleft(reversed(step_skipped_waiting))
 
-    def _promote(self, request: _Request) -> None:
-        """A landed load: its blocks become prefix-cache entries; it is schedulable again."""
+    def _try_promote(self, request: _Request) -> bool:
+        """A blocked request at the head: a reported load is promoted; anything else waits."""
+        if request.status is not _Status.WAITING_FOR_REMOTE_KVS or not request.load_ready:
+            return False
         self._cache_full_blocks(request, request.num_computed)
         if request.num_computed >= request.num_tokens:
             request.num_computed = request.num_tokens - 1
         request.status = _Status.PREEMPTED if request.num_preemptions else _Status.WAITING
+        request.load_ready = False
+        return True
 
     def _reserved_blocks(self) -> int:
         """Blocks that in-flight prefills and loads still need (vLLM: the #44560 reservation)."""
@@ -732,7 +973,9 @@ class Scheduler:
         if needed > 0:
             if needed > self._pool.num_free:
                 return False
-            request.blocks.extend(self._pool.allocate(needed))
+            blocks = self._pool.allocate(needed)
+            request.blocks.extend(blocks)
+            self._allocated.extend(blocks)
         self._cache_full_blocks(request, min(request.num_computed + num_new, request.num_tokens))
         return True
 
@@ -746,23 +989,28 @@ class Scheduler:
         reserved: int,
         cache: bool,
     ) -> bool:
-        """vLLM's ``allocate_slots`` for a waiting request: all or nothing, in free - reserved."""
+        """vLLM's ``allocate_slots`` for a waiting request: all or nothing, in free - reserved;
+        with full-ISL admission the whole sequence must fit in the free blocks first."""
+        cfg = self.config
         pool = self._pool
-        tokens_needing_slots = min(num_computed + num_new, self.config.max_model_len)
-        new_blocks = (
-            _cdiv(tokens_needing_slots, self.config.block_size)
-            - len(request.blocks)
-            - len(local_hits)
-        )
-        new_blocks = max(new_blocks, 0)
-        if new_blocks + pool.num_unreferenced(local_hits) > pool.num_free - reserved:
+        held = len(request.blocks) + len(local_hits)
+        evictable = pool.num_unreferenced(local_hits)
+        if cfg.reserve_full_isl:
+            full = _cdiv(min(request.num_tokens, cfg.max_model_len), cfg.block_size)
+            if max(full - held, 0) + evictable > pool.num_free:
+                return False
+        tokens_needing_slots = min(num_computed + num_new, cfg.max_model_len)
+        new_blocks = max(_cdiv(tokens_needing_slots, cfg.block_size) - held, 0)
+        if new_blocks + evictable > pool.num_free - reserved:
             return False
         if local_hits:
             pool.touch(local_hits)
             request.blocks.extend(local_hits)
             request.num_cached_blocks = len(request.blocks)
         if new_blocks:
-            request.blocks.extend(pool.allocate(new_blocks))
+            blocks = pool.allocate(new_blocks)
+            request.blocks.extend(blocks)
+            self._allocated.extend(blocks)
         if cache:
             self._cache_full_blocks(request, min(num_computed + num_new, request.num_tokens))
         return True
@@ -777,24 +1025,38 @@ class Scheduler:
             pool.cache(blocks[index], request.block_hash(index))
         request.num_cached_blocks = full
 
-    def _release_blocks(self, request: _Request, now: int) -> None:
-        """Free a request's blocks and offload its computed full blocks to the CPU tier."""
-        if self._has_connector:
-            computed_blocks = min(
-                request.num_computed // self.config.block_size, len(request.blocks)
-            )
-            self._cpu.store(request.block_hashes(0, computed_blocks), now)
-        self._pool.free(request.blocks)
+    def _can_free(self, request: _Request) -> bool:
+        """vLLM's ``_request_blocks_can_be_freed``: no in-flight batch may still write them."""
+        return not self._defer_free or request.last_sched_seq <= self._processed_seq
+
+    def _return_blocks(self, request: _Request, blocks: list[int]) -> None:
+        """Free ``blocks`` now, or once the last batch that scheduled ``request`` is processed
+        (deferred block frees: async scheduling with a KV connector that loads)."""
+        if self._can_free(request):
+            self._pool.free(blocks)
+        else:
+            self._deferred_frees.append((self._sched_seq, blocks))
+
+    def _drain_deferred_frees(self) -> None:
+        frees = self._deferred_frees
+        while frees and frees[0][0] <= self._processed_seq:
+            self._pool.free(frees.popleft()[1])
+
+    def _free_blocks(self, request: _Request) -> None:
+        self._return_blocks(request, request.blocks)
         request.blocks = []
         request.num_cached_blocks = 0
 
-    def _preempt(self, request: _Request, now: int) -> None:
-        self._release_blocks(request, now)
+    def _preempt(self, request: _Request) -> None:
+        self._free_blocks(request)
+        self._connector.next_stored.pop(request, None)
         self._inflight.pop(request, None)
         request.status = _Status.PREEMPTED
         request.num_computed = 0
+        request.stale = request.in_flight
+        request.placeholders = 0
         request.num_preemptions += 1
-        self._pending_preemption_events += 1
+        request.undelivered_preemptions += 1
         self._waiting.appendleft(request)
 
     def _finish(
@@ -806,8 +1068,23 @@ class Scheduler:
     ) -> None:
         if request.status is _Status.WAITING_FOR_STREAMING_REQ:
             self._num_paused_sessions -= 1
+        cfg_block = self.config.block_size
         if free_blocks:
-            self._release_blocks(request, self._step)
+            if (
+                self._has_connector
+                and request.status is _Status.RUNNING
+                and not self.config.simple_kv_offload
+            ):
+                # The final blocks are stored by the next schedule (vLLM: finished_req_ids);
+                # the GPU blocks go back to the pool now, fenced by those stores.
+                self._finished_for_store.append(request)
+                self._return_blocks(request, list(request.blocks))
+                request.num_cached_blocks = 0
+            else:
+                if self._has_connector and request.status is _Status.RUNNING:
+                    self._store(request, _final_store_blocks(request, cfg_block), fence=False)
+                self._free_blocks(request)
+                self._connector.finished(request)
         self._inflight.pop(request, None)
         request.status = _Status.FINISHED
         del self._requests[request.request_id]
@@ -826,26 +1103,38 @@ class Scheduler:
     # ------------------------------------------------------------------ update from output
 
     def _update_from_output(
-        self, scheduled: dict[_Request, int], finished: list[FinishedRequest]
+        self, batch: _Batch, finished: list[FinishedRequest]
     ) -> tuple[IterationStats | None, tuple[tuple[str, int], ...]]:
         cfg = self.config
-        token_events: list[tuple[str, int]] = []
+        if self._defer_free and batch.scheduled:
+            self._processed_seq += 1
+            self._drain_deferred_frees()
+        sampled = set(batch.sampled)
+        emitted: list[_Request] = []
         first_tokens: list[str] = []
         prompt = cached = external = 0
         done: list[_Request] = []
 
-        for request, num_new in scheduled.items():
-            request.num_computed += num_new
-            if request.num_computed < request.num_tokens:
+        for request, num_new in batch.scheduled.items():
+            if request.status is _Status.FINISHED:
+                continue
+            request.in_flight -= num_new
+            stale = request.stale > 0
+            if stale:
+                request.stale = max(request.stale - num_new, 0)
+            if request not in sampled:
                 continue  # a prefill chunk: no output yet
-            self._inflight.pop(request, None)
+            if not stale and request.placeholders:
+                request.placeholders -= 1
             if request.num_output == 0:
                 first_tokens.append(request.request_id)
                 prompt += request.num_prompt
                 cached += request.cached_local
                 external += request.cached_external
             request.num_output += 1
-            token_events.append((request.request_id, 1))
+            emitted.append(request)
+            if request.status is _Status.RUNNING:
+                self._cache_full_blocks(request, request.num_computed - request.placeholders)
             if (
                 request.num_output >= request.max_tokens
                 or request.num_tokens >= cfg.max_model_len
@@ -854,21 +1143,65 @@ class Scheduler:
                 done.append(request)
 
         for request in done:
-            if (
-                request.streaming
-                and not request.session_closed
-                and request.num_tokens < cfg.max_model_len
-            ):
-                self._pause_session(request)
+            if request.status is _Status.RUNNING:
+                if (
+                    request.streaming
+                    and not request.session_closed
+                    and request.num_tokens < cfg.max_model_len
+                ):
+                    self._pause_session(request)
+                    continue
+                self._running.remove(request)
+            elif request in self._waiting:
+                self._waiting.remove(request)  # a preempted request whose stale token ended it
+            elif request in self._skipped:
+                self._skipped.remove(request)
+            else:
                 continue
-            self._running.remove(request)
             reason: FinishReason = "stop" if request.num_output == request.stop_at else "length"
             self._finish(request, reason, finished)
 
-        if not token_events and not finished:
+        self._apply_connector_output(batch.connector_output)
+        return self._iteration(
+            emitted,
+            first_tokens=first_tokens,
+            prompt=prompt,
+            cached=cached,
+            external=external,
+            finished=finished,
+        )
+
+    def _apply_connector_output(self, output: ConnectorOutput) -> None:
+        for store in self._connector.update(output):
+            if self.config.simple_kv_offload:
+                self._pool.free(store.gpu_blocks)
+        for owner in output.finished_recving:
+            if not isinstance(owner, _Request):
+                continue
+            if owner.status is _Status.WAITING_FOR_REMOTE_KVS:
+                owner.load_ready = True
+            elif owner in self._orphan_loads:
+                self._orphan_loads.remove(owner)
+                self._free_blocks(owner)
+
+    def _iteration(
+        self,
+        emitted: list[_Request],
+        *,
+        first_tokens: list[str],
+        prompt: int,
+        cached: int,
+        external: int,
+        finished: list[FinishedRequest],
+    ) -> tuple[IterationStats | None, tuple[tuple[str, int], ...]]:
+        if not emitted and not finished:
             return None, ()
-        preemptions, self._pending_preemption_events = self._pending_preemption_events, 0
-        generation = len(token_events)
+        preemptions = 0
+        for request in emitted:
+            # vLLM ships a preemption event with the request's next output.
+            preemptions += request.undelivered_preemptions
+            request.undelivered_preemptions = 0
+        generation = len(emitted)
         iteration = IterationStats(
             num_prompt_tokens=prompt,
             num_prompt_tokens_cached=cached,
@@ -880,4 +1213,4 @@ class Scheduler:
             finished=tuple(finished),
             num_iteration_tokens=prompt + generation,
         )
-        return iteration, tuple(token_events)
+        return iteration, tuple((r.request_id, 1) for r in emitted)

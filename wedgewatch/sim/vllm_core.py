@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
-import time
 from functools import partial
 from typing import Any, cast
 
@@ -43,7 +42,6 @@ from wedgewatch.sim.engine import (
     EngineOutput,
     EngineScheduler,
 )
-from wedgewatch.sim.faults import REAL_SCHEDULER_FAULTS, FaultClock, FaultName
 from wedgewatch.sim.load import PlannedRequest
 from wedgewatch.sim.scheduler import (
     FinishedRequest,
@@ -94,12 +92,8 @@ def real_settings(args: ServeArgs, simple_kv_offload: bool) -> RealSettings:
         enable_prefix_caching=args.enable_prefix_caching,
         kv_offloading_size_gib=offload,
         simple_kv_offload=simple_kv_offload and offload is not None,
-        async_scheduling=defaults.async_scheduling
-        if args.async_scheduling is None
-        else args.async_scheduling,
-        reserve_full_isl=defaults.reserve_full_isl
-        if args.reserve_full_isl is None
-        else args.reserve_full_isl,
+        async_scheduling=args.async_scheduling,
+        reserve_full_isl=args.scheduler_reserve_full_isl,
         load_steps=defaults.load_steps if args.kv_load_steps is None else args.kv_load_steps,
         step_seconds=args.step_time_seconds,
     )
@@ -144,18 +138,7 @@ def _freeze_gc_heap() -> None:
 class RealScheduler:
     """vLLM's scheduler behind the busy loop's `EngineScheduler` interface."""
 
-    def __init__(self, settings: RealSettings, faults: FaultClock, engine_index: int) -> None:
-        self._fault_at: tuple[float, FaultName] | None = None
-        for name in sorted(REAL_SCHEDULER_FAULTS):
-            at = faults.first_at(name, engine_index)
-            if at is not None and (self._fault_at is None or at < self._fault_at[0]):
-                self._fault_at = (at, name)
-        if self._fault_at is not None and self._fault_at[0] <= time.monotonic():
-            settings = with_fault(settings, self._fault_at[1])
-            log.warning(
-                "fault %s: the emulated KV connector workers carry it out", self._fault_at[1]
-            )
-            self._fault_at = None
+    def __init__(self, settings: RealSettings) -> None:
         self.engine = RealEngine(settings)
         self._requests: dict[str, SimRequest] = {}
         self._generated: dict[str, int] = {}
@@ -203,7 +186,6 @@ class RealScheduler:
 
     def step(self) -> StepResult:
         """One `EngineCore.step` / `step_with_batch_queue` of vLLM's own scheduler."""
-        self._arm_fault()
         self._step += 1
         outputs, scheduled = self.engine.step()
         token_events: list[tuple[str, int]] = []
@@ -288,19 +270,17 @@ class RealScheduler:
             num_free_blocks=int(pool.get_num_free_blocks()),
         )
 
-    def _arm_fault(self) -> None:
-        """From the fault's time on, the connector workers carry it out."""
-        if self._fault_at is None or time.monotonic() < self._fault_at[0]:
-            return
-        name = self._fault_at[1]
-        self._fault_at = None
-        settings = with_fault(self.engine.settings, name)
+    def arm_fault(self, fault: str) -> None:
+        """From now on the emulated KV connector workers carry out `fault` (the busy loop
+        calls this once the fault is due): the next store (`lost-store-event`) or load
+        (`hung-load`) never completes on one TP rank."""
+        settings = with_fault(self.engine.settings, fault)
         self.engine.settings = settings
         # The emulated workers read their settings at every transfer (`workers` on the tune
         # branch, `_workers` before it).
         workers = getattr(self.engine, "workers", None) or self.engine._workers
         workers.settings = settings
-        log.warning("fault %s: the emulated KV connector workers now carry it out", name)
+        log.warning("fault %s: the emulated KV connector workers now carry it out", fault)
 
 
 class RealEngineCoreProc(EngineCoreProc):
@@ -314,7 +294,7 @@ class RealEngineCoreProc(EngineCoreProc):
         input_queue: queue.Queue[EngineInput],
         output_queue: queue.Queue[EngineOutput | None],
     ) -> None:
-        self._real = RealScheduler(settings, config.faults, config.engine_index)
+        self._real = RealScheduler(settings)
         super().__init__(config, executor, input_queue, output_queue)
         log.info(
             "%s runs vLLM's own %s with %s",

@@ -505,7 +505,8 @@ def run_plan(
     )
 
 
-def _seeds(text: str) -> list[int]:
+def parse_seeds(text: str) -> list[int]:
+    """`1-30`, `3,5,7-9`: the seeds named."""
     seeds: list[int] = []
     for part in text.split(","):
         low, _, high = part.partition("-")
@@ -525,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--simple-offload", action="store_true")
     parser.add_argument("--load-steps", type=int, default=3)
     parser.add_argument("--store-blocks-per-step", type=int, default=16)
+    parser.add_argument("--wedge-steps", type=int, default=WEDGE_STEPS)
     args = parser.parse_args(argv)
     settings = RealSettings(
         async_scheduling=not args.sync,
@@ -536,12 +538,15 @@ def main(argv: list[str] | None = None) -> int:
     import vllm  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
 
     wedged = 0
-    seeds = _seeds(args.seeds)
+    seeds = parse_seeds(args.seeds)
     for seed in seeds:
         started = time.monotonic()
+        cpu_started = time.process_time()
         plan = plan_requests(args.profile, seed, args.duration)
         try:
-            result = run_plan(settings, plan, seed, max_seconds=args.max_seconds)
+            result = run_plan(
+                settings, plan, seed, max_seconds=args.max_seconds, wedge_steps=args.wedge_steps
+            )
         except NotImplementedError as exc:
             sys.stderr.write(f"error: {exc}\n")
             return 2
@@ -549,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         line = asdict(result) | {
             "vllm": vllm.__version__,
             "wall_seconds": round(time.monotonic() - started, 2),
+            "cpu_seconds": round(time.process_time() - cpu_started, 2),
         }
         sys.stdout.write(json.dumps(line) + "\n")
         sys.stdout.flush()
