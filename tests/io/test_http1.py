@@ -24,15 +24,8 @@ from scripted_http import RefusingPort, Reply, ScriptedServer, always, in_turn, 
 
 from wedgewatch.core.detect import Scraped, ScrapeFailed
 from wedgewatch.io.http1 import MAX_HEAD_BYTES, parse_head
-from wedgewatch.io.scrape import (
-    Fetched,
-    FetchFailed,
-    ScrapeClient,
-    ScrapeLimits,
-    fetch,
-    new_scrape_client,
-    observe,
-)
+from wedgewatch.io.scrape import ScrapeClient, fetch, new_scrape_client, observe
+from wedgewatch.io.scrape_rules import Fetched, FetchFailed, ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-0.33.0" / "healthy_busy.prom"

@@ -28,7 +28,6 @@ from __future__ import annotations
 import io
 import socket
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -50,6 +49,7 @@ from wedgewatch.io.scrape_rules import (
     is_accepted_encoding,
     observation,
     one_line,
+    snippet_text,
 )
 
 if TYPE_CHECKING:
@@ -280,12 +280,7 @@ def _snippet(body: Iterator[bytes], encoding: str) -> str:
                 break
     except (BrokenResponse, OSError, _Timeout):
         pass
-    if encoding == "gzip":
-        try:  # the start of it: a bounded step of a possibly cut stream
-            raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, SNIPPET_CHARS * 4)
-        except zlib.error:
-            raw = b""
-    return one_line(raw.decode("utf-8", errors="replace"))
+    return snippet_text(raw, encoding)
 
 
 def _read_line(stream: io.BufferedReader[_DeadlineReader]) -> bytes:

@@ -170,6 +170,16 @@ def one_line(text: str, limit: int = SNIPPET_CHARS) -> str:
     return flat if len(flat) <= limit else flat[:limit] + "..."
 
 
+def snippet_text(raw: bytes, encoding: str) -> str:
+    """The start of an error response's body (raw, in `encoding`), decoded, on one line."""
+    if encoding == "gzip":
+        try:  # the start of it: a bounded step of a possibly cut stream
+            raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, SNIPPET_CHARS * 4)
+        except zlib.error:
+            raw = b""
+    return one_line(raw.decode("utf-8", errors="replace"))
+
+
 class Failures:
     """The failures of one fetch of `url`: one method per way a scrape fails, worded once.
 
@@ -233,9 +243,12 @@ class Failures:
             "connect_error", f"cannot connect to {host_port(self._url)}: {one_line(str(exc))}"
         )
 
-    def broken(self, exc: BaseException) -> FetchFailed:
-        """The connection broke mid-response, or the server spoke broken HTTP."""
-        what = type(exc).__name__
+    def broken(self, exc: BaseException, what: str | None = None) -> FetchFailed:
+        """The connection broke mid-response, or the server spoke broken HTTP.
+
+        `what` names the error (a transport's library error), else the exception's type.
+        """
+        what = what or type(exc).__name__
         return self.failed(
             "connect_error",
             f"{what} from {host_port(self._url)}: {one_line(str(exc)) or 'no detail'}",
