@@ -23,7 +23,7 @@ import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, in_turn, zeros
 
 from wedgewatch.core.detect import Scraped, ScrapeFailed
-from wedgewatch.io.http1 import MAX_HEAD_BYTES, parse_head
+from wedgewatch.io.http_parse import MAX_HEAD_BYTES, parse_head
 from wedgewatch.io.scrape import ScrapeClient, fetch, new_scrape_client, observe
 from wedgewatch.io.scrape_rules import Fetched, FetchFailed, ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey

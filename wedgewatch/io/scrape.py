@@ -21,6 +21,7 @@ from urllib.parse import quote, urlsplit
 
 from wedgewatch.core.detect import Observation
 from wedgewatch.io import http1
+from wedgewatch.io.http_parse import ProtocolError
 from wedgewatch.io.scrape_rules import (
     REQUEST_HEADERS,
     SNIPPET_CHARS,
@@ -201,13 +202,13 @@ async def fetch(
         return failures.timeout(timeout_seconds, sink.received)
     except (_ConnectFailed, OSError) as exc:
         # OSError: the lean client could not connect (errors on an open connection arrive
-        # as RemoteProtocolError); _ConnectFailed: httpx could not.
+        # as ProtocolError); _ConnectFailed: httpx could not.
         return failures.cannot_connect(exc)
     except _TooManyRedirects:
         return failures.too_many_redirects()
     except _Broken as exc:  # httpx saw the connection break, or broken HTTP
         return failures.broken(exc, what=exc.what)
-    except http1.RemoteProtocolError as exc:
+    except ProtocolError as exc:
         return failures.broken(exc)
 
 
