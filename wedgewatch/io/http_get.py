@@ -28,7 +28,6 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
@@ -37,18 +36,14 @@ from wedgewatch.io.http_parse import Data, End, Event, Head, NeedData, ProtocolE
 from wedgewatch.io.scrape_rules import (
     MAX_REDIRECTS,
     REQUEST_HEADERS,
-    SNIPPET_CHARS,
     BadEncoding,
+    Body,
     Failures,
     Fetched,
     FetchFailed,
-    Inflater,
     ScrapeLimits,
     TooLarge,
-    content_encoding,
-    is_accepted_encoding,
     observation,
-    snippet_text,
 )
 
 if TYPE_CHECKING:
@@ -82,7 +77,7 @@ def fetch(
     """GET `url` within `timeout_seconds` in total, reading at most `max_body_bytes`."""
     failures = Failures(url, clock(), clock)
     deadline = time.monotonic() + timeout_seconds  # the sockets wait in real time
-    received = [0]
+    sink = Body(max_body_bytes)
     current = url
     authorization = _basic_auth(url)
     try:
@@ -91,9 +86,8 @@ def fetch(
                 current,
                 authorization=authorization,
                 deadline=deadline,
-                max_body_bytes=max_body_bytes,
+                sink=sink,
                 failures=failures,
-                received=received,
             )
             if isinstance(result, str):  # a redirect: follow it, credentials to one origin
                 target = urljoin(current, result)
@@ -101,8 +95,6 @@ def fetch(
                     authorization = _basic_auth(target)
                 current = target
                 continue
-            if isinstance(result, Fetched):
-                return replace(result, elapsed_seconds=clock() - failures.started_at)
             return result
         return failures.too_many_redirects()
     except TooLarge:
@@ -110,7 +102,7 @@ def fetch(
     except BadEncoding as exc:
         return failures.bad_encoding(exc)
     except _Timeout:
-        return failures.timeout(timeout_seconds, received[0])
+        return failures.timeout(timeout_seconds, sink.received)
     except _CannotConnect as exc:
         return failures.cannot_connect(exc.error)
     except (ProtocolError, OSError) as exc:  # broken HTTP, or a connection broken mid-way
@@ -136,9 +128,8 @@ def _get_once(
     *,
     authorization: str | None,
     deadline: float,
-    max_body_bytes: int,
+    sink: Body,
     failures: Failures,
-    received: list[int],
 ) -> Fetched | FetchFailed | str:
     """One request: the response, a failure, or the `Location` of a redirect."""
     parts = urlsplit(url)
@@ -172,24 +163,16 @@ def _get_once(
         location = response_headers.get("location")
         if status in _REDIRECTS and location:
             return location
-        body = (event.data for event in events if isinstance(event, Data))
-        encoding = content_encoding(response_headers.get("content-encoding"))
-        if status != 200:
-            return failures.http_status(status, _snippet(body, encoding))
-        if not is_accepted_encoding(encoding):
-            return failures.unasked_encoding(encoding)
-        inflater = Inflater(encoding, max_body_bytes)
-        for chunk in body:
-            received[0] += len(chunk)
-            if received[0] > max_body_bytes:
-                raise TooLarge
-            inflater.feed(chunk)
-        return Fetched(
-            body=inflater.finish(),
-            status=status,
-            content_type=response_headers.get("content-type"),
-            elapsed_seconds=0.0,  # set by `fetch`, which knows when the scrape began
-        )
+        sink.open(status, response_headers)
+        try:
+            for event in events:
+                if isinstance(event, Data) and sink.feed(event.data):
+                    break  # enough of an error's body for its detail
+        except (ProtocolError, OSError, _Timeout):
+            if sink.inflater is not None:
+                raise
+            # an error response: its detail shows what came before the break
+        return sink.result(failures)
     finally:
         sock.close()
 
@@ -241,19 +224,6 @@ def _send(sock: socket.socket, data: bytes, deadline: float) -> None:
         sock.sendall(data)
     except TimeoutError:
         raise _Timeout from None
-
-
-def _snippet(body: Iterator[bytes], encoding: str) -> str:
-    """The start of an error response's body, decoded, for the failure detail."""
-    raw = b""
-    try:
-        for chunk in body:
-            raw += chunk
-            if len(raw) >= SNIPPET_CHARS * 4:
-                break
-    except (ProtocolError, OSError, _Timeout):
-        pass
-    return snippet_text(raw, encoding)
 
 
 def _events(sock: socket.socket, deadline: float) -> Iterator[Event]:

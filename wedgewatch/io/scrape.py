@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
@@ -26,16 +26,14 @@ from wedgewatch.io.scrape_rules import (
     REQUEST_HEADERS,
     SNIPPET_CHARS,
     BadEncoding,
+    Body,
     Failures,
     Fetched,
     FetchFailed,
     Inflater,
     ScrapeLimits,
     TooLarge,
-    content_encoding,
-    is_accepted_encoding,
     observation,
-    snippet_text,
 )
 
 if TYPE_CHECKING:  # httpx is imported when a client is made: a probe may never need it
@@ -137,36 +135,6 @@ def _lean_request(url: str) -> tuple[str, int, bytes] | None:
     return host, port, ("\r\n".join(head) + "\r\n\r\n").encode("ascii")
 
 
-class _Body:
-    """Where a response body goes: a 200's capped and decoded, anything else's first bytes."""
-
-    def __init__(self, max_body_bytes: int) -> None:
-        self.max_body_bytes = max_body_bytes
-        self.received = 0  # raw body bytes of a 200, for a timeout's detail
-        self.inflater: Inflater | None = None
-        self.encoding = "identity"
-        self.snippet = b""
-
-    def open(self, status: int, headers: Mapping[str, str]) -> _Body:
-        """Start a response: a 200 in an encoding that was asked for is kept and decoded."""
-        self.received, self.snippet, self.inflater = 0, b"", None
-        self.encoding = content_encoding(headers.get("content-encoding"))
-        if status == _OK and is_accepted_encoding(self.encoding):
-            self.inflater = Inflater(self.encoding, self.max_body_bytes)
-        return self
-
-    def feed(self, chunk: bytes) -> bool:
-        """Take raw body bytes; True once an error's snippet is long enough."""
-        if self.inflater is None:
-            self.snippet += chunk
-            return len(self.snippet) >= SNIPPET_CHARS * 4
-        self.received += len(chunk)
-        if self.received > self.max_body_bytes:
-            raise TooLarge
-        self.inflater.feed(chunk)
-        return False
-
-
 async def fetch(
     client: httpx.AsyncClient | ScrapeClient,
     url: str,
@@ -180,20 +148,11 @@ async def fetch(
     `client` is a `ScrapeClient` (the daemon's, one per target) or a plain httpx client.
     """
     failures = Failures(url, clock(), clock)
-    sink = _Body(max_body_bytes)
+    sink = Body(max_body_bytes)
     try:
         async with asyncio.timeout(timeout_seconds):
-            status, headers = await _get(client, url, sink, timeout_seconds)
-        if status != _OK:
-            return failures.http_status(status, snippet_text(sink.snippet, sink.encoding))
-        if sink.inflater is None:
-            return failures.unasked_encoding(sink.encoding)
-        return Fetched(
-            body=sink.inflater.finish(),
-            status=status,
-            content_type=headers.get("content-type"),
-            elapsed_seconds=clock() - failures.started_at,
-        )
+            await _get(client, url, sink, timeout_seconds)
+        return sink.result(failures)
     except TooLarge:
         return failures.too_large(max_body_bytes)
     except BadEncoding as exc:
@@ -213,19 +172,19 @@ async def fetch(
 
 
 async def _get(
-    client: httpx.AsyncClient | ScrapeClient, url: str, sink: _Body, timeout_seconds: float
-) -> tuple[int, Mapping[str, str]]:
-    """Send the GET and read the response into `sink`; the status and headers."""
+    client: httpx.AsyncClient | ScrapeClient, url: str, sink: Body, timeout_seconds: float
+) -> None:
+    """Send the GET and read the response into `sink`."""
     if isinstance(client, ScrapeClient):
         lean = client.lean_request(url)
         if lean is not None:
             host, port, request = lean
             status, headers, _ = await client.lean.get(host, port, request, sink.open)
             if not (300 <= status < 400 and "location" in headers):
-                return status, headers
+                return
             client.redirected(url)
         client = client.httpx_client()
-    return await _get_httpx(client, url, sink, timeout_seconds)
+    await _get_httpx(client, url, sink, timeout_seconds)
 
 
 class _ConnectFailed(Exception):
@@ -245,8 +204,8 @@ class _Broken(Exception):
 
 
 async def _get_httpx(
-    client: httpx.AsyncClient, url: str, sink: _Body, timeout_seconds: float
-) -> tuple[int, Mapping[str, str]]:
+    client: httpx.AsyncClient, url: str, sink: Body, timeout_seconds: float
+) -> None:
     """`_get` through httpx; its errors become the module's own (httpx imported only here)."""
     import httpx  # noqa: PLC0415 - see TYPE_CHECKING above
 
@@ -264,7 +223,6 @@ async def _get_httpx(
             elif sink.inflater is not None:
                 async for chunk in response.aiter_raw():
                     sink.feed(chunk)
-            return response.status_code, response.headers
     except httpx.TimeoutException:
         raise TimeoutError from None
     except httpx.ConnectError as exc:
