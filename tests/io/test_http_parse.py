@@ -1,4 +1,4 @@
-"""The sans-IO HTTP/1.1 response parser (`io.http_parse`), row by row.
+"""HTTP/1.1 without IO (`io.http_parse`): the GET written, the response parsed, row by row.
 
 Each row is the bytes a server sends and what the parser must make of them: the head,
 the body, whether the connection may be reused, or the `ProtocolError` it raises. Every
@@ -10,6 +10,7 @@ sockets in `test_http1.py` and `test_http_get.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -23,6 +24,7 @@ from wedgewatch.io.http_parse import (
     Head,
     ProtocolError,
     ResponseParser,
+    get_request,
     parse_head,
 )
 
@@ -289,3 +291,24 @@ def test_parse_head_joins_repeats_and_lowercases_names() -> None:
     status, headers = parse_head(b"HTTP/1.0 404 Not Found\r\nX-A: 1\r\nx-a: 2\r\nServer:  s ")
     assert status == 404
     assert headers == {"x-a": "1, 2", "server": "s", "connection": "close"}
+
+
+@pytest.mark.parametrize(
+    ("url", "first_lines"),
+    [
+        ("http://127.0.0.1:8000/metrics", "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:8000"),
+        ("http://h/m?a=b&c=d", "GET /m?a=b&c=d HTTP/1.1\r\nHost: h"),
+        ("http://h:80/", "GET / HTTP/1.1\r\nHost: h"),
+        ("https://h:443", "GET / HTTP/1.1\r\nHost: h"),
+        ("https://h:80/x", "GET /x HTTP/1.1\r\nHost: h:80"),
+        ("http://[::1]:8000/metrics", "GET /metrics HTTP/1.1\r\nHost: [::1]:8000"),
+        ("http://u:p@h:9/metrics", "GET /metrics HTTP/1.1\r\nHost: h:9"),
+        ("http://h/a b/\u00e9?q=x y", "GET /a%20b/%C3%A9?q=x%20y HTTP/1.1\r\nHost: h"),
+        ("http://h/a%20b;p=1/[x]", "GET /a%20b;p=1/%5Bx%5D HTTP/1.1\r\nHost: h"),
+        ("http://b\u00fccher.example/", "GET / HTTP/1.1\r\nHost: xn--bcher-kva.example"),
+    ],
+)
+def test_a_get_request_is_written(url: str, first_lines: str) -> None:
+    """The target is percent-encoded where needed, `Host` named as the URL has it."""
+    request = get_request(urlsplit(url), {"Accept": "text/plain"})
+    assert request == f"{first_lines}\r\nAccept: text/plain\r\n\r\n".encode()

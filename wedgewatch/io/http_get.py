@@ -29,10 +29,19 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
-from urllib.parse import quote, unquote, urljoin, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 from wedgewatch.core.detect import Observation
-from wedgewatch.io.http_parse import Data, End, Event, Head, NeedData, ProtocolError, ResponseParser
+from wedgewatch.io.http_parse import (
+    Data,
+    End,
+    Event,
+    Head,
+    NeedData,
+    ProtocolError,
+    ResponseParser,
+    get_request,
+)
 from wedgewatch.io.scrape_rules import (
     MAX_REDIRECTS,
     REQUEST_HEADERS,
@@ -52,7 +61,6 @@ if TYPE_CHECKING:
 
 _READ_BYTES = 64 * 1024
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_URL_SAFE = "!#$%&'()*+,/:;=?@[]~"  # what a request target keeps as it is (and A-Z a-z 0-9 _.-)
 
 
 class _Timeout(Exception):
@@ -141,20 +149,10 @@ def _get_once(
         return failures.failed("connect_error", f"cannot fetch {url}: not an http(s) URL")
     sock = _connect(parts.hostname, port, parts.scheme == "https", deadline)
     try:
-        host = parts.hostname
-        host = host if host.isascii() else host.encode("idna").decode()
-        host = f"[{host}]" if ":" in host else host
-        if parts.port is not None:
-            host += f":{parts.port}"
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        target = quote(target, safe=_URL_SAFE)  # a space or non-ASCII text, percent-encoded
-        headers = {"Host": host, **REQUEST_HEADERS, "Connection": "close"}
+        headers = {**REQUEST_HEADERS, "Connection": "close"}
         if authorization is not None:
             headers["Authorization"] = authorization
-        request = f"GET {target} HTTP/1.1\r\n" + "".join(
-            f"{name}: {value}\r\n" for name, value in headers.items()
-        )
-        _send(sock, (request + "\r\n").encode("latin-1"), deadline)
+        _send(sock, get_request(parts, headers), deadline)
         events = _events(sock, deadline)
         head = next(events)
         if not isinstance(head, Head):  # the parser's first event is always the head

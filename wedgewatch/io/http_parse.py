@@ -1,4 +1,7 @@
-"""Read one HTTP/1.1 response from bytes, without IO: the grammar both scrape transports share.
+"""HTTP/1.1 on the wire, without IO: the GET both scrape transports send, the response they read.
+
+`get_request` writes a GET's bytes: the request target percent-encoded where the URL left
+text that may not stand in one, and the `Host` the URL names.
 
 In the manner of python-hyper/h11, a transport hands the parser the bytes it received
 (`receive_data`; `b""` when the connection closed) and takes events (`next_event`) until
@@ -22,11 +25,16 @@ GET (`io.http_get`) are the IO around it: sockets, deadlines and connection reus
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import SplitResult, quote
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADER_FIELDS = 100
 MAX_CHUNK_LINE_BYTES = 1024
+
+_PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # what a path keeps as it is (RFC 3986 pchar and "/")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Where the response being read stands.
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
@@ -64,6 +72,25 @@ NEED_DATA = NeedData()
 _END = End()
 
 Event = Head | Data | End | NeedData
+
+
+def get_request(url: SplitResult, headers: Mapping[str, str]) -> bytes:
+    """The bytes of a GET of `url` (an http or https URL, split) with `headers` after `Host`.
+
+    Spaces and non-ASCII text in the path or query are percent-encoded; a non-ASCII host
+    name is sent in its IDNA form; the port is in `Host` unless it is the scheme's default.
+    """
+    host = url.hostname or ""
+    host = host if host.isascii() else host.encode("idna").decode("ascii")
+    authority = f"[{host}]" if ":" in host else host
+    if url.port is not None and url.port != _DEFAULT_PORTS.get(url.scheme):
+        authority += f":{url.port}"
+    target = quote(url.path or "/", safe=_PATH_SAFE)
+    if url.query:
+        target += "?" + quote(url.query, safe=_PATH_SAFE + "?")
+    lines = [f"GET {target} HTTP/1.1", f"Host: {authority}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 def parse_head(head: bytes) -> tuple[int, dict[str, str]]:

@@ -17,11 +17,11 @@ import asyncio
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from wedgewatch.core.detect import Observation
 from wedgewatch.io import http1
-from wedgewatch.io.http_parse import ProtocolError
+from wedgewatch.io.http_parse import ProtocolError, get_request
 from wedgewatch.io.scrape_rules import (
     REQUEST_HEADERS,
     SNIPPET_CHARS,
@@ -42,7 +42,6 @@ if TYPE_CHECKING:  # httpx is imported when a client is made: a probe may never 
     import httpx
 
 _OK = 200
-_PATH_SAFE = "/%:@!$&'()*+,;=-._~"
 
 
 def new_client(keepalive: int = 20, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
@@ -124,15 +123,7 @@ def _lean_request(url: str) -> tuple[str, int, bytes] | None:
         port = parts.port or 80
     except ValueError:
         return None
-    host = parts.hostname
-    shown_host = f"[{host}]" if ":" in host else host
-    authority = shown_host if port == 80 else f"{shown_host}:{port}"
-    target = quote(parts.path or "/", safe=_PATH_SAFE)
-    if parts.query:
-        target += "?" + quote(parts.query, safe=_PATH_SAFE + "?")
-    head = [f"GET {target} HTTP/1.1", f"Host: {authority}"]
-    head += [f"{name}: {value}" for name, value in REQUEST_HEADERS.items()]
-    return host, port, ("\r\n".join(head) + "\r\n\r\n").encode("ascii")
+    return parts.hostname, port, get_request(parts, REQUEST_HEADERS)
 
 
 async def fetch(
