@@ -14,6 +14,7 @@ transport under them: the lean client of `io.http1` for plain `http://`, httpx f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -24,7 +25,6 @@ from wedgewatch.io import http1
 from wedgewatch.io.http_parse import ProtocolError, get_request
 from wedgewatch.io.scrape_rules import (
     REQUEST_HEADERS,
-    SNIPPET_CHARS,
     BadEncoding,
     Body,
     Failures,
@@ -205,8 +205,11 @@ async def _get_httpx(
         async with client.stream("GET", url, headers=REQUEST_HEADERS, timeout=timeout) as response:
             sink.open(response.status_code, response.headers)
             if response.status_code != _OK:
-                sink.snippet = await _read_snippet(response)
-                sink.encoding = "identity"  # httpx decoded it
+                sink.encoding = "identity"  # httpx decodes what it reads
+                with contextlib.suppress(httpx.HTTPError):  # the detail shows what came
+                    async for chunk in response.aiter_bytes():
+                        if sink.feed(chunk):
+                            break
             elif sink.inflater is not None and response.is_stream_consumed:
                 # An in-memory transport (httpx.MockTransport) already read and decoded it.
                 sink.inflater = Inflater("identity", sink.max_body_bytes)
@@ -222,21 +225,6 @@ async def _get_httpx(
         raise _TooManyRedirects from None
     except httpx.HTTPError as exc:
         raise _Broken(type(exc).__name__, str(exc)) from exc
-
-
-async def _read_snippet(response: httpx.Response) -> bytes:
-    """The start of an error response's body, decoded, for the failure detail."""
-    import httpx  # noqa: PLC0415 - see TYPE_CHECKING above
-
-    raw = b""
-    try:
-        async for chunk in response.aiter_bytes():
-            raw += chunk
-            if len(raw) >= SNIPPET_CHARS * 4:
-                break
-    except httpx.HTTPError:
-        pass
-    return raw
 
 
 async def observe(
