@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urljoin, urlsplit
 
 from wedgewatch.core.detect import Observation
+from wedgewatch.io import scrape_rules
 from wedgewatch.io.http_parse import (
     Data,
     End,
@@ -41,18 +42,6 @@ from wedgewatch.io.http_parse import (
     ProtocolError,
     ResponseParser,
     get_request,
-)
-from wedgewatch.io.scrape_rules import (
-    MAX_REDIRECTS,
-    REQUEST_HEADERS,
-    BadEncoding,
-    Body,
-    Failures,
-    Fetched,
-    FetchFailed,
-    ScrapeLimits,
-    TooLarge,
-    observation,
 )
 
 if TYPE_CHECKING:
@@ -81,15 +70,15 @@ def fetch(
     timeout_seconds: float,
     max_body_bytes: int,
     clock: Callable[[], float] = time.monotonic,
-) -> Fetched | FetchFailed:
+) -> scrape_rules.Fetched | scrape_rules.FetchFailed:
     """GET `url` within `timeout_seconds` in total, reading at most `max_body_bytes`."""
-    failures = Failures(url, clock(), clock)
+    failures = scrape_rules.Failures(url, clock(), clock)
     deadline = time.monotonic() + timeout_seconds  # the sockets wait in real time
-    sink = Body(max_body_bytes)
+    sink = scrape_rules.Body(max_body_bytes)
     current = url
     authorization = _basic_auth(url)
     try:
-        for _ in range(MAX_REDIRECTS + 1):
+        for _ in range(scrape_rules.MAX_REDIRECTS + 1):
             result = _get_once(
                 current,
                 authorization=authorization,
@@ -105,9 +94,9 @@ def fetch(
                 continue
             return result
         return failures.too_many_redirects()
-    except TooLarge:
+    except scrape_rules.TooLarge:
         return failures.too_large(max_body_bytes)
-    except BadEncoding as exc:
+    except scrape_rules.BadEncoding as exc:
         return failures.bad_encoding(exc)
     except _Timeout:
         return failures.timeout(timeout_seconds, sink.received)
@@ -118,7 +107,7 @@ def fetch(
 
 
 def observe(
-    url: str, limits: ScrapeLimits, *, clock: Callable[[], float] = time.monotonic
+    url: str, limits: scrape_rules.ScrapeLimits, *, clock: Callable[[], float] = time.monotonic
 ) -> Observation:
     """Scrape and parse once; the observation is stamped with `clock()` when the scrape began."""
     at = clock()
@@ -128,7 +117,7 @@ def observe(
         max_body_bytes=limits.max_body_bytes,
         clock=clock,
     )
-    return observation(at, url, limits, result)
+    return scrape_rules.observation(at, url, limits, result)
 
 
 def _get_once(
@@ -136,9 +125,9 @@ def _get_once(
     *,
     authorization: str | None,
     deadline: float,
-    sink: Body,
-    failures: Failures,
-) -> Fetched | FetchFailed | str:
+    sink: scrape_rules.Body,
+    failures: scrape_rules.Failures,
+) -> scrape_rules.Fetched | scrape_rules.FetchFailed | str:
     """One request: the response, a failure, or the `Location` of a redirect."""
     parts = urlsplit(url)
     try:
@@ -149,7 +138,7 @@ def _get_once(
         return failures.failed("connect_error", f"cannot fetch {url}: not an http(s) URL")
     sock = _connect(parts.hostname, port, parts.scheme == "https", deadline)
     try:
-        headers = {**REQUEST_HEADERS, "Connection": "close"}
+        headers = {**scrape_rules.REQUEST_HEADERS, "Connection": "close"}
         if authorization is not None:
             headers["Authorization"] = authorization
         _send(sock, get_request(parts, headers), deadline)
