@@ -26,7 +26,7 @@ GET (`io.http_get`) are the IO around it: sockets, deadlines and connection reus
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import SplitResult, quote
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -44,23 +44,20 @@ class ProtocolError(Exception):
     """The server spoke broken HTTP, or closed the connection in the middle of a response."""
 
 
-@dataclass(frozen=True, slots=True)
-class Head:
+class Head(NamedTuple):
     """The status and headers of the (final) response."""
 
     status: int
     headers: dict[str, str]
 
 
-@dataclass(frozen=True, slots=True)
-class Data:
+class Data(NamedTuple):
     """Raw body bytes, in the order they came."""
 
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class End:
+class End(NamedTuple):
     """The response is complete."""
 
 
