@@ -35,7 +35,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from wedgewatch.io.scrape import Fetched, fetch, new_client, new_scrape_client
+from wedgewatch.io.scrape import fetch, new_client, new_scrape_client
+from wedgewatch.io.scrape_rules import Fetched
 from wedgewatch.vllm import signals
 
 BENCH = Path(__file__).resolve().parent

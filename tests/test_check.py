@@ -26,7 +26,7 @@ from wedgewatch.check import (
     run_check,
 )
 from wedgewatch.core.detect import Policy
-from wedgewatch.io.scrape import ScrapeLimits
+from wedgewatch.io.scrape_rules import ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey
 
 FIXTURES = Path(__file__).parent / "fixtures"

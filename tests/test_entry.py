@@ -15,7 +15,7 @@ from wedgewatch import check_settings, entry
 from wedgewatch.check_settings import settings_key
 from wedgewatch.core.detect import Policy
 from wedgewatch.core.restart_policy import RestartPolicy
-from wedgewatch.io.scrape import ScrapeLimits
+from wedgewatch.io.scrape_rules import ScrapeLimits
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ENTRY = str(Path(sys.executable).with_name("wedgewatch"))

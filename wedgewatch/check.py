@@ -369,8 +369,7 @@ def _transport(client: httpx.AsyncClient | None, sleep: Sleep | None) -> tuple[O
     from wedgewatch.io import scrape  # noqa: PLC0415 - ditto, with httpx
 
     async def observe_async(url: str, limits: ScrapeLimits, clock: Clock) -> Observation:
-        # The same fields: io.scrape keeps its own class until it imports io.scrape_rules'.
-        return await scrape.observe(client, url, limits, clock=clock)  # type: ignore[arg-type]
+        return await scrape.observe(client, url, limits, clock=clock)
 
     return observe_async, sleep or asyncio.sleep
 

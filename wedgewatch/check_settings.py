@@ -59,8 +59,7 @@ class CheckSettings:
         return cls(
             interval_seconds=config.interval_seconds,
             policy=config.policy(),
-            # The same fields: io.scrape keeps its own class until it imports this one.
-            limits=config.scrape_limits(),  # type: ignore[arg-type]
+            limits=config.scrape_limits(),
             log_level=config.log_level,
             restart=config.restart_policy(),
             probe_respects_budget=config.probe_respects_budget,

@@ -30,7 +30,7 @@ from wedgewatch.config import (
 )
 from wedgewatch.core.detect import Policy
 from wedgewatch.core.states import THRESHOLD_SETTINGS
-from wedgewatch.io.scrape import ScrapeLimits
+from wedgewatch.io.scrape_rules import ScrapeLimits
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -23,16 +23,9 @@ import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, in_turn, zeros
 
 from wedgewatch.core.detect import Scraped, ScrapeFailed
-from wedgewatch.io.http1 import MAX_HEAD_BYTES, parse_head
-from wedgewatch.io.scrape import (
-    Fetched,
-    FetchFailed,
-    ScrapeClient,
-    ScrapeLimits,
-    fetch,
-    new_scrape_client,
-    observe,
-)
+from wedgewatch.io.http_parse import MAX_HEAD_BYTES
+from wedgewatch.io.scrape import ScrapeClient, fetch, new_scrape_client, observe
+from wedgewatch.io.scrape_rules import Fetched, FetchFailed, ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-0.33.0" / "healthy_busy.prom"
@@ -581,13 +574,6 @@ async def test_slow_headers_hit_the_total_deadline() -> None:
         result = await lean_fetch(server.url, timeout_seconds=0.4)
     assert isinstance(result, FetchFailed)
     assert result.reason == "timeout"
-
-
-def test_parse_head_joins_repeats_and_lowercases_names() -> None:
-    """Header names are lower-cased, repeated fields joined; HTTP/1.0 means close."""
-    status, headers = parse_head(b"HTTP/1.0 404 Not Found\r\nX-A: 1\r\nx-a: 2\r\nServer:  s ")
-    assert status == 404
-    assert headers == {"x-a": "1, 2", "server": "s", "connection": "close"}
 
 
 # -- what the lean client hands to httpx -----------------------------------------------

@@ -23,7 +23,7 @@ from test_scrape import gzip_stream  # the same bomb as the daemon's transport i
 
 from wedgewatch.core.detect import Scraped, ScrapeFailed
 from wedgewatch.io import http_get, scrape
-from wedgewatch.io.scrape_rules import Fetched, FetchFailed, ScrapeLimits
+from wedgewatch.io.scrape_rules import REQUEST_HEADERS, Fetched, FetchFailed, ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey
 
 BODY = (Path(__file__).parents[1] / "fixtures" / "vllm-0.33.0" / "healthy_busy.prom").read_bytes()
@@ -45,9 +45,9 @@ async def asynchronous(
 
 def outcome(result: object) -> tuple[str, object]:
     """What a caller sees of a fetch: ("body", bytes) or (reason, detail)."""
-    if isinstance(result, Fetched | scrape.Fetched):
+    if isinstance(result, Fetched):
         return "body", result.body
-    assert isinstance(result, FetchFailed | scrape.FetchFailed), result
+    assert isinstance(result, FetchFailed), result
     return result.reason, result.detail
 
 
@@ -210,7 +210,7 @@ def test_the_request_is_the_daemons_request() -> None:
     head = request.decode().split("\r\n")
     assert head[0] == "GET /metrics HTTP/1.1"
     headers = dict(line.split(": ", 1) for line in head[1:] if line)
-    assert headers["Accept"] == scrape.REQUEST_HEADERS["Accept"]
+    assert headers["Accept"] == REQUEST_HEADERS["Accept"]
     assert headers["Accept-Encoding"] == "gzip"
     assert headers["User-Agent"].startswith("wedgewatch/")
     assert headers["Authorization"] == "Basic dXNlcjpzQGNyZXQ="  # user:s@cret

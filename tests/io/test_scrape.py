@@ -13,15 +13,8 @@ import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, zeros
 
 from wedgewatch.core.detect import Scraped, ScrapeFailed
-from wedgewatch.io.scrape import (
-    REQUEST_HEADERS,
-    Fetched,
-    FetchFailed,
-    ScrapeLimits,
-    fetch,
-    new_client,
-    observe,
-)
+from wedgewatch.io.scrape import fetch, new_client, observe
+from wedgewatch.io.scrape_rules import REQUEST_HEADERS, Fetched, FetchFailed, ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-0.33.0" / "healthy_busy.prom"

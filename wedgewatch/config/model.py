@@ -35,7 +35,7 @@ from wedgewatch.core.redact import redact_url
 from wedgewatch.core.restart_policy import RestartPolicy
 from wedgewatch.core.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS, Family
 from wedgewatch.io.procs import remote_host_reason
-from wedgewatch.io.scrape import ScrapeLimits
+from wedgewatch.io.scrape_rules import ScrapeLimits
 from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles
 
 ENV_PREFIX = "WEDGEWATCH_"

@@ -37,14 +37,8 @@ from wedgewatch.daemon.roles import (
 from wedgewatch.io import canary, evidence, restarters, statefile
 from wedgewatch.io.notify import Notification, WebhookNotifier
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
-from wedgewatch.io.scrape import (
-    FetchFailed,
-    ScrapeClient,
-    ScrapeLimits,
-    fetch,
-    new_client,
-    new_scrape_client,
-)
+from wedgewatch.io.scrape import ScrapeClient, fetch, new_client, new_scrape_client
+from wedgewatch.io.scrape_rules import FetchFailed, ScrapeLimits
 from wedgewatch.io.supervisor import SystemdStateProbe
 from wedgewatch.io.systemd_notify import SystemdNotifier
 from wedgewatch.vllm import signals

@@ -18,7 +18,8 @@ import psutil
 
 from wedgewatch.core.redact import redact_argv, redact_env, redact_url
 from wedgewatch.io.procs import Discovery
-from wedgewatch.io.scrape import FetchFailed, fetch, new_client
+from wedgewatch.io.scrape import fetch, new_client
+from wedgewatch.io.scrape_rules import FetchFailed
 from wedgewatch.vllm.build_info import build_env, cache_config_labels, serve_flags
 from wedgewatch.vllm.semantics import Role
 

@@ -21,13 +21,12 @@ import httpx
 
 from wedgewatch import __version__
 from wedgewatch.core.canary import CanaryFailureReason, CanaryResult
-from wedgewatch.io.scrape import is_refused
+from wedgewatch.io.scrape_rules import is_refused, one_line
 
 CANARY_USER = "wedgewatch-canary"
 REQUEST_ID_PREFIX = "wedgewatch-canary-"
 #: The most a canary reads of any response: one token's stream is well under 4 KiB.
 MAX_RESPONSE_BYTES = 64 * 1024
-_SNIPPET_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,5 +180,4 @@ async def _read_capped(response: httpx.Response) -> bytes:
 
 
 def _snippet(body: bytes) -> str:
-    flat = " ".join(body.decode("utf-8", "replace").split())
-    return flat if len(flat) <= _SNIPPET_CHARS else flat[:_SNIPPET_CHARS] + "..."
+    return one_line(body.decode("utf-8", "replace"))

@@ -3,17 +3,16 @@
 Scraping a 50 KiB `/metrics` body every second from hundreds of targets is dominated by
 the HTTP client's own Python work: httpx and httpcore cost about 3 ms of CPU per request
 on this project's benchmark machine, ten times the parse. This client does only what a
-scrape needs, in one `asyncio.Protocol` that frames the response as bytes arrive:
+scrape needs, in one `asyncio.Protocol` that hands the bytes to the sans-IO response
+parser of `io.http_parse` as they arrive:
 
 - GET over plain TCP (`http://`), one request at a time on one connection that is kept
   open between requests (HTTP/1.1 keep-alive) and opened anew when the server closed it;
   a request on a reused connection that the server closed before answering is sent once
   more on a fresh one (a GET is idempotent: the race of a keep-alive timeout);
-- response framing by `Content-Length`, `Transfer-Encoding: chunked` (trailers read and
-  dropped) or the end of the connection; interim `1xx` responses skipped;
-- bounds on everything the server controls: the status line and headers (64 KiB, 100
-  fields), a chunk-size line (1 KiB), and the body, which goes straight into the caller's
-  `BodySink` so the caller caps it (and decodes gzip) while it arrives, never after.
+- the response's framing and bounds are `io.http_parse`'s; the body goes straight into
+  the caller's `BodySink` so the caller caps it (and decodes gzip) while it arrives,
+  never after.
 
 Anything else (TLS, credentials in the URL, redirects, proxies) is not its job: the caller
 (`io.scrape`) hands those URLs to httpx. Deadlines are the caller's too: cancelling a
@@ -26,16 +25,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol, cast
 
-MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADER_FIELDS = 100
-MAX_CHUNK_LINE_BYTES = 1024
-
-# Where the response being read stands.
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _IDLE = range(8)
-
-
-class RemoteProtocolError(Exception):
-    """The server spoke broken HTTP, or closed the connection in the middle of a response."""
+from wedgewatch.io.http_parse import Data, Head, NeedData, ProtocolError, ResponseParser
 
 
 class _StaleConnection(Exception):
@@ -69,44 +59,6 @@ def _no_sink(status: int, headers: dict[str, str]) -> BodySink:
     return _DROP
 
 
-def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
-    """Status code and headers (lower-case names, repeats joined by ", ") of a response head."""
-    lines = head.split(b"\n")
-    status_line = lines[0].rstrip(b"\r")
-    parts = status_line.split(b" ", 2)
-    if (
-        len(parts) < 2
-        or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0")
-        or len(parts[1]) != 3
-        or not parts[1].isdigit()
-    ):
-        raise RemoteProtocolError(f"malformed status line {status_line[:80]!r}")
-    if len(lines) - 1 > MAX_HEADER_FIELDS:
-        raise RemoteProtocolError(f"more than {MAX_HEADER_FIELDS} header fields")
-    headers: dict[str, str] = {}
-    for raw in lines[1:]:
-        line = raw.rstrip(b"\r")
-        if not line:
-            continue
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name != name.strip() or line[:1] in b" \t":
-            raise RemoteProtocolError(f"malformed header line {line[:80]!r}")
-        key = name.decode("latin-1").lower()
-        text = value.strip().decode("latin-1")
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    if parts[0] == b"HTTP/1.0" and "keep-alive" not in headers.get("connection", "").lower():
-        headers["connection"] = "close"
-    return int(parts[1]), headers
-
-
-def _content_length(headers: dict[str, str]) -> int:
-    values = {v.strip() for v in headers["content-length"].split(",")}
-    value = values.pop() if len(values) == 1 else ""
-    if not value.isdigit() or len(value) > 18:
-        raise RemoteProtocolError(f"bad Content-Length {headers['content-length'][:40]!r}")
-    return int(value)
-
-
 class _Connection(asyncio.Protocol):
     """One TCP connection; reads one response at a time into the current request's sink."""
 
@@ -114,12 +66,9 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.received = 0  # body bytes of the current response
-        self._buffer = bytearray()
-        self._head_seen = 0  # bytes of the buffered head already searched for its end
-        self._state = _IDLE
-        self._remaining = 0
+        self._parser = ResponseParser()
+        self._idle = True
         self._keep_alive = True
-        self._answered = False  # any byte of the current response seen
         self._reused = False
         self._open_sink: OpenSink = _no_sink
         self._sink: BodySink = _DROP
@@ -135,12 +84,8 @@ class _Connection(asyncio.Protocol):
         if self._done is None or self._done.done():
             self.close()  # bytes nobody asked for: this connection cannot be trusted again
             return
-        self._answered = True
-        self._buffer += data
-        try:
-            self._advance()
-        except Exception as exc:  # handed to the waiting request, whatever it is
-            self._fail(exc)
+        self._parser.receive_data(data)
+        self._advance()
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost finishes or fails the response
@@ -150,15 +95,14 @@ class _Connection(asyncio.Protocol):
         done = self._done
         if done is None or done.done():
             return
-        if self._state == _UNTIL_CLOSE and exc is None:
-            self._finish()  # the end of a body delimited by the close (a reset is no end)
-        elif not self._answered and self._reused:
+        if not self._parser.answered and self._reused:
             done.set_exception(_StaleConnection())
+            return
+        if exc is None:
+            self._parser.receive_data(b"")
         else:
-            where = "before the response" if not self._answered else "in the middle of the response"
-            cause = f" ({exc})" if exc else ""
-            error = RemoteProtocolError(f"server closed the connection {where}{cause}")
-            done.set_exception(error)
+            self._parser.connection_broken(str(exc))  # a reset is no end of a body
+        self._advance()
 
     # -- one request -----------------------------------------------------------------------
 
@@ -173,9 +117,8 @@ class _Connection(asyncio.Protocol):
         done: asyncio.Future[tuple[int, dict[str, str], BodySink]] = loop.create_future()
         self._done = done
         self._open_sink, self._sink, self._head = open_sink, _DROP, (0, {})
-        self._state, self._answered, self._reused, self.received = _HEAD, False, reused, 0
-        self._buffer.clear()
-        self._head_seen = 0
+        self._idle, self._reused, self.received = False, reused, 0
+        self._parser.next_response()
         transport.write(request)
         try:
             return await done
@@ -186,7 +129,7 @@ class _Connection(asyncio.Protocol):
             del done
             self._done = None
             self._open_sink, self._sink, self._head = _no_sink, _DROP, (0, {})
-            if self._state != _IDLE:
+            if not self._idle:
                 self.close()
 
     def close(self) -> None:
@@ -198,127 +141,37 @@ class _Connection(asyncio.Protocol):
     @property
     def reusable(self) -> bool:
         """Open, idle and not asked to close by the last response."""
-        return not self.closed and self._state == _IDLE and self._keep_alive
+        return not self.closed and self._idle and self._keep_alive
 
-    def _fail(self, exc: Exception) -> None:
-        if self._done is not None and not self._done.done():
-            self._done.set_exception(exc)
-        self.close()
-
-    def _finish(self) -> None:
-        self._state = _IDLE
-        if self._buffer:  # more than one response's worth: never reuse this connection
-            self._keep_alive = False
-        if not self._keep_alive:
+    def _finish(self, keep_alive: bool) -> None:
+        self._idle, self._keep_alive = True, keep_alive
+        if not keep_alive:
             self.close()
         status, headers = self._head
         if self._done is not None and not self._done.done():
             self._done.set_result((status, headers, self._sink))
 
-    def _body(self, chunk: bytes) -> None:
-        self.received += len(chunk)
-        if self._sink.feed(chunk):  # the sink has enough: drop the rest with the connection
-            self._keep_alive = False
-            self._buffer.clear()
-            self._finish()
-
     def _advance(self) -> None:
-        buf = self._buffer
-        while self._done is not None and not self._done.done():
-            state = self._state
-            if state == _HEAD:
-                # Search only what arrived since the last look (a head that trickles in a
-                # byte at a time must not be scanned from its start every time).
-                start = max(0, self._head_seen - 3)
-                end = buf.find(b"\r\n\r\n", start)
-                size = end + 4
-                if end < 0:
-                    end = buf.find(b"\n\n", start)
-                    size = end + 2
-                if end < 0 or end > MAX_HEAD_BYTES:
-                    if len(buf) > MAX_HEAD_BYTES:
-                        raise RemoteProtocolError(f"response head over {MAX_HEAD_BYTES} bytes")
-                    self._head_seen = len(buf)
+        """Take the parser's events into the sink until it needs more bytes or the end."""
+        parser = self._parser
+        try:
+            while self._done is not None and not self._done.done():
+                event = parser.next_event()
+                if isinstance(event, Data):
+                    self.received += len(event.data)
+                    if self._sink.feed(event.data):  # enough: drop the rest with the connection
+                        self._finish(keep_alive=False)
+                elif isinstance(event, Head):
+                    self._head = (event.status, event.headers)
+                    self._sink = self._open_sink(event.status, event.headers)
+                elif isinstance(event, NeedData):
                     return
-                status, headers = parse_head(bytes(buf[:end]))
-                del buf[:size]
-                self._head_seen = 0
-                if 100 <= status < 200:
-                    continue  # an interim response (100 Continue, 103 Early Hints)
-                self._start_body(status, headers)
-            elif state in (_LENGTH, _CHUNK_DATA):
-                if not buf:
-                    return
-                take = bytes(buf[: self._remaining])
-                del buf[: len(take)]
-                self._remaining -= len(take)
-                ended = self._remaining == 0
-                if ended and state == _CHUNK_DATA:
-                    self._state = _CHUNK_END
-                self._body(take)  # may end the response early (the sink has enough)
-                if ended and self._state == _LENGTH:
-                    self._finish()
-            elif state == _CHUNK_SIZE:
-                end = buf.find(b"\n")
-                if end < 0 or end > MAX_CHUNK_LINE_BYTES:
-                    if len(buf) > MAX_CHUNK_LINE_BYTES:
-                        raise RemoteProtocolError("chunk-size line too long")
-                    return
-                field = bytes(buf[:end]).split(b";", 1)[0].strip()
-                del buf[: end + 1]
-                try:
-                    self._remaining = int(field, 16)
-                except ValueError:
-                    raise RemoteProtocolError(f"bad chunk size {field[:20]!r}") from None
-                if self._remaining < 0 or field[:1] in (b"-", b"+") or b"_" in field:
-                    raise RemoteProtocolError(f"bad chunk size {field[:20]!r}")
-                self._state = _CHUNK_DATA if self._remaining else _TRAILERS
-            elif state == _CHUNK_END:
-                if len(buf) < 2 and buf != b"\n":
-                    return
-                size = 1 if buf[:1] == b"\n" else 2
-                if bytes(buf[:size]) not in (b"\r\n", b"\n"):
-                    raise RemoteProtocolError("chunk not followed by CRLF")
-                del buf[:size]
-                self._state = _CHUNK_SIZE
-            elif state == _TRAILERS:
-                end = buf.find(b"\n")
-                if end < 0:
-                    if len(buf) > MAX_HEAD_BYTES:
-                        raise RemoteProtocolError(f"trailers over {MAX_HEAD_BYTES} bytes")
-                    return
-                line = bytes(buf[:end]).rstrip(b"\r")
-                del buf[: end + 1]
-                if not line:
-                    self._finish()
-            elif state == _UNTIL_CLOSE:
-                if not buf:
-                    return
-                take = bytes(buf)
-                buf.clear()
-                self._body(take)
-            else:
-                return
-
-    def _start_body(self, status: int, headers: dict[str, str]) -> None:
-        self._head = (status, headers)
-        self._keep_alive = "close" not in headers.get("connection", "").lower()
-        self._sink = self._open_sink(status, headers)
-        encoding = headers.get("transfer-encoding")
-        if status in (204, 304):
-            self._finish()
-        elif encoding is not None:
-            if encoding.strip().lower() != "chunked":
-                raise RemoteProtocolError(f"unsupported Transfer-Encoding {encoding[:40]!r}")
-            self._state = _CHUNK_SIZE
-        elif "content-length" in headers:
-            self._remaining = _content_length(headers)
-            self._state = _LENGTH
-            if self._remaining == 0:
-                self._finish()
-        else:
-            self._keep_alive = False
-            self._state = _UNTIL_CLOSE
+                else:
+                    self._finish(parser.keep_alive)
+        except Exception as exc:  # handed to the waiting request, whatever it is
+            if self._done is not None and not self._done.done():
+                self._done.set_exception(exc)
+            self.close()
 
 
 class Http1Client:
@@ -340,7 +193,7 @@ class Http1Client:
         """Send `request` (a whole GET) to `host:port` and read the response into a sink.
 
         Raises `OSError` when no connection can be made (`ConnectionRefusedError` when
-        refused) and `RemoteProtocolError` for broken HTTP or a connection closed mid-way.
+        refused) and `ProtocolError` for broken HTTP or a connection closed mid-way.
         """
         for attempt in range(2):
             connection = self._connection
@@ -356,7 +209,7 @@ class Http1Client:
             except _StaleConnection:
                 self._connection = None
                 if attempt:
-                    raise RemoteProtocolError("server closed the connection twice") from None
+                    raise ProtocolError("server closed the connection twice") from None
             except BaseException:
                 self.close()
                 raise

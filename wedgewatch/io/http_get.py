@@ -2,10 +2,10 @@
 
 A Kubernetes exec probe starts `wedgewatch check` every few seconds for a single scrape;
 an event loop and an HTTP client library cost more to import than the scrape takes. This
-transport is a socket and a small HTTP/1.1 response reader (status line, headers, and a
-body delimited by its length, by chunks or by the end of the connection; `http.client`
-would drag in the `email` package and `ssl`), under the rules of `io.scrape_rules`, which
-the daemon's asynchronous transport (`io.scrape`) follows too:
+transport is a socket around `io.http_parse`, the sans-IO HTTP/1.1 response parser the
+daemon's lean client (`io.http1`) reads with too (`http.client` would drag in the `email`
+package and `ssl`). It follows the rules of `io.scrape_rules`, as the daemon's asynchronous
+transport (`io.scrape`) does:
 
 * one total deadline (`timeout_seconds`) for connecting, every redirect, the headers and
   the body: every read on the socket waits at most for what is left of it, and none starts
@@ -25,48 +25,31 @@ Failures come back as `FetchFailed` with the reasons and words of `scrape_rules.
 
 from __future__ import annotations
 
-import io
 import socket
 import time
-import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING
-from urllib.parse import quote, unquote, urljoin, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 from wedgewatch.core.detect import Observation
-from wedgewatch.io.scrape_rules import (
-    MAX_REDIRECTS,
-    REQUEST_HEADERS,
-    SNIPPET_CHARS,
-    BadEncoding,
-    Failures,
-    Fetched,
-    FetchFailed,
-    Inflater,
-    ScrapeLimits,
-    TooLarge,
-    content_encoding,
-    is_accepted_encoding,
-    observation,
-    one_line,
+from wedgewatch.io import scrape_rules
+from wedgewatch.io.http_parse import (
+    Data,
+    End,
+    Event,
+    Head,
+    NeedData,
+    ProtocolError,
+    ResponseParser,
+    get_request,
 )
 
 if TYPE_CHECKING:
     import ssl
 
-    from _typeshed import WriteableBuffer
 
 _READ_BYTES = 64 * 1024
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_MAX_LINE_BYTES = 64 * 1024  # a status, header or chunk-size line (http.client's limits)
-_MAX_HEADERS = 100
-_LINE_ENDS = (b"\r\n", b"\n")
-_URL_SAFE = "!#$%&'()*+,/:;=?@[]~"  # what a request target keeps as it is (and A-Z a-z 0-9 _.-)
-
-
-class BrokenResponse(Exception):
-    """The server spoke broken HTTP, or hung up before the end of its response."""
 
 
 class _Timeout(Exception):
@@ -81,49 +64,27 @@ class _CannotConnect(Exception):
         self.error = error
 
 
-class _DeadlineReader(io.RawIOBase):
-    """A socket's receiving side where no read waits past the deadline or starts after it."""
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self._sock = sock
-        self._deadline = deadline
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer) -> int:
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise _Timeout
-        self._sock.settimeout(remaining)
-        try:
-            return self._sock.recv_into(buffer)
-        except TimeoutError:
-            raise _Timeout from None
-
-
 def fetch(
     url: str,
     *,
     timeout_seconds: float,
     max_body_bytes: int,
     clock: Callable[[], float] = time.monotonic,
-) -> Fetched | FetchFailed:
+) -> scrape_rules.Fetched | scrape_rules.FetchFailed:
     """GET `url` within `timeout_seconds` in total, reading at most `max_body_bytes`."""
-    failures = Failures(url, clock(), clock)
+    failures = scrape_rules.Failures(url, clock(), clock)
     deadline = time.monotonic() + timeout_seconds  # the sockets wait in real time
-    received = [0]
+    sink = scrape_rules.Body(max_body_bytes)
     current = url
     authorization = _basic_auth(url)
     try:
-        for _ in range(MAX_REDIRECTS + 1):
+        for _ in range(scrape_rules.MAX_REDIRECTS + 1):
             result = _get_once(
                 current,
                 authorization=authorization,
                 deadline=deadline,
-                max_body_bytes=max_body_bytes,
+                sink=sink,
                 failures=failures,
-                received=received,
             )
             if isinstance(result, str):  # a redirect: follow it, credentials to one origin
                 target = urljoin(current, result)
@@ -131,24 +92,22 @@ def fetch(
                     authorization = _basic_auth(target)
                 current = target
                 continue
-            if isinstance(result, Fetched):
-                return replace(result, elapsed_seconds=clock() - failures.started_at)
             return result
         return failures.too_many_redirects()
-    except TooLarge:
+    except scrape_rules.TooLarge:
         return failures.too_large(max_body_bytes)
-    except BadEncoding as exc:
+    except scrape_rules.BadEncoding as exc:
         return failures.bad_encoding(exc)
     except _Timeout:
-        return failures.timeout(timeout_seconds, received[0])
+        return failures.timeout(timeout_seconds, sink.received)
     except _CannotConnect as exc:
         return failures.cannot_connect(exc.error)
-    except (BrokenResponse, OSError) as exc:  # broken HTTP, or a connection broken mid-way
+    except (ProtocolError, OSError) as exc:  # broken HTTP, or a connection broken mid-way
         return failures.broken(exc)
 
 
 def observe(
-    url: str, limits: ScrapeLimits, *, clock: Callable[[], float] = time.monotonic
+    url: str, limits: scrape_rules.ScrapeLimits, *, clock: Callable[[], float] = time.monotonic
 ) -> Observation:
     """Scrape and parse once; the observation is stamped with `clock()` when the scrape began."""
     at = clock()
@@ -158,7 +117,7 @@ def observe(
         max_body_bytes=limits.max_body_bytes,
         clock=clock,
     )
-    return observation(at, url, limits, result)
+    return scrape_rules.observation(at, url, limits, result)
 
 
 def _get_once(
@@ -166,10 +125,9 @@ def _get_once(
     *,
     authorization: str | None,
     deadline: float,
-    max_body_bytes: int,
-    failures: Failures,
-    received: list[int],
-) -> Fetched | FetchFailed | str:
+    sink: scrape_rules.Body,
+    failures: scrape_rules.Failures,
+) -> scrape_rules.Fetched | scrape_rules.FetchFailed | str:
     """One request: the response, a failure, or the `Location` of a redirect."""
     parts = urlsplit(url)
     try:
@@ -180,43 +138,28 @@ def _get_once(
         return failures.failed("connect_error", f"cannot fetch {url}: not an http(s) URL")
     sock = _connect(parts.hostname, port, parts.scheme == "https", deadline)
     try:
-        host = parts.hostname
-        host = host if host.isascii() else host.encode("idna").decode()
-        host = f"[{host}]" if ":" in host else host
-        if parts.port is not None:
-            host += f":{parts.port}"
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        target = quote(target, safe=_URL_SAFE)  # a space or non-ASCII text, percent-encoded
-        headers = {"Host": host, **REQUEST_HEADERS, "Connection": "close"}
+        headers = {**scrape_rules.REQUEST_HEADERS, "Connection": "close"}
         if authorization is not None:
             headers["Authorization"] = authorization
-        request = f"GET {target} HTTP/1.1\r\n" + "".join(
-            f"{name}: {value}\r\n" for name, value in headers.items()
-        )
-        _send(sock, (request + "\r\n").encode("latin-1"), deadline)
-        stream = io.BufferedReader(_DeadlineReader(sock, deadline), _READ_BYTES)
-        status, response_headers = _read_head(stream)
+        _send(sock, get_request(parts, headers), deadline)
+        events = _events(sock, deadline)
+        head = next(events)
+        if not isinstance(head, Head):  # the parser's first event is always the head
+            raise ProtocolError(f"a response without a head: {head!r}")
+        status, response_headers = head.status, head.headers
         location = response_headers.get("location")
         if status in _REDIRECTS and location:
             return location
-        body = _read_body(stream, status, response_headers)
-        encoding = content_encoding(response_headers.get("content-encoding"))
-        if status != 200:
-            return failures.http_status(status, _snippet(body, encoding))
-        if not is_accepted_encoding(encoding):
-            return failures.unasked_encoding(encoding)
-        inflater = Inflater(encoding, max_body_bytes)
-        for chunk in body:
-            received[0] += len(chunk)
-            if received[0] > max_body_bytes:
-                raise TooLarge
-            inflater.feed(chunk)
-        return Fetched(
-            body=inflater.finish(),
-            status=status,
-            content_type=response_headers.get("content-type"),
-            elapsed_seconds=0.0,  # set by `fetch`, which knows when the scrape began
-        )
+        sink.open(status, response_headers)
+        try:
+            for event in events:
+                if isinstance(event, Data) and sink.feed(event.data):
+                    break  # enough of an error's body for its detail
+        except (ProtocolError, OSError, _Timeout):
+            if sink.inflater is not None:
+                raise
+            # an error response: its detail shows what came before the break
+        return sink.result(failures)
     finally:
         sock.close()
 
@@ -270,102 +213,29 @@ def _send(sock: socket.socket, data: bytes, deadline: float) -> None:
         raise _Timeout from None
 
 
-def _snippet(body: Iterator[bytes], encoding: str) -> str:
-    """The start of an error response's body, decoded, for the failure detail."""
-    raw = b""
-    try:
-        for chunk in body:
-            raw += chunk
-            if len(raw) >= SNIPPET_CHARS * 4:
-                break
-    except (BrokenResponse, OSError, _Timeout):
-        pass
-    if encoding == "gzip":
-        try:  # the start of it: a bounded step of a possibly cut stream
-            raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, SNIPPET_CHARS * 4)
-        except zlib.error:
-            raw = b""
-    return one_line(raw.decode("utf-8", errors="replace"))
-
-
-def _read_line(stream: io.BufferedReader[_DeadlineReader]) -> bytes:
-    line = stream.readline(_MAX_LINE_BYTES + 1)
-    if len(line) > _MAX_LINE_BYTES:
-        raise BrokenResponse(f"a line longer than {_MAX_LINE_BYTES} bytes")
-    return line
-
-
-def _read_head(stream: io.BufferedReader[_DeadlineReader]) -> tuple[int, dict[str, str]]:
-    """The status and headers (lower-case names, repeats joined by `, `) of the response."""
+def _events(sock: socket.socket, deadline: float) -> Iterator[Event]:
+    """The response's events, read from `sock` with no wait past the deadline."""
+    parser = ResponseParser()
     while True:
-        line = _read_line(stream)
-        if not line:
-            raise BrokenResponse("the server closed the connection without a response")
-        version, _, rest = line.decode("latin-1").rstrip("\r\n").partition(" ")
-        code = rest[:3]
-        if not (version.startswith("HTTP/1.") and len(code) == 3 and code.isdigit()):
-            raise BrokenResponse(f"not an HTTP/1 status line: {one_line(repr(line[:80]))}")
-        headers: dict[str, str] = {}
-        for _ in range(_MAX_HEADERS + 1):
-            line = _read_line(stream)
-            if not line or line in _LINE_ENDS:
-                break
-            name, colon, value = line.decode("latin-1").partition(":")
-            if not colon:
-                raise BrokenResponse(f"a header line without a colon: {line[:80]!r}")
-            key = name.strip().lower()
-            value = value.strip()
-            headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        else:
-            raise BrokenResponse(f"more than {_MAX_HEADERS} headers")
-        if not 100 <= int(code) < 200:  # 1xx: informational, the answer follows
-            return int(code), headers
-
-
-def _read_body(
-    stream: io.BufferedReader[_DeadlineReader], status: int, headers: dict[str, str]
-) -> Iterator[bytes]:
-    """The body's raw bytes in pieces, delimited by chunks, by its length or by the close."""
-    if status in (204, 304):
-        return
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        yield from _read_chunks(stream)
-        return
-    length = headers.get("content-length")
-    if length is None:
-        while piece := stream.read1(_READ_BYTES):
-            yield piece
-        return
-    if not length.isdigit():
-        raise BrokenResponse(f"a Content-Length that is not a length: {length[:40]!r}")
-    yield from _read_exactly(stream, int(length))
-
-
-def _read_exactly(stream: io.BufferedReader[_DeadlineReader], size: int) -> Iterator[bytes]:
-    left = size
-    while left:
-        piece = stream.read1(min(left, _READ_BYTES))
-        if not piece:
-            raise BrokenResponse(f"the server hung up {left} bytes before the end of the body")
-        left -= len(piece)
-        yield piece
-
-
-def _read_chunks(stream: io.BufferedReader[_DeadlineReader]) -> Iterator[bytes]:
-    while True:
-        line = _read_line(stream)
-        size = line.split(b";", 1)[0].strip()
-        if not size or any(c not in b"0123456789abcdefABCDEF" for c in size):
-            if not line:
-                raise BrokenResponse("the server hung up before the end of the chunked body")
-            raise BrokenResponse(f"a broken chunk size line: {line[:40]!r}")
-        if int(size, 16) == 0:
-            while (trailer := _read_line(stream)) and trailer not in _LINE_ENDS:
-                pass
+        event = parser.next_event()
+        if isinstance(event, NeedData):
+            parser.receive_data(_receive(sock, deadline))
+            continue
+        yield event
+        if isinstance(event, End):
             return
-        yield from _read_exactly(stream, int(size, 16))
-        if _read_line(stream) not in _LINE_ENDS:
-            raise BrokenResponse("a chunk not followed by its line end")
+
+
+def _receive(sock: socket.socket, deadline: float) -> bytes:
+    """What arrives next (`b""` when the server closed), or _Timeout at the deadline."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise _Timeout
+    sock.settimeout(remaining)
+    try:
+        return sock.recv(_READ_BYTES)
+    except TimeoutError:
+        raise _Timeout from None
 
 
 def _origin(url: str) -> tuple[str, str | None, int | None]:

@@ -9,6 +9,8 @@ question and fail for the same reasons in the same words:
 * `ScrapeLimits`: a total deadline, a cap on the decoded body and on the engines parsed;
 * `Inflater`: gzip decoded in bounded steps, the cap applied to the decoded size, so a gzip
   bomb is cut off after `max_body_bytes` of output;
+* `Body`: where a response's body goes as it arrives (a 200's capped and decoded, anything
+  else's first bytes for the failure detail), and the result it makes;
 * `Failures`: every `FetchFailed` a transport returns, one method per closed-set reason
   (`core.states.ScrapeFailureReason`), its detail on one line with the URL redacted;
 * `observation`: a fetch result, parsed, as the detector's observation.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import errno
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -41,6 +43,7 @@ MAX_REDIRECTS = 20
 #: The bytes of an error response's body kept for its failure detail (decoded, one line).
 SNIPPET_CHARS = 200
 _INFLATE_STEP_BYTES = 256 * 1024
+_OK = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +173,16 @@ def one_line(text: str, limit: int = SNIPPET_CHARS) -> str:
     return flat if len(flat) <= limit else flat[:limit] + "..."
 
 
+def snippet_text(raw: bytes, encoding: str) -> str:
+    """The start of an error response's body (raw, in `encoding`), decoded, on one line."""
+    if encoding == "gzip":
+        try:  # the start of it: a bounded step of a possibly cut stream
+            raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, SNIPPET_CHARS * 4)
+        except zlib.error:
+            raw = b""
+    return one_line(raw.decode("utf-8", errors="replace"))
+
+
 class Failures:
     """The failures of one fetch of `url`: one method per way a scrape fails, worded once.
 
@@ -184,12 +197,14 @@ class Failures:
         self.started_at = started_at
         self._clock = clock
 
+    def elapsed(self) -> float:
+        """Seconds since the fetch began."""
+        return self._clock() - self.started_at
+
     def failed(self, reason: ScrapeFailureReason, detail: str) -> FetchFailed:
         """A failure with `detail` made safe to print."""
         detail = scrub_text(detail.replace(self._url, self._shown), self._secrets)
-        return FetchFailed(
-            reason=reason, detail=detail, elapsed_seconds=self._clock() - self.started_at
-        )
+        return FetchFailed(reason=reason, detail=detail, elapsed_seconds=self.elapsed())
 
     def http_status(self, status: int, snippet: str) -> FetchFailed:
         """A response other than 200, with the start of its body."""
@@ -233,12 +248,65 @@ class Failures:
             "connect_error", f"cannot connect to {host_port(self._url)}: {one_line(str(exc))}"
         )
 
-    def broken(self, exc: BaseException) -> FetchFailed:
-        """The connection broke mid-response, or the server spoke broken HTTP."""
-        what = type(exc).__name__
+    def broken(self, exc: BaseException, what: str | None = None) -> FetchFailed:
+        """The connection broke mid-response, or the server spoke broken HTTP.
+
+        `what` names the error (a transport's library error), else the exception's type.
+        """
+        what = what or type(exc).__name__
         return self.failed(
             "connect_error",
             f"{what} from {host_port(self._url)}: {one_line(str(exc)) or 'no detail'}",
+        )
+
+
+class Body:
+    """Where a response body goes as it arrives: a 200's capped and decoded, else its start.
+
+    A transport opens it with the final response's status and headers, feeds it the raw
+    body (still in its `Content-Encoding`) and asks it for the `result`.
+    """
+
+    def __init__(self, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.received = 0  # raw body bytes of a 200, for a timeout's detail
+        self.inflater: Inflater | None = None
+        self.encoding = "identity"
+        self.snippet = b""
+        self.status = 0
+        self.content_type: str | None = None
+
+    def open(self, status: int, headers: Mapping[str, str]) -> Body:
+        """Start a response: a 200 in an encoding that was asked for is kept and decoded."""
+        self.received, self.snippet, self.inflater = 0, b"", None
+        self.status, self.content_type = status, headers.get("content-type")
+        self.encoding = content_encoding(headers.get("content-encoding"))
+        if status == _OK and is_accepted_encoding(self.encoding):
+            self.inflater = Inflater(self.encoding, self.max_body_bytes)
+        return self
+
+    def feed(self, chunk: bytes) -> bool:
+        """Take raw body bytes; True once an error's snippet suffices; TooLarge past the cap."""
+        if self.inflater is None:
+            self.snippet += chunk
+            return len(self.snippet) >= SNIPPET_CHARS * 4
+        self.received += len(chunk)
+        if self.received > self.max_body_bytes:
+            raise TooLarge
+        self.inflater.feed(chunk)
+        return False
+
+    def result(self, failures: Failures) -> Fetched | FetchFailed:
+        """The body of a 200 as it was asked for, or the failure the response was."""
+        if self.status != _OK:
+            return failures.http_status(self.status, snippet_text(self.snippet, self.encoding))
+        if self.inflater is None:
+            return failures.unasked_encoding(self.encoding)
+        return Fetched(
+            body=self.inflater.finish(),
+            status=self.status,
+            content_type=self.content_type,
+            elapsed_seconds=failures.elapsed(),
         )
 
 
