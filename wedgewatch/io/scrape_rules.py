@@ -193,7 +193,6 @@ class Failures:
     def __init__(self, url: str, started_at: float, clock: Callable[[], float]) -> None:
         self._url = url
         self._shown = redact_url(url)  # never print credentials or a query
-        self._secrets = secret_fragments([url], keep_path=True)
         self.started_at = started_at
         self._clock = clock
 
@@ -203,7 +202,8 @@ class Failures:
 
     def failed(self, reason: ScrapeFailureReason, detail: str) -> FetchFailed:
         """A failure with `detail` made safe to print."""
-        detail = scrub_text(detail.replace(self._url, self._shown), self._secrets)
+        secrets = secret_fragments([self._url], keep_path=True)  # only when a scrape failed
+        detail = scrub_text(detail.replace(self._url, self._shown), secrets)
         return FetchFailed(reason=reason, detail=detail, elapsed_seconds=self.elapsed())
 
     def http_status(self, status: int, snippet: str) -> FetchFailed:
