@@ -27,7 +27,8 @@ Profiles:
   22k-28k own tokens at 5 or 8 requests per second (10 each) or with 128-1536 output
   tokens (6-8 each); 2-3 shared 6k-12k task contexts under 2k-16k own tokens (8 each);
   3-turn conversations re-sending a growing 8k-16k context (8); 8k-24k prompts with
-  512-4096 output tokens (6-10; most plans then run past the 60 s).
+  512-4096 output tokens (6-10; most plans then run past the 60 s); half 11k-12.5k and
+  half 16k-17.5k own tokens with 256-768 output tokens at 5 per second (6).
 * `steady`: ~4 req/s of 256-1024 token prompts without shared prefixes.
 * `long-prefill`: one 16k-30k token prompt every two seconds.
 * `long-prompt`: one 30k-token prompt at the start and nothing else: a single chunked prefill

@@ -7,7 +7,8 @@ drives, step by step, the real objects a vLLM engine core drives:
   ``KVCacheManager`` and prefix cache, built from a real ``VllmConfig``;
 * the scheduler side of the KV connector vLLM itself picks from the serve flags and the
   environment in ``VllmConfig._post_init_kv_transfer_config`` (``OffloadingConnector`` for
-  ``--kv-offloading-backend native``);
+  ``--kv-offloading-backend native``, ``SimpleCPUOffloadConnector`` with
+  ``VLLM_USE_SIMPLE_KV_OFFLOAD=1``);
 * the engine loop of ``EngineCore.step`` (sync) or ``EngineCore.step_with_batch_queue`` (async,
   a batch queue of 2).
 
@@ -15,8 +16,11 @@ Emulated, and only this: the model (one sampled token when a request's scheduled
 the end of its sequence, i.e. a finished prefill or a decode), the connector workers of every TP
 rank (loads land ``load_steps`` steps after they start; stores are deferred to the next step,
 as vLLM's worker does, then drain ``store_blocks_per_step`` blocks per step in FIFO order;
-stores named in ``jobs_to_flush`` complete at once, as the worker's ``wait`` does), and the
-step time (every step counts ``step_seconds`` of simulated time).
+stores named in ``jobs_to_flush`` complete at once, as the worker's ``wait`` does; the simple
+connector's store events start in the step that names them, and ``need_flush`` completes every
+copy), and the step time (every step counts ``step_seconds`` of simulated time). Faults
+(``RealSettings.fault``): one TP rank never reports a store (``lost-store-event``) or a load
+(``hung-load``), nor, polling in order as both real workers do, any later one.
 
 ``python -m wedgewatch.sim.vllm_engine --seeds 1-30 ...`` runs ``sim load`` plans through it
 and prints, per seed, whether and when the engine wedged (a stall of at least
@@ -48,8 +52,10 @@ head size 128, K and V, bf16); 60 GiB of CPU tier is then 15 360 blocks of 16 to
 NUM_LAYERS = 64
 HEAD_SIZE = 128
 NUM_KV_HEADS_TOTAL = 8
-EMULATED_CONNECTORS = ("OffloadingConnector", "none")
-"""Connectors whose worker side this module emulates (``SimpleCPUOffloadConnector``: not yet)."""
+EMULATED_CONNECTORS = ("OffloadingConnector", "SimpleCPUOffloadConnector", "none")
+"""Connectors whose worker side this module emulates."""
+FAULTS = ("lost-store-event", "hung-load")
+"""Transfer faults of the emulated worker side (``RealSettings.fault``)."""
 TOKEN_ID = 1000
 """The token the emulated model samples (never EOS: requests end at ``max_tokens``)."""
 
@@ -73,6 +79,15 @@ class RealSettings:
     load_steps: int = 3
     store_blocks_per_step: int = 16
     step_seconds: float = 0.005
+    fault: str | None = None
+    """``lost-store-event``: the last TP rank never reports one store (and, polling in order,
+    none after it); ``hung-load``: it never finishes one load (nor any after it)."""
+    fault_after_seconds: float = 0.0
+    """The fault takes the first store (or load) that starts at or after this simulated time."""
+
+    def __post_init__(self) -> None:
+        if self.fault is not None and self.fault not in FAULTS:
+            raise ValueError(f"unknown fault {self.fault!r}; known: {', '.join(FAULTS)}")
 
 
 @dataclass(slots=True)
@@ -268,7 +283,7 @@ class RealEngine:
                 f"(emulated: {', '.join(EMULATED_CONNECTORS)}); without it its transfers "
                 "would never complete and every run would look wedged"
             )
-        self._workers = _ConnectorWorkers(settings, self.connector_name)
+        self.workers = _ConnectorWorkers(settings, self.connector_name)
         self.batch_queue: deque[tuple[Any, Any]] = deque()
         self.batch_queue_size = 2 if settings.async_scheduling else 1
         self.step_count = 0
@@ -336,7 +351,7 @@ class RealEngine:
                 sampled.append([])
             else:
                 sampled.append([TOKEN_ID])
-        kv_output = self._workers.execute(scheduler_output, self.step_count)
+        kv_output = self.workers.execute(scheduler_output, self.step_count)
         return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -360,6 +375,9 @@ class RealEngine:
             "kv_usage": round(float(sched.kv_cache_manager.usage), 4),
             "free_blocks": int(sched.kv_cache_manager.block_pool.get_num_free_blocks()),
         }
+        fired = self.workers.fault_fired_at_step
+        if fired is not None:
+            state["fault_fired_at_seconds"] = round(fired * self.settings.step_seconds, 3)
         for name in ("skipped_waiting", "kv_holding_waiting", "deferred_waiting"):
             queue = getattr(sched, name, None)
             if queue is not None:
@@ -369,82 +387,166 @@ class RealEngine:
         return state
 
 
+@dataclass(slots=True)
+class _Transfer:
+    """One store or load job (OffloadingConnector) or event (SimpleCPUOffloadConnector)."""
+
+    job_id: int
+    is_store: bool
+    blocks_left: int = 0
+    req_ids: tuple[str, ...] = ()
+    due_step: int = 0
+    done: bool = False
+    stuck: bool = False
+    """The faulty rank never reports this copy (the fault's copy, or one queued behind it)."""
+
+
 class _ConnectorWorkers:
-    """The worker side of the connector on every TP rank, following its protocol."""
+    """The worker side of the connector on every TP rank, following its protocol.
+
+    Every rank runs the same copies in the same order, so one queue per direction stands for
+    all ranks. A fault makes the last rank lose one copy's completion; both real workers poll
+    their copy streams in order (``_transfers[0].end_event.query()`` in the offloading worker,
+    a high-water mark in the simple worker), so every later copy of that direction on that
+    rank stays unreported too. A flush completes the copies on the healthy ranks only (a real
+    flush would wait on the lost copy; here the step goes on and the completions stay missing).
+    """
 
     def __init__(self, settings: RealSettings, connector_name: str) -> None:
         self.settings = settings
         self.connector_name = connector_name
         self.ranks = settings.tensor_parallel_size
-        self._deferred_stores: list[tuple[int, int]] = []  # (job id, blocks)
-        self._store_pipe: deque[list[int]] = deque()  # [job id, blocks left]
-        self._loads: list[tuple[int, int, str]] = []  # (done at step, job id, req id)
-        self._completed: dict[int, int] = {}
+        self._deferred_stores: list[_Transfer] = []
+        self._stores: deque[_Transfer] = deque()
+        self._loads: deque[_Transfer] = deque()
+        self._stuck = {True: False, False: False}  # per direction (is_store), faulty rank
+        self.fault_fired_at_step: int | None = None
 
     def execute(self, scheduler_output: Any, step: int) -> Any:
-        from vllm.v1.outputs import KVConnectorOutput  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
-
+        """One step of every rank's worker side: flush, start copies, report completions."""
         meta = getattr(scheduler_output, "kv_connector_metadata", None)
-        if meta is None or self.connector_name != "OffloadingConnector":
+        if meta is None or self.connector_name == "none":
             return None
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
-            OffloadingWorkerMetadata,
-        )
-
-        completed: dict[int, int] = {}
-        # handle_preemptions: flushed stores complete now, wherever they are (the worker
-        # submits them and waits for them before the forward).
-        flushed = set(meta.jobs_to_flush or ())
-        for job_id in flushed:
-            if meta.store_jobs.pop(job_id, None) is not None:
-                completed[job_id] = self.ranks
+        flushed: set[int] | bool
+        if self.connector_name == "OffloadingConnector":
+            flushed, stores, loads = self._offloading_jobs(meta)
+        else:
+            flushed, stores, loads = self._simple_events(meta)
+        # handle_preemptions: the flushed copies complete now (the worker waits for them).
         if flushed:
-            for entry in self._store_pipe:
-                if entry[0] in flushed:
-                    completed[entry[0]] = self.ranks
-            for job_id, _blocks in self._deferred_stores:
-                if job_id in flushed:
-                    completed[job_id] = self.ranks
-            self._store_pipe = deque(e for e in self._store_pipe if e[0] not in flushed)
-            self._deferred_stores = [d for d in self._deferred_stores if d[0] not in flushed]
-        # start_kv_transfers: last step's stores enter the pipe; this step's loads start.
-        for job_id, blocks in self._deferred_stores:
-            self._store_pipe.append([job_id, blocks])
+            for transfer in (*self._stores, *self._deferred_stores, *self._loads, *stores):
+                if flushed is True or transfer.job_id in flushed:
+                    transfer.done = transfer.done or transfer.is_store or flushed is True
+        # start_kv_transfers / start_load_kv: last step's stores enter the pipe; loads start.
+        self._stores.extend(self._deferred_stores)
         self._deferred_stores = []
-        for job_id, entry in meta.load_jobs.items():
-            self._loads.append((step + self.settings.load_steps, job_id, entry.req_id))
-        # prepare_store_kv (after the forward): this step's stores wait for the next step.
-        for job_id, entry in meta.store_jobs.items():
-            self._deferred_stores.append((job_id, len(entry.src_spec.block_ids)))
-        # get_finished: the store pipe drains; loads that are due land.
+        for transfer in loads:
+            transfer.due_step = step + self.settings.load_steps
+            self._submit(transfer, step)
+            self._loads.append(transfer)
+        for transfer in stores:
+            self._submit(transfer, step)
+            if self.connector_name == "OffloadingConnector" and not transfer.done:
+                # prepare_store_kv (after the forward): this step's stores wait a step.
+                self._deferred_stores.append(transfer)
+            else:
+                # wait_for_save: the simple worker launches the copy at once.
+                self._stores.append(transfer)
+        # get_finished: the store pipe drains in order; loads that are due land.
         budget = self.settings.store_blocks_per_step
-        while self._store_pipe:
-            head = self._store_pipe[0]
-            if head[1] > 0:
+        for transfer in self._stores:
+            if transfer.done:
+                continue
+            if transfer.blocks_left > 0:
                 if budget <= 0:
                     break
-                taken = min(budget, head[1])
-                head[1] -= taken
+                taken = min(budget, transfer.blocks_left)
+                transfer.blocks_left -= taken
                 budget -= taken
-                if head[1] > 0:
+                if transfer.blocks_left > 0:
                     break
-            self._store_pipe.popleft()
-            completed[head[0]] = self.ranks
+            transfer.done = True
+        for transfer in self._loads:
+            transfer.done = transfer.done or transfer.due_step <= step
+        return self._report()
+
+    def _submit(self, transfer: _Transfer, step: int) -> None:
+        """Mark ``transfer`` lost on the faulty rank: the fault's copy, or one behind it."""
+        settings = self.settings
+        if (
+            settings.fault is not None
+            and self.fault_fired_at_step is None
+            and (settings.fault == "lost-store-event") == transfer.is_store
+            and step * settings.step_seconds >= settings.fault_after_seconds
+        ):
+            self.fault_fired_at_step = step
+            self._stuck[transfer.is_store] = True
+        transfer.stuck = self._stuck[transfer.is_store]
+
+    def _report(self) -> Any:
+        """What the ranks' ``get_finished`` report, aggregated as vLLM's executor does."""
+        from vllm.v1.outputs import KVConnectorOutput  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
+
+        completed: dict[bool, dict[int, int]] = {True: {}, False: {}}
         finished_recving: set[str] = set()
-        still: list[tuple[int, int, str]] = []
-        for due, job_id, req_id in self._loads:
-            if due <= step:
-                completed[job_id] = self.ranks
-                finished_recving.add(req_id)
-            else:
-                still.append((due, job_id, req_id))
-        self._loads = still
-        worker_meta = OffloadingWorkerMetadata(completed_jobs=completed) if completed else None
+        for queue in (self._stores, self._loads):
+            for transfer in queue:
+                if transfer.done:
+                    ranks = self.ranks - 1 if transfer.stuck else self.ranks
+                    if ranks > 0:
+                        completed[transfer.is_store][transfer.job_id] = ranks
+                    if not transfer.is_store and not transfer.stuck:
+                        # The executor reports a load once every rank has finished it.
+                        finished_recving.update(transfer.req_ids)
+            kept = [transfer for transfer in queue if not transfer.done]
+            queue.clear()
+            queue.extend(kept)
         return KVConnectorOutput(
             finished_sending=set(),
             finished_recving=finished_recving,
-            kv_connector_worker_meta=worker_meta,
+            kv_connector_worker_meta=self._worker_meta(completed[True], completed[False]),
         )
+
+    def _worker_meta(self, stores: dict[int, int], loads: dict[int, int]) -> Any:
+        """The per-rank completion counts, summed over the ranks (``aggregate``)."""
+        if self.connector_name == "OffloadingConnector":
+            from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
+                OffloadingWorkerMetadata,
+            )
+
+            jobs = stores | loads
+            return OffloadingWorkerMetadata(completed_jobs=jobs) if jobs else None
+        from vllm.v1.simple_kv_offload.metadata import (  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
+            SimpleCPUOffloadWorkerMetadata,
+        )
+
+        # Loads are reported through finished_recving only.
+        return SimpleCPUOffloadWorkerMetadata(completed_store_events=stores) if stores else None
+
+    @staticmethod
+    def _offloading_jobs(meta: Any) -> tuple[set[int], list[_Transfer], list[_Transfer]]:
+        """(jobs to flush, new stores, new loads) of an ``OffloadingConnectorMetadata``."""
+        stores = [
+            _Transfer(job_id, True, len(entry.src_spec.block_ids))
+            for job_id, entry in meta.store_jobs.items()
+        ]
+        loads = [
+            _Transfer(job_id, False, req_ids=(entry.req_id,))
+            for job_id, entry in meta.load_jobs.items()
+        ]
+        return set(meta.jobs_to_flush or ()), stores, loads
+
+    @staticmethod
+    def _simple_events(meta: Any) -> tuple[bool, list[_Transfer], list[_Transfer]]:
+        """(flush all, new stores, new loads) of a ``SimpleCPUOffloadMetadata``."""
+        stores: list[_Transfer] = []
+        loads: list[_Transfer] = []
+        if meta.store_event >= 0:
+            stores.append(_Transfer(meta.store_event, True, len(meta.store_gpu_blocks)))
+        if meta.load_event >= 0:
+            req_ids = tuple(meta.load_event_to_reqs.get(meta.load_event, ()))
+            loads.append(_Transfer(meta.load_event, False, req_ids=req_ids))
+        return bool(meta.need_flush), stores, loads
 
 
 def run_plan(
@@ -527,6 +629,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-steps", type=int, default=3)
     parser.add_argument("--store-blocks-per-step", type=int, default=16)
     parser.add_argument("--wedge-steps", type=int, default=WEDGE_STEPS)
+    parser.add_argument("--fault", choices=FAULTS, default=None)
+    parser.add_argument(
+        "--fault-after-seconds",
+        type=float,
+        default=0.0,
+        help="the fault takes the first store (or load) starting at or after this simulated time",
+    )
     args = parser.parse_args(argv)
     settings = RealSettings(
         async_scheduling=not args.sync,
@@ -534,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
         simple_kv_offload=args.simple_offload,
         load_steps=args.load_steps,
         store_blocks_per_step=args.store_blocks_per_step,
+        fault=args.fault,
+        fault_after_seconds=args.fault_after_seconds,
     )
     import vllm  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
 
