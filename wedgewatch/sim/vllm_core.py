@@ -101,12 +101,7 @@ def real_settings(args: ServeArgs, simple_kv_offload: bool) -> RealSettings:
 
 def with_fault(settings: RealSettings, name: str) -> RealSettings:
     """`settings` with the connector workers' fault `name` (RealSettings.fault)."""
-    if "fault" not in {f.name for f in dataclasses.fields(RealSettings)}:
-        raise NotImplementedError(
-            f"--fault {name}: this checkout's vllm_engine.RealSettings has no `fault` field "
-            "(the connector-worker faults come with the tune branch)"
-        )
-    return dataclasses.replace(settings, **cast(dict[str, Any], {"fault": name}))
+    return dataclasses.replace(settings, fault=name)
 
 
 def planned_request(request: SimRequest) -> PlannedRequest:
@@ -276,10 +271,7 @@ class RealScheduler:
         (`hung-load`) never completes on one TP rank."""
         settings = with_fault(self.engine.settings, fault)
         self.engine.settings = settings
-        # The emulated workers read their settings at every transfer (`workers` on the tune
-        # branch, `_workers` before it).
-        workers = getattr(self.engine, "workers", None) or self.engine._workers
-        workers.settings = settings
+        self.engine.workers.settings = settings  # read at every transfer
         log.warning("fault %s: the emulated KV connector workers now carry it out", fault)
 
 
