@@ -46,6 +46,10 @@ from wedgewatch.vllm.signals import Exposition, parse
 WEDGEWATCH = [sys.executable, "-m", "wedgewatch"]
 # The launcher's production profile, exactly as `wedgewatch launch --profile tp2-offload` runs it.
 TP2_OFFLOAD = list(builtin_profiles()["tp2-offload"].args)
+# vLLM 0.30.0's scheduler (the simulator's model) wedges on agentic-burst with full-ISL admission
+# off (30 of 30 seeds, for the real scheduler too); with vLLM's default (on) on 1 of 30
+# (docs/simulator.md, "Fidelity").
+TP2_WEDGE = [*TP2_OFFLOAD, "--no-scheduler-reserve-full-isl"]
 # agentic-burst under this load seed wedges the stock scheduler ~7 s into the load in the pure
 # model (tests/sim/test_burst.py); over HTTP, arrival timing can occasionally let a burst through.
 WEDGING_SEED = "16"
@@ -185,7 +189,7 @@ def wedge_trial(kind: str) -> dict[str, Any]:
     """One fresh simulator, daemon and load; latency of detection and of the bundle."""
     with workdir(kind) as work:
         if kind == "scheduler_wedge":
-            sim, url = start_sim(work, kind, TP2_OFFLOAD)
+            sim, url = start_sim(work, kind, TP2_WEDGE)
             profile, family, seed, seconds = "agentic-burst", "deferred_stall", WEDGING_SEED, 12
         else:
             sim, url = start_sim(work, kind, [*TP2_OFFLOAD, "--fault", "collective-hang@15"])

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from test_e2e_daemon import (
-    TP2_OFFLOAD,
+    TP2_WEDGE,
     WEDGEWATCH,
     WEDGING_SEED,
     DaemonProcess,
@@ -137,7 +137,7 @@ def test_wedge_under_retrying_clients_is_detected_at_its_threshold(
     """
     stall_after, interval = 5.0, 1.0
     for attempt in range(WEDGE_ATTEMPTS):
-        sim = sims(f"tp2-{attempt}", TP2_OFFLOAD)
+        sim = sims(f"tp2-{attempt}", TP2_WEDGE)
         watch = TokenWatch(sim.base_url)
         daemon = daemons(
             [

@@ -249,6 +249,9 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
         extra = command[command.index("--") + 1 :]
         extra[extra.index("--host") + 1] = "127.0.0.1"
         extra[extra.index("--port") + 1] = burst.rsplit(":", 1)[1]
+        # vLLM 0.30.0 (the simulator's model) wedges on agentic-burst with full-ISL admission
+        # off (30 of 30 seeds), on 1 of 30 with its default (docs/simulator.md, "Fidelity").
+        extra.append("--no-scheduler-reserve-full-isl")
         launch = [
             *WEDGEWATCH,
             *command[1 : command.index("--model") + 1],
