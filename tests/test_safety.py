@@ -265,7 +265,10 @@ def _fake_systemctl(directory: Path) -> Path:
 def _wait_for_restart_call(fake: Path) -> None:
     """Wait (bounded) until the stand-in systemctl was asked to restart the unit."""
     deadline = time.monotonic() + 30
-    while not [c for c in (fake / "calls").read_text().splitlines() if "restart" in c.split()]:
+    calls = fake / "calls"  # written by the stand-in's first run, which may still be to come
+    while not calls.exists() or not [
+        c for c in calls.read_text().splitlines() if "restart" in c.split()
+    ]:
         assert time.monotonic() < deadline, "systemctl restart was never run"
         time.sleep(0.1)
 

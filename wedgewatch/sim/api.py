@@ -891,7 +891,7 @@ async def _serve_http(
     host, port = sock.getsockname()[:2]
     log.info("Starting vLLM API server 0 on http://%s:%d", host, port)
     background: list[asyncio.Task[None]] = [
-        asyncio.create_task(_watchdog_loop(uv_server, client)),
+        asyncio.create_task(_watchdog_loop(uv_server, client, faults.origin_at)),
         asyncio.create_task(client.log_stats_loop()),
     ]
     hang_at = faults.first_at("api-hang")
@@ -904,10 +904,20 @@ async def _serve_http(
             task.cancel()
 
 
-async def _watchdog_loop(uv_server: uvicorn.Server, client: EngineClient) -> None:
-    """vLLM's `watchdog_loop`: every 5 s, stop serving if an engine has died."""
+async def _watchdog_loop(uv_server: uvicorn.Server, client: EngineClient, origin_at: float) -> None:
+    """vLLM's `watchdog_loop`: every 5 s, stop serving if an engine has died.
+
+    vLLM's ticks fall every 5 s after its server started, a phase nobody outside can know;
+    here they fall on whole multiples of 5 s after `sim serve` started (the fault clock's
+    origin), so an engine that dies at fault time T answers /health 503 until the next
+    multiple of 5 after T: `engine-crash@6` gives four seconds of 503, however long the
+    start took.
+    """
     while True:
-        await asyncio.sleep(WATCHDOG_INTERVAL_SECONDS)
+        elapsed = time.monotonic() - origin_at
+        ticks_done = math.floor(elapsed / WATCHDOG_INTERVAL_SECONDS)
+        next_tick = origin_at + (ticks_done + 1) * WATCHDOG_INTERVAL_SECONDS
+        await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
         if client.errored:
             log.error("Engine failed, terminating server.")
             uv_server.should_exit = True
