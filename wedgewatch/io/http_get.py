@@ -42,6 +42,7 @@ from wedgewatch.io.http_parse import (
     ProtocolError,
     ResponseParser,
     get_request,
+    port_of,
 )
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def _get_once(
     """One request: the response, a failure, or the `Location` of a redirect."""
     parts = urlsplit(url)
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = port_of(parts)
     except ValueError as exc:  # a port out of range
         return failures.failed("connect_error", f"cannot fetch {url}: {exc}")
     if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -34,10 +34,18 @@ MAX_HEADER_FIELDS = 100
 MAX_CHUNK_LINE_BYTES = 1024
 
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # what a path keeps as it is (RFC 3986 pchar and "/")
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Where the response being read stands.
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
+
+
+def port_of(parts: SplitResult) -> int:
+    """A URL's port, or its scheme's default (443 for https, 80 otherwise).
+
+    Raises ValueError for a port out of range, as `SplitResult.port` does.
+    """
+    return parts.port or DEFAULT_PORTS.get(parts.scheme, 80)
 
 
 class ProtocolError(Exception):
@@ -80,7 +88,7 @@ def get_request(url: SplitResult, headers: Mapping[str, str]) -> bytes:
     host = url.hostname or ""
     host = host if host.isascii() else host.encode("idna").decode("ascii")
     authority = f"[{host}]" if ":" in host else host
-    if url.port is not None and url.port != _DEFAULT_PORTS.get(url.scheme):
+    if url.port is not None and url.port != DEFAULT_PORTS.get(url.scheme):
         authority += f":{url.port}"
     target = quote(url.path or "/", safe=_PATH_SAFE)
     if url.query:

@@ -27,6 +27,7 @@ import psutil
 
 from wedgewatch.core.redact import redact_url
 from wedgewatch.core.server_proof import cgroup_in_unit, is_this_machine, plain_ip, prove_server
+from wedgewatch.io.http_parse import port_of
 from wedgewatch.vllm.semantics import Role, classify_role
 
 _WILDCARD_IPS = frozenset({"0.0.0.0", "::", "::0"})
@@ -193,12 +194,12 @@ def endpoint_of_url(url: str) -> tuple[str, int] | str:
     """(host, port) of an http(s) URL, with the scheme's default port; or an error message."""
     try:
         parts = urlsplit(url)
-        port = parts.port
+        port = port_of(parts)
     except ValueError as exc:
         return f"cannot read a port from {url!r}: {exc}"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"not an http(s) URL with a host: {url!r}"
-    return parts.hostname, port or (443 if parts.scheme == "https" else 80)
+    return parts.hostname, port
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from wedgewatch import __version__
 from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
 from wedgewatch.core.redact import redact_url, scrub_text, secret_fragments
 from wedgewatch.core.states import ScrapeFailureReason
+from wedgewatch.io.http_parse import port_of
 from wedgewatch.vllm import signals
 
 #: Request headers: plain text only (vLLM's `/metrics/` mount escapes `:` in OpenMetrics).
@@ -146,7 +147,7 @@ def host_port(url: str) -> str:
     """`host:port` of a URL (`[v6]:port`), the default port filled in, for failure details."""
     parts = urlsplit(url)
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = port_of(parts)
     except ValueError:
         return parts.netloc
     host = parts.hostname or ""
