@@ -21,7 +21,7 @@ from test_loop import (
 )
 
 from wedgewatch.config import Config
-from wedgewatch.daemon.loop import Daemon
+from wedgewatch.daemon.loop import TARGETS_PER_WAKEUP, Daemon, first_scrape_offsets
 from wedgewatch.daemon.roles import Deps, ScrapeResult
 
 
@@ -115,6 +115,62 @@ async def test_a_hung_target_never_delays_another(tmp_path: Path) -> None:
     assert len(scraper.scrapes["hung"]) == 1  # one scrape, still in flight
     assert daemon.snapshot.targets["hung"].state == "starting"
     assert daemon.snapshot.ticks >= 30  # the heartbeat kept going
+
+
+def test_targets_share_wakeups_in_slots_spread_over_the_interval() -> None:
+    """Up to 16 targets start together; more are dealt round-robin into evenly spaced slots."""
+    assert first_scrape_offsets(1, 1.0) == [0.0]
+    assert first_scrape_offsets(16, 2.0) == [0.0] * 16
+    assert first_scrape_offsets(5, 1.0, per_wakeup=2) == [0.0, 1 / 3, 2 / 3, 0.0, 1 / 3]
+    for targets in (17, 40, 1000):
+        offsets = first_scrape_offsets(targets, 1.0)
+        slots = sorted(set(offsets))
+        assert len(slots) == -(-targets // TARGETS_PER_WAKEUP)
+        assert slots == [i / len(slots) for i in range(len(slots))]  # evenly over one interval
+        shares = [offsets.count(slot) for slot in slots]
+        assert max(shares) <= TARGETS_PER_WAKEUP
+        assert max(shares) - min(shares) <= 1
+
+
+async def test_many_targets_scrape_in_slots_each_on_its_own_cadence(tmp_path: Path) -> None:
+    """40 targets: three instants a third of a second apart, each target every 1 s after."""
+    clock = FakeClock()
+    time = VirtualTime(clock)
+    scraper = SplitScraper(clock)
+    start = clock.now
+    config = Config.model_validate(
+        {
+            "targets": [f"t{i}=http://127.0.0.1:{8001 + i}" for i in range(40)],
+            "interval_seconds": 1.0,
+            "state_dir": str(tmp_path / "state"),
+            "evidence_dir": str(tmp_path / "evidence"),
+            "remedy": "none",
+        }
+    )
+    deps = Deps(
+        clock=clock,
+        sleeper=time,
+        scraper=scraper,
+        evidence=FakeEvidence(),
+        restarters={},
+        finder=FakeFinder(),
+        notifier=FakeNotifier(),
+        state_store=MemoryStateStore(),
+        service=FakeService(),
+        registry=CollectorRegistry(),
+        serve_http=False,
+    )
+    daemon = Daemon(config, deps)
+    stop = asyncio.Event()
+    with structlog.testing.capture_logs():
+        await asyncio.gather(daemon.run(stop), time.run(10.0, stop))
+    firsts = [round(scraper.scrapes[f"t{i}"][0] - start, 6) for i in range(40)]
+    assert sorted(set(firsts)) == [0.0, round(1 / 3, 6), round(2 / 3, 6)]
+    assert sorted(firsts.count(t) for t in set(firsts)) == [13, 13, 14]
+    for i in range(40):
+        times = scraper.scrapes[f"t{i}"]
+        assert len(times) >= 9
+        assert all(abs(b - a - 1.0) < 1e-9 for a, b in itertools.pairwise(times))
 
 
 async def test_quiet_targets_do_not_rewrite_the_state_file(tmp_path: Path) -> None:

@@ -129,10 +129,11 @@ class TargetRunner:
     async def cadence(self, stop: asyncio.Event, offset_seconds: float = 0.0) -> None:
         """Scrape and judge every `interval_seconds` until `stop`; skip, never burst.
 
-        The first scrape waits `offset_seconds`, so many targets spread over the interval
-        instead of all scraping at the same instant. `stop` is looked at between steps;
-        `Daemon.run` cancels the cadence when it is set, which ends a sleep at once (a
-        plain sleep: racing it against `stop` cost two tasks per step and target).
+        The first scrape waits `offset_seconds` (`loop.first_scrape_offsets`: up to 16
+        targets share a wakeup, more are spread over the interval in slots). `stop` is
+        looked at between steps; `Daemon.run` cancels the cadence when it is set, which
+        ends a sleep at once (a plain sleep: racing it against `stop` cost two tasks per
+        step and target).
         """
         clock = self.deps.clock
         sleep = self.deps.sleeper.sleep
