@@ -72,18 +72,21 @@ class SplitScraper:
         return None
 
 
-async def test_a_hung_target_never_delays_another(tmp_path: Path) -> None:
-    """Beside a target whose scrape never returns, the others keep their 1 s cadence."""
+async def run_daemon(
+    tmp_path: Path,
+    targets: list[str],
+    seconds: float,
+    *,
+    store: MemoryStateStore | None = None,
+) -> tuple[Daemon, SplitScraper, float]:
+    """Run a daemon over `targets` for `seconds` of virtual time: it, its scraper, its start."""
     clock = FakeClock()
     time = VirtualTime(clock)
     scraper = SplitScraper(clock)
+    start = clock.now
     config = Config.model_validate(
         {
-            "targets": [
-                "a=http://127.0.0.1:8001",
-                "hung=http://127.0.0.1:8002",
-                "b=http://127.0.0.1:8003",
-            ],
+            "targets": targets,
             "interval_seconds": 1.0,
             "state_dir": str(tmp_path / "state"),
             "evidence_dir": str(tmp_path / "evidence"),
@@ -98,7 +101,7 @@ async def test_a_hung_target_never_delays_another(tmp_path: Path) -> None:
         restarters={},
         finder=FakeFinder(),
         notifier=FakeNotifier(),
-        state_store=MemoryStateStore(),
+        state_store=store if store is not None else MemoryStateStore(),
         service=FakeService(),
         registry=CollectorRegistry(),
         serve_http=False,
@@ -106,7 +109,14 @@ async def test_a_hung_target_never_delays_another(tmp_path: Path) -> None:
     daemon = Daemon(config, deps)
     stop = asyncio.Event()
     with structlog.testing.capture_logs():
-        await asyncio.gather(daemon.run(stop), time.run(30.0, stop))
+        await asyncio.gather(daemon.run(stop), time.run(seconds, stop))
+    return daemon, scraper, start
+
+
+async def test_a_hung_target_never_delays_another(tmp_path: Path) -> None:
+    """Beside a target whose scrape never returns, the others keep their 1 s cadence."""
+    targets = ["a=http://127.0.0.1:8001", "hung=http://127.0.0.1:8002", "b=http://127.0.0.1:8003"]
+    daemon, scraper, _ = await run_daemon(tmp_path, targets, 30.0)
     for name in ("a", "b"):
         times = scraper.scrapes[name]
         assert len(times) >= 30
@@ -134,36 +144,8 @@ def test_targets_share_wakeups_in_slots_spread_over_the_interval() -> None:
 
 async def test_many_targets_scrape_in_slots_each_on_its_own_cadence(tmp_path: Path) -> None:
     """40 targets: three instants a third of a second apart, each target every 1 s after."""
-    clock = FakeClock()
-    time = VirtualTime(clock)
-    scraper = SplitScraper(clock)
-    start = clock.now
-    config = Config.model_validate(
-        {
-            "targets": [f"t{i}=http://127.0.0.1:{8001 + i}" for i in range(40)],
-            "interval_seconds": 1.0,
-            "state_dir": str(tmp_path / "state"),
-            "evidence_dir": str(tmp_path / "evidence"),
-            "remedy": "none",
-        }
-    )
-    deps = Deps(
-        clock=clock,
-        sleeper=time,
-        scraper=scraper,
-        evidence=FakeEvidence(),
-        restarters={},
-        finder=FakeFinder(),
-        notifier=FakeNotifier(),
-        state_store=MemoryStateStore(),
-        service=FakeService(),
-        registry=CollectorRegistry(),
-        serve_http=False,
-    )
-    daemon = Daemon(config, deps)
-    stop = asyncio.Event()
-    with structlog.testing.capture_logs():
-        await asyncio.gather(daemon.run(stop), time.run(10.0, stop))
+    targets = [f"t{i}=http://127.0.0.1:{8001 + i}" for i in range(40)]
+    _, scraper, start = await run_daemon(tmp_path, targets, 10.0)
     firsts = [round(scraper.scrapes[f"t{i}"][0] - start, 6) for i in range(40)]
     assert sorted(set(firsts)) == [0.0, round(1 / 3, 6), round(2 / 3, 6)]
     assert sorted(firsts.count(t) for t in set(firsts)) == [13, 13, 14]
@@ -175,36 +157,9 @@ async def test_many_targets_scrape_in_slots_each_on_its_own_cadence(tmp_path: Pa
 
 async def test_quiet_targets_do_not_rewrite_the_state_file(tmp_path: Path) -> None:
     """With nothing notable happening the state file is written every 30 s, not every tick."""
-    clock = FakeClock()
-    time = VirtualTime(clock)
-    scraper = SplitScraper(clock)
     store = MemoryStateStore()
-    config = Config.model_validate(
-        {
-            "targets": [f"t{i}=http://127.0.0.1:{8001 + i}" for i in range(5)],
-            "interval_seconds": 1.0,
-            "state_dir": str(tmp_path / "state"),
-            "evidence_dir": str(tmp_path / "evidence"),
-            "remedy": "none",
-        }
-    )
-    deps = Deps(
-        clock=clock,
-        sleeper=time,
-        scraper=scraper,
-        evidence=FakeEvidence(),
-        restarters={},
-        finder=FakeFinder(),
-        notifier=FakeNotifier(),
-        state_store=store,
-        service=FakeService(),
-        registry=CollectorRegistry(),
-        serve_http=False,
-    )
-    daemon = Daemon(config, deps)
-    stop = asyncio.Event()
-    with structlog.testing.capture_logs():
-        await asyncio.gather(daemon.run(stop), time.run(120.0, stop))
+    targets = [f"t{i}=http://127.0.0.1:{8001 + i}" for i in range(5)]
+    _, scraper, _ = await run_daemon(tmp_path, targets, 120.0, store=store)
     assert all(len(scraper.scrapes[f"t{i}"]) >= 120 for i in range(5))
     assert store.saves <= 1 + 120 // 30 + 1  # the first save, the refreshes, the last one
     assert set(store.saved.targets) == {f"t{i}" for i in range(5)}
