@@ -34,7 +34,7 @@ MAX_HEADER_FIELDS = 100
 MAX_CHUNK_LINE_BYTES = 1024
 
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # what a path keeps as it is (RFC 3986 pchar and "/")
-DEFAULT_PORTS = {"http": 80, "https": 443}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Where the response being read stands.
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
@@ -45,7 +45,7 @@ def port_of(parts: SplitResult) -> int:
 
     Raises ValueError for a port out of range, as `SplitResult.port` does.
     """
-    return parts.port or DEFAULT_PORTS.get(parts.scheme, 80)
+    return parts.port or _DEFAULT_PORTS.get(parts.scheme, 80)
 
 
 class ProtocolError(Exception):
@@ -88,7 +88,7 @@ def get_request(url: SplitResult, headers: Mapping[str, str]) -> bytes:
     host = url.hostname or ""
     host = host if host.isascii() else host.encode("idna").decode("ascii")
     authority = f"[{host}]" if ":" in host else host
-    if url.port is not None and url.port != DEFAULT_PORTS.get(url.scheme):
+    if url.port is not None and url.port != _DEFAULT_PORTS.get(url.scheme):
         authority += f":{url.port}"
     target = quote(url.path or "/", safe=_PATH_SAFE)
     if url.query:
