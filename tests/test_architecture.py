@@ -1,4 +1,4 @@
-"""The package's shape: no import cycle, a pure core, and modules a reader can hold in mind.
+"""The package's shape: no import cycle, a pure core, and layers that import only downwards.
 
 Every module of `wedgewatch/` is parsed with `ast`; imports inside functions count like
 top-level ones, because a cycle hidden in a function is still a cycle.
@@ -13,13 +13,6 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "wedgewatch"
-MAX_MODULE_LINES = 700
-MAX_CLASS_LINES = 350
-#: Known offenders, each with the reason it is allowed for now. Nothing else may grow past
-#: the limits.
-SIZE_ALLOWED: dict[str, str] = {
-    "wedgewatch.config.model.Config": "one field per setting; issue #10 added three",
-}
 #: What a pure module may not import: the world, and the layers that touch it.
 IMPURE = (
     "asyncio",
@@ -218,33 +211,6 @@ def test_pure_layers_import_no_io(name: str) -> None:
         if any(module == bad or module.startswith(bad + ".") for bad in IMPURE)
     )
     assert impure == [], f"{name} imports {impure}"
-
-
-def _sizes() -> Iterator[tuple[str, int, int]]:
-    """(module or module.Class, its lines, its limit) for every module outside sim/."""
-    for name, path in MODULES.items():
-        if name.startswith("wedgewatch.sim"):
-            continue
-        text = path.read_text(encoding="utf-8")
-        yield name, len(text.splitlines()), MAX_MODULE_LINES
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ClassDef):
-                assert node.end_lineno is not None
-                yield f"{name}.{node.name}", node.end_lineno - node.lineno + 1, MAX_CLASS_LINES
-
-
-def test_modules_and_classes_stay_small() -> None:
-    """Outside sim/, no module is over 700 lines and no class over 350, bar the named offenders."""
-    too_big = {
-        what: lines for what, lines, limit in _sizes() if lines > limit and what not in SIZE_ALLOWED
-    }
-    assert too_big == {}
-
-
-def test_the_allowed_offenders_still_need_it() -> None:
-    """An allow-list entry goes away as soon as its offender is back under the limit."""
-    over = {what for what, lines, limit in _sizes() if lines > limit}
-    assert set(SIZE_ALLOWED) <= over, f"within the limit now, drop: {set(SIZE_ALLOWED) - over}"
 
 
 #: Each layer imports only from itself and the layers listed (the top level may import all).
