@@ -66,7 +66,7 @@ Decisions, all returned as a `ParseFailure` with a specific message, never raise
 
 Sample lines in the canonical form `prometheus_client` writes (`name{a="x",b="y"} value`)
 are read by one anchored regex; any other needed line (extra spaces, tabs, a timestamp in
-an odd place) goes to `prometheus_client`'s own sample-line parser, which is the authority
+an odd place) goes to `prometheus_client`'s public exposition parser, which is the authority
 on the grammar, and a line that parser rejects is malformed.
 """
 
@@ -340,20 +340,27 @@ def _read_sample(name: str, rest: str) -> tuple[dict[str, str], float]:
 
 
 def _read_sample_with_library(name: str, rest: str) -> tuple[dict[str, str], float]:
-    """Hand a non-canonical needed line to prometheus_client's sample-line parser.
+    """Hand a non-canonical needed line to prometheus_client's public exposition parser.
 
     Imported here, not at the top: canonical lines never need it, and its import would cost
-    every exec probe (`wedgewatch check`) a noticeable share of its start-up.
+    every exec probe (`wedgewatch check`) a noticeable share of its start-up. The line is
+    parsed alone, without its `# TYPE` line, so the library keeps the sample's own name.
     """
     from prometheus_client.parser import (  # noqa: PLC0415 - see above
-        _parse_sample as _library_parse_sample,
+        text_string_to_metric_families,
     )
 
     try:
-        # The library's sample-line parser is private and untyped, and its failure modes on
-        # hostile input are undocumented (mostly ValueError, IndexError on some lines), so any
-        # exception it raises means "malformed line".
-        sample = _library_parse_sample((name + rest).strip())  # type: ignore[no-untyped-call]
+        # The parser's failure modes on hostile input are not documented (ValueError for
+        # most, IndexError or KeyError for some lines), so any exception means "malformed".
+        samples = [
+            sample
+            for family in text_string_to_metric_families((name + rest).strip() + "\n")
+            for sample in family.samples
+        ]
+        if len(samples) != 1:
+            raise ValueError(f"{len(samples)} samples on one line")
+        sample = samples[0]
         labels = {str(k): str(v) for k, v in sample.labels.items()}
         value = float(sample.value)
     except Exception as error:
