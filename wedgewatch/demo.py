@@ -37,7 +37,7 @@ import httpx
 
 from wedgewatch import launch
 from wedgewatch.config import Config, load_config
-from wedgewatch.core.known_issues import KnownIssue, shipped_known_issues
+from wedgewatch.core.known_issues import Facts, KnownIssue, match_issue, shipped_known_issues
 from wedgewatch.core.states import CALM, CapturePhase
 from wedgewatch.demo_story import (
     Event,
@@ -111,6 +111,33 @@ class DemoStory:
     release: str  # e.g. 0.30.0
     reported_version: str  # what the simulator's /version says: 0.30.0+wedgewatch.sim
     issue: KnownIssue
+    flags: Mapping[str, str] = field(default_factory=dict)  # of the printed command
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def disagreements(self) -> list[str]:
+        """Where the printed command, what runs and the known issue tell different stories."""
+        problems = []
+        if self.connector != self.simulated_connector:
+            problems.append(
+                f"the printed command makes vLLM build {self.connector}, but the simulator "
+                f"runs {self.simulated_connector}"
+            )
+        wedge = {"running": 0, "waiting": 3, "waiting_by_reason": {"capacity": 1, "deferred": 2}}
+        facts = Facts(
+            "deferred_stall",
+            "scheduler_wedge",
+            self.reported_version,
+            features(self.flags, self.env, {}, wedge),
+        )
+        match = match_issue(self.issue, facts)
+        if match is None:
+            problems.append(
+                f"{self.issue.ref} does not match a wedge of vLLM {self.reported_version} "
+                f"with {self.connector}"
+            )
+        elif match.possible:
+            problems.append(f"{self.issue.ref} is only a possibility for this configuration")
+        return problems
 
     def scheduler_note(self) -> str:
         """The header line: which scheduler, which connector, which known path, what closes it."""
@@ -151,6 +178,8 @@ def demo_story(command: launch.LaunchCommand) -> DemoStory:
         release=EMULATED_RELEASES[parsed.vllm_structure],
         reported_version=sim_vllm_version(parsed.vllm_structure),
         issue=issues[DEMO_ISSUE],
+        flags=flags,
+        env=dict(command.env),
     )
 
 
@@ -399,6 +428,10 @@ async def _run(
     assert binary is not None  # noqa: S101 - prepare() raises when the shim cannot run
     launch.preflight(prepared.command, binary, config)
     story_told = demo_story(prepared.command)
+    if story_told.disagreements():
+        raise launch.LaunchError(
+            "the demo would tell two stories: " + "; ".join(story_told.disagreements())
+        )
     server_url = f"http://127.0.0.1:{port}"
     status_url = f"http://127.0.0.1:{config.listen_port}/status"
     screen.lines(
@@ -541,9 +574,11 @@ def write_demo_report(bundle: Path) -> list[str]:
     ]
     lines.extend(f"             note: {note}" for note in written.notes)
     summary = _read_summary(str(bundle)) or {}
-    for match in summary.get("known_issues") or []:
-        if isinstance(match, dict) and match.get("action"):
-            lines.append(f"  known      {match['action']}")
+    matches = [m for m in summary.get("known_issues") or [] if isinstance(m, dict)]
+    lines.extend(f"  known      {m['action']}" for m in matches if not m.get("possibility"))
+    possible = [str(m.get("id")) for m in matches if m.get("possibility")]
+    if possible:
+        lines.append(f"             possibly also {', '.join(possible)} (see the report)")
     return lines
 
 

@@ -605,7 +605,11 @@ def list_bundles(evidence_dir: Path) -> list[BundleRow]:
         engine = labels.get("engine") if isinstance(labels, Mapping) else None
         issues = summary.get("known_issues")
         known = (
-            ", ".join(str(m.get("id")) for m in issues if isinstance(m, Mapping))
+            ", ".join(
+                ("possibly " if m.get("possibility") else "") + str(m.get("id"))
+                for m in issues
+                if isinstance(m, Mapping)
+            )
             if isinstance(issues, list)
             else "?"
         )

@@ -105,6 +105,11 @@ def verdict_sentence(model: BundleModel) -> str:
     return " ".join(parts)
 
 
+def _moments(model: BundleModel) -> str:
+    """`suspect at -9.0 s, wedged at 0.0 s, ...` (never `-0.0`)."""
+    return ", ".join(f"{label} at {round(t, 1) + 0.0:+.1f} s" for t, label in model.marks)
+
+
 def _known_line(model: BundleModel) -> str:
     if not model.matches:
         return NO_MATCH
@@ -212,7 +217,9 @@ mark{background:#fff59d}.muted{color:#757575}.chart{background:#fff;border:1px s
 .now{background:#e8f5e9;border-left:6px solid #2e7d32;padding:6px 14px;margin-top:8px}
 .now dt{font-weight:bold;float:left;clear:left;width:9.5em}.now dd{margin:2px 0 4px 10em}
 .possible{color:#757575}
-@media (max-width:600px){main{padding:8px 10px}.now dt{float:none;width:auto}
+.chart{overflow-x:auto}
+@media (max-width:600px){main{padding:8px 10px}.chart svg{min-width:640px}
+ td,code,.frames li,.now dd,h1{overflow-wrap:anywhere}.now dt{float:none;width:auto}
  .now dd{margin:0 0 6px 0}table{display:block;overflow-x:auto}}
 """
 
@@ -307,6 +314,7 @@ def render_html(model: BundleModel, chart_svg: str | None) -> str:
     """The self-contained report page."""
     s: list[str] = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        "<meta name=viewport content='width=device-width, initial-scale=1'>",
         f"<title>wedgewatch report: {_e(model.name)}</title><style>{_CSS}</style>",
         "</head><body><main>",
         f"<h1>wedgewatch report <span class=muted>{_e(model.name)}</span></h1>",
@@ -339,7 +347,7 @@ def render_html(model: BundleModel, chart_svg: str | None) -> str:
             + _table(rows, _POINT_HEAD)
             + "</details>"
         )
-    marks = ", ".join(f"{label} at {t:+.1f} s" for t, label in model.marks)
+    marks = _moments(model)
     if marks:
         s.append(f"<p class=muted>Moments: {_e(marks)} (0 = the wedge capture).</p>")
 
@@ -496,7 +504,7 @@ def render_markdown(model: BundleModel) -> str:
     lines += ["", "## Timeline", ""]
     if model.points:
         lines += _md_table(_points_table(model.points, 30), _POINT_HEAD)
-        marks = ", ".join(f"{label} at {t:+.1f} s" for t, label in model.marks)
+        marks = _moments(model)
         if marks:
             lines += ["", f"Moments: {marks} (0 = the wedge capture)."]
     else:
