@@ -613,7 +613,7 @@ def _endpoint_notes(config: Config, server_url: str, seed: int) -> list[str]:
         f"  {base}/metrics   wedgewatch's own Prometheus metrics",
         f"  {base}/health    wedgewatch's own liveness",
         f"  {server_url}/metrics   the simulated vLLM's metrics",
-        "  wedge it again:  wedgewatch sim load --url "
+        f"  wedge it again:  {_program()} sim load --url "
         f"{server_url} --profile agentic-burst --seed {seed} --duration 120",
         "",
     ]
