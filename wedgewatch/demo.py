@@ -111,6 +111,8 @@ class DemoStory:
     release: str  # e.g. 0.30.0
     reported_version: str  # what the simulator's /version says: 0.30.0+wedgewatch.sim
     issue: KnownIssue
+    async_scheduling: bool = True
+    full_isl: bool = True  # scheduler_reserve_full_isl
     flags: Mapping[str, str] = field(default_factory=dict)  # of the printed command
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -148,8 +150,10 @@ class DemoStory:
             else "no release closes it"
         )
         return (
-            f"  scheduler  the simulator's model of vLLM {self.release}'s scheduler (async "
-            f"scheduling, {self.simulated_connector}, full-ISL admission off), reporting "
+            f"  scheduler  the simulator's model of vLLM {self.release}'s scheduler "
+            f"({'async' if self.async_scheduling else 'sync'} scheduling, "
+            f"{self.simulated_connector}, full-ISL admission {'on' if self.full_isl else 'off'}), "
+            "reporting "
             f"/version {self.reported_version}: it takes the {issue.ref} path on this "
             f"traffic, as vLLM {self.release} does; {closes}"
         )
@@ -166,10 +170,10 @@ def vllm_connector(flags: Mapping[str, str], env: Mapping[str, str]) -> str:
 
 
 def demo_story(command: launch.LaunchCommand) -> DemoStory:
-    """The story of a demo command line (pure); ValueError when the simulator cannot run it."""
+    """The story of a demo command line (pure); LaunchError when the simulator cannot run it."""
     parsed = parse_serve_args(command.argv[command.argv.index("serve") + 1 :])
     if not isinstance(parsed, ServeArgs):
-        raise ValueError(f"the simulator cannot serve {command.render()}: {parsed}")
+        raise launch.LaunchError(f"the simulator cannot serve {command.render()}: {parsed}")
     _, flags = serve_flags(command.argv)
     issues = {i.id: i for i in shipped_known_issues()}
     return DemoStory(
@@ -178,6 +182,8 @@ def demo_story(command: launch.LaunchCommand) -> DemoStory:
         release=EMULATED_RELEASES[parsed.vllm_structure],
         reported_version=sim_vllm_version(parsed.vllm_structure),
         issue=issues[DEMO_ISSUE],
+        async_scheduling=parsed.async_scheduling,
+        full_isl=parsed.scheduler_reserve_full_isl,
         flags=flags,
         env=dict(command.env),
     )
