@@ -629,7 +629,11 @@ def render_upstream(model: BundleModel) -> str:
     if model.matches:
         lines += [
             "",
-            "Possibly related: " + ", ".join(r for m in model.matches for r in m.issue.refs[:1]),
+            "Related, by the watchdog's known-issue signatures: "
+            + "; ".join(
+                f"{_ref(m)} ({m.release_verdict}; {m.fix})" if not m.possible else _ref(m)
+                for m in model.matches
+            ),
         ]
     engine = next(
         (v for v in reversed(model.stacks) if v.role == "engine_core" and v.threads), None
