@@ -681,9 +681,11 @@ def _demo(
 ) -> None:
     """Watch a simulated vLLM wedge, get caught, leave evidence, restart and recover.
 
-    No GPU needed: the simulator runs the tp2-offload profile through `wedgewatch launch
-    --watch` in this process, agentic-burst traffic wedges it, and a live view shows every
-    engine. Exit 0 when the whole story happened, 1 when it did not. See docs/demo.md.
+    No GPU needed: the simulator, as vLLM 0.30.0 with the tp2-offload flags and
+    OffloadingConnector, runs through `wedgewatch launch --watch` in this process;
+    agentic-burst traffic wedges it (the #57841 path, closed from vLLM 0.31.0) and a live
+    view shows every engine. It ends with the report and the commands that reopen its
+    bundles. Exit 0 when the whole story happened, 1 when it did not. See docs/demo.md.
     """
     from wedgewatch import demo  # noqa: PLC0415  (local: this block is added to a shared file)
 
