@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import uuid
@@ -14,7 +17,18 @@ from typing import Any
 import psutil
 import pytest
 
-from wedgewatch.demo import DEMO_SERVE_FLAGS, SCHEDULER_NOTE, DemoOptions, demo_settings
+from wedgewatch.demo import (
+    BASE_PROFILE,
+    DEMO_ISSUE,
+    DEMO_MODEL,
+    DEMO_PROFILE,
+    DEMO_SERVE_FLAGS,
+    DemoOptions,
+    demo_profiles,
+    demo_settings,
+    demo_story,
+    vllm_connector,
+)
 from wedgewatch.demo_story import (
     RECOVERED_AFTER_SECONDS,
     Story,
@@ -24,9 +38,11 @@ from wedgewatch.demo_story import (
     render_summary,
     threshold_for,
 )
+from wedgewatch.launch import LaunchCommand, build_command
 from wedgewatch.sim.api import scheduler_config_from_args
 from wedgewatch.sim.args import ServeArgs, parse_serve_args
-from wedgewatch.sim.scheduler import SchedulerConfig
+from wedgewatch.vllm.build_info import serve_flags
+from wedgewatch.vllm.profiles import Profile
 
 SETTINGS = demo_settings(DemoOptions(stall_after_seconds=10.0), listen_port=9321)
 
@@ -106,17 +122,54 @@ def play(steps: list[tuple[float, dict[str, Any]]]) -> tuple[Story, list[str]]:
     return story, kinds
 
 
-def test_the_demo_names_the_vllm_release_its_scheduler_model_follows() -> None:
-    """The demo says which vLLM scheduler it simulates: the sim's default model (0.30.0, async
-    scheduling) with full-ISL admission off, the one flag the demo adds."""
-    default = SchedulerConfig()
-    assert (default.vllm_structure, default.async_scheduling) == ("0.30", True)
+def demo_command(
+    profile: Profile | None = None, flags: tuple[str, ...] = DEMO_SERVE_FLAGS
+) -> LaunchCommand:
+    """The command the demo prints, built as the demo builds it."""
+    return build_command(
+        vllm_bin="vllm",
+        model=DEMO_MODEL,
+        profile=profile or demo_profiles()[DEMO_PROFILE],
+        extra_args=("--host", "127.0.0.1", "--port", "8000", *flags),
+    )
+
+
+def test_the_demo_tells_one_story() -> None:
+    """Printed command, simulated connector, emulated release and known issue agree: vLLM builds
+    OffloadingConnector from the printed flags, the simulator runs it and reports 0.30.0 (as the
+    simulator), and #57841 matches that release, with 0.31.0 as the release that closes it."""
+    command = demo_command()
+    assert "VLLM_USE_SIMPLE_KV_OFFLOAD" not in command.render()
+    story = demo_story(command)
+    assert story.disagreements() == []
+    assert (story.connector, story.simulated_connector) == ("OffloadingConnector",) * 2
+    assert story.reported_version == "0.30.0+wedgewatch.sim"
+    assert story.issue.ref == "#57841"
+    assert story.issue.fixed_in == "0.31.0"
+    note = story.scheduler_note()
+    for part in ("vLLM 0.30.0's scheduler", "OffloadingConnector", "0.30.0+wedgewatch.sim",
+                 "#57841 path", "vLLM 0.31.0 and later close it (#58947)",
+                 "full-ISL admission off"):  # fmt: skip
+        assert part in note, note
     parsed = parse_serve_args(["tiny", *DEMO_SERVE_FLAGS])
     assert isinstance(parsed, ServeArgs)
     assert scheduler_config_from_args(parsed).reserve_full_isl is False
-    assert "vLLM 0.30.0's scheduler" in SCHEDULER_NOTE
-    assert "full-ISL admission off" in SCHEDULER_NOTE
-    assert "0.31+" in SCHEDULER_NOTE
+
+
+def test_changing_the_profile_or_the_release_alone_breaks_the_story() -> None:
+    """The tp2-offload profile as shipped (SimpleCPUOffloadConnector) or the 0.31+ structure,
+    each without the rest, is two stories, and the demo refuses to start."""
+    shipped = demo_profiles()[BASE_PROFILE]
+    assert shipped.env.get("VLLM_USE_SIMPLE_KV_OFFLOAD") == "1"
+    simple = demo_story(demo_command(profile=shipped)).disagreements()
+    assert any("SimpleCPUOffloadConnector, but the simulator runs OffloadingConnector" in p
+               for p in simple), simple  # fmt: skip
+    newer = ("--no-scheduler-reserve-full-isl", "--vllm-structure", "0.31+")
+    later = demo_story(demo_command(flags=newer))
+    assert later.reported_version == "0.33.0+wedgewatch.sim"
+    assert later.disagreements() == [
+        "#57841 does not match a wedge of vLLM 0.33.0+wedgewatch.sim with OffloadingConnector"
+    ]
 
 
 def test_the_story_is_told_in_order() -> None:
@@ -237,6 +290,77 @@ def test_summary_names_each_step_or_what_is_missing(tmp_path: Path) -> None:
     assert "MISSING    no wedge was detected" in partial
 
 
+def printed_connector(out: str) -> str:
+    """The connector a real vLLM builds from the `server` line the demo printed."""
+    line = next(x for x in out.splitlines() if x.startswith("  server     "))
+    words = shlex.split(line.split(None, 1)[1])
+    env = {}
+    while "=" in words[0] and not words[0].startswith("-"):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return vllm_connector(serve_flags(words)[1], env)
+
+
+def assert_one_story(out: str, log: str, bundle: Path) -> None:
+    """Printed command, the simulator's version and connector, build.json, the known issues
+    and the report's headline tell one story: vLLM 0.30.0 (simulated) with OffloadingConnector
+    takes the #57841 path, closed from 0.31.0."""
+    connector = printed_connector(out)
+    scheduler = next(x for x in out.splitlines() if x.startswith("  scheduler  "))
+    served = re.search(r"GET /version: (\S+)", out)
+    assert served, out[:3000]
+    version = served.group(1)
+    started = re.findall(r"wedgewatch sim (\S+) serving .*, connector (\w+),", log)
+    assert started, log[:3000]
+    build = json.loads((bundle / "build.json").read_text())
+    summary = json.loads((bundle / "summary.json").read_text())
+    built = vllm_connector(build["flags"], build["engine_env"])
+    # every start of the simulator (the first and the restarted one) says the same
+    assert set(started) == {(version, connector)}, (started, version, connector)
+    assert (build["version"]["version"], summary["vllm_version"]) == (version, version)
+    assert built == connector
+    assert version in scheduler, scheduler
+    assert connector in scheduler, scheduler
+    assert version.endswith("+wedgewatch.sim")
+    first, *rest = summary["known_issues"]
+    assert first["id"] == DEMO_ISSUE, summary["known_issues"]
+    assert first["possibility"] is None
+    assert "#57841 path" in scheduler
+    assert f"vLLM {first['fixed_in']} and later" in scheduler
+    assert first["action"].startswith(f"#57841: vLLM {version} is affected")
+    assert f"upgrade to vLLM {first['fixed_in']} or later" in first["action"]
+    assert all(m["possibility"] for m in rest), rest  # anything else is labelled a possibility
+    assert f"  known      {first['action']}" in out
+    report = (bundle / "report.md").read_text()
+    verdict_at = dt.datetime.fromtimestamp(summary["verdict_timestamp"], tz=dt.UTC)
+    headline = report.split("\n")[2]
+    assert f"at {verdict_at:%Y-%m-%d %H:%M:%S} UTC" in headline, headline
+    assert "#57841" in report
+    assert f"vLLM {first['fixed_in']} or later closes" in report
+
+
+def assert_next_commands_work(out: str, cwd: Path, bundle: str) -> None:
+    """The commands the demo prints to list and reopen its bundles work as printed."""
+    block = out[out.index("\nNext (") :].splitlines()[2:5]
+    assert len(block) == 3, block
+    assert all(x.startswith("  ") for x in block), block
+    results = [
+        subprocess.run(
+            shlex.split(line), cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+        )
+        for line in block
+    ]
+    for line, done in zip(block, results, strict=True):
+        assert done.returncode == 0, (line, done.stdout, done.stderr)
+    listing, report, upstream = (r.stdout for r in results)
+    assert bundle in listing, listing
+    assert "vllm-57841" in listing, listing
+    assert report.split(), report
+    assert all(Path(p).is_file() for p in report.split()), report
+    assert upstream.strip().endswith("upstream-issue.md"), upstream
+    assert Path(upstream.strip()).is_file()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
@@ -268,11 +392,14 @@ def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
         if json.loads((p / "summary.json").read_text())["verdict"] == "wedged"
     ]
     assert len(wedged) == 1
+    wedged_names = [str(w["bundle"]) for w in wedged]
     stacks = wedged[0]["phases"]["wedged"]["stacks"]
     assert {s["role"] for s in stacks if s.get("have_json")} >= {"engine_core", "worker"}
     assert any((directory / "evidence").rglob("*.json"))
     log = (directory / "demo.log").read_text()
     assert '"event": "restart_succeeded"' in log
+    assert_one_story(out, log, directory / "evidence" / wedged_names[0])
+    assert_next_commands_work(out, tmp_path, wedged_names[0])
     left = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error):

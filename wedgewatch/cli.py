@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+import typer.rich_utils
 
 # typer vendors click; usage errors and contexts are typer's own click classes.
 from typer._click.core import Context
@@ -29,6 +30,12 @@ from wedgewatch.config import SETTINGS, Config
 from wedgewatch.logsetup import configure_logging
 from wedgewatch.report import cli as report_cli
 from wedgewatch.sim.cli import sim_app
+
+#: Help piped into a file or a pager (no terminal, no COLUMNS) is laid out this wide, not at
+#: rich's 80 columns, where the option table cut long flag names short ("--stall-after-seco…").
+PIPED_HELP_WIDTH = 140
+if typer.rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
+    typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
 
 app = typer.Typer(
     name="wedgewatch",
@@ -63,29 +70,36 @@ def _root(
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
 
-def _flag_annotation(name: str) -> Any:
+def _flag_annotation(name: str, panel: str | None = None) -> Any:
     setting = SETTINGS[name]
     first_sentence = setting.description.split(". ")[0].rstrip(".")
     default = "none" if setting.default in ((), None) else str(setting.default)
     help_text = f"{first_sentence}. (default: {default}; env: {setting.env})"
     if setting.kind == "bool":
         flag = f"{setting.flag}/--no-{setting.flag[2:]}"
-        return Annotated[bool | None, typer.Option(flag, help=help_text, show_default=False)]
+        return Annotated[
+            bool | None,
+            typer.Option(flag, help=help_text, show_default=False, rich_help_panel=panel),
+        ]
     if setting.kind in ("list", "targets"):
         return Annotated[
-            list[str] | None, typer.Option(setting.flag, help=help_text, show_default=False)
+            list[str] | None,
+            typer.Option(setting.flag, help=help_text, show_default=False, rich_help_panel=panel),
         ]
     annotation = Config.model_fields[name].annotation
     python_type = annotation if annotation in (float, int, Path) else str
     if setting.name.endswith("_bytes"):
         python_type = str  # sizes accept units: 16MiB
     return Annotated[
-        python_type | None, typer.Option(setting.flag, help=help_text, show_default=False)
+        python_type | None,
+        typer.Option(setting.flag, help=help_text, show_default=False, rich_help_panel=panel),
     ]
 
 
-def with_config_flags(*names: str) -> Callable[[_Command], _Command]:
+def with_config_flags(*names: str, panel: str | None = None) -> Callable[[_Command], _Command]:
     """Give a command one option per named Config field; it receives `flags={field: value}`.
+
+    `panel` groups them under that heading in `--help` (typer's rich_help_panel).
 
     Options left out on the command line are absent from `flags`, so `load_config` keeps
     the value from the file, the environment or the default, and records the source.
@@ -100,7 +114,7 @@ def with_config_flags(*names: str) -> Callable[[_Command], _Command]:
                     name,
                     inspect.Parameter.KEYWORD_ONLY,
                     default=None,
-                    annotation=_flag_annotation(name),
+                    annotation=_flag_annotation(name, panel),
                 )
             )
 
@@ -285,8 +299,12 @@ def _check(
         bool,
         typer.Option(
             "--critical-only",
-            help="Exit 0 for WARNING (suspect) too, so only CRITICAL and UNKNOWN fail: for "
-            "Kubernetes exec probes, where any non-zero exit counts as a failure.",
+            help="Exit 0 for WARNING (suspect, or wedged with no restart allowed) and for a "
+            "judged UNKNOWN (NaN/Inf readings, a body that is not vLLM's, a URL reaching several "
+            "servers), still printing the line: only CRITICAL (2) fails. For Kubernetes exec "
+            "probes, where any non-zero exit restarts the server and an engine is suspect long "
+            "before it is wedged. Bad arguments, configuration and internal errors still exit 3, "
+            "so a broken probe is seen. See docs/check.md.",
         ),
     ] = False,
     flags: dict[str, Any],
@@ -512,8 +530,12 @@ _LAUNCH_SETTINGS = tuple(
 )
 
 
+LAUNCHER_PANEL = "The launcher"
+WATCHDOG_PANEL = "The watchdog (with --watch; like `wedgewatch run`)"
+
+
 @app.command("launch")
-@with_config_flags(*_LAUNCH_SETTINGS)
+@with_config_flags(*_LAUNCH_SETTINGS, panel=WATCHDOG_PANEL)
 def _launch(
     *,
     model: Annotated[
@@ -522,17 +544,32 @@ def _launch(
             "--model",
             help="The model to serve (Hugging Face id or local path).",
             show_default=False,
+            rich_help_panel=LAUNCHER_PANEL,
         ),
     ] = None,
     profile: Annotated[
-        str, typer.Option("--profile", help="Launch profile (see --list-profiles).")
+        str,
+        typer.Option(
+            "--profile",
+            help="Launch profile (see --list-profiles).",
+            rich_help_panel=LAUNCHER_PANEL,
+        ),
     ] = "tp2-offload",
     vllm_bin: Annotated[
-        str, typer.Option("--vllm-bin", help="The vllm executable (name on PATH or a path).")
+        str,
+        typer.Option(
+            "--vllm-bin",
+            help="The vllm executable (name on PATH or a path).",
+            rich_help_panel=LAUNCHER_PANEL,
+        ),
     ] = "vllm",
     dry_run: Annotated[
         bool,
-        typer.Option("--dry-run", help="Print the exact command line and environment; exit."),
+        typer.Option(
+            "--dry-run",
+            help="Print the exact command line and environment; exit.",
+            rich_help_panel=LAUNCHER_PANEL,
+        ),
     ] = False,
     watch: Annotated[
         bool,
@@ -540,10 +577,16 @@ def _launch(
             "--watch",
             help="Run the server as a child and watch it in this process: on a wedge, capture "
             "evidence and restart it (remedy supervise, within the restart budget).",
+            rich_help_panel=LAUNCHER_PANEL,
         ),
     ] = False,
     list_profiles: Annotated[
-        bool, typer.Option("--list-profiles", help="List the launch profiles and exit.")
+        bool,
+        typer.Option(
+            "--list-profiles",
+            help="List the launch profiles and exit.",
+            rich_help_panel=LAUNCHER_PANEL,
+        ),
     ] = False,
     extra_args: Annotated[
         list[str] | None,
@@ -552,7 +595,17 @@ def _launch(
             show_default=False,
         ),
     ] = None,
-    config_file: Annotated[Path | None, _CONFIG_FILE_OPTION] = None,
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="TOML config file (default: $WEDGEWATCH_CONFIG); its profiles.NAME tables add "
+            "launch profiles, the rest configures the watchdog. See docs/configuration.md.",
+            dir_okay=False,
+            show_default=False,
+            rich_help_panel=WATCHDOG_PANEL,
+        ),
+    ] = None,
     flags: dict[str, Any],
 ) -> None:
     """Start `vllm serve MODEL` from a named profile, the same way every time.
@@ -561,7 +614,7 @@ def _launch(
 
     Without --watch the launcher execs the server: it gets the signals, its status is ours.
 
-    The watchdog settings (--config and the flags from --interval-seconds on) apply to --watch.
+    The watchdog's settings (their own panel below) apply only with --watch.
     """
     from wedgewatch import launch  # noqa: PLC0415  (local: this block is added to a shared file)
     from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles  # noqa: PLC0415
@@ -628,9 +681,11 @@ def _demo(
 ) -> None:
     """Watch a simulated vLLM wedge, get caught, leave evidence, restart and recover.
 
-    No GPU needed: the simulator runs the tp2-offload profile through `wedgewatch launch
-    --watch` in this process, agentic-burst traffic wedges it, and a live view shows every
-    engine. Exit 0 when the whole story happened, 1 when it did not. See docs/demo.md.
+    No GPU needed: the simulator, as vLLM 0.30.0 with the tp2-offload flags and
+    OffloadingConnector, runs through `wedgewatch launch --watch` in this process;
+    agentic-burst traffic wedges it (the #57841 path, closed from vLLM 0.31.0) and a live
+    view shows every engine. It ends with the report and the commands that reopen its
+    bundles. Exit 0 when the whole story happened, 1 when it did not. See docs/demo.md.
     """
     from wedgewatch import demo  # noqa: PLC0415  (local: this block is added to a shared file)
 

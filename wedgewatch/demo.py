@@ -1,7 +1,8 @@
 """`wedgewatch demo`: the whole story on one machine, without a GPU, in about a minute.
 
 The simulator stands in for vLLM (its `vllm` shim is installed into a temporary directory),
-started by the launcher with the `tp2-offload` profile in `--watch` mode, in this process:
+started by the launcher with the demo's profile (`tp2-offload`'s flags without
+`VLLM_USE_SIMPLE_KV_OFFLOAD`, so vLLM's `OffloadingConnector`) in `--watch` mode, in this process:
 the same `launch.watch` that `wedgewatch launch --watch` runs. Agentic-burst traffic
 drives it into the scheduler wedge; the watchdog detects it after the (short, demo)
 `stall_after_seconds`, captures an evidence bundle, restarts the server's whole process
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -35,6 +37,7 @@ import httpx
 
 from wedgewatch import launch
 from wedgewatch.config import Config, load_config
+from wedgewatch.core.known_issues import Facts, KnownIssue, match_issue, shipped_known_issues
 from wedgewatch.core.states import CALM, CapturePhase
 from wedgewatch.demo_story import (
     Event,
@@ -48,12 +51,25 @@ from wedgewatch.demo_story import (
 )
 from wedgewatch.io import restarters
 from wedgewatch.sim import load as sim_load
-from wedgewatch.sim.scheduler import DEFAULT_VLLM_VERSION
+from wedgewatch.sim.api import builtin_connector
+from wedgewatch.sim.args import ServeArgs, parse_serve_args
+from wedgewatch.sim.version import EMULATED_RELEASES, sim_vllm_version
 from wedgewatch.sim.vllm_shim import install_shim
-from wedgewatch.vllm.profiles import builtin_profiles
+from wedgewatch.vllm.build_info import features, serve_flags
+from wedgewatch.vllm.profiles import Profile, builtin_profiles
 
 DEMO_MODEL = "Qwen/Qwen3-0.6B"
-DEMO_PROFILE = "tp2-offload"
+#: The demo's launch profile: the shipped `tp2-offload` flags (TP 2, 60 GiB native CPU
+#: offloading, 6 sequences, 4096 batched tokens, prefix caching, chunked prefill) without its
+#: `VLLM_USE_SIMPLE_KV_OFFLOAD=1`, so vLLM builds `OffloadingConnector`: the connector whose
+#: wedge vLLM 0.30.0 has on this traffic (SimpleCPUOffloadConnector never wedged on it).
+BASE_PROFILE = "tp2-offload"
+DEMO_PROFILE = "tp2-offload-connector"
+SIMPLE_OFFLOAD_ENV = "VLLM_USE_SIMPLE_KV_OFFLOAD"
+#: The scheduler structure the simulator serves (`--vllm-structure`): vLLM 0.30.0's.
+DEMO_STRUCTURE = "0.30"
+#: The known issue whose path the demo takes (wedgewatch/vllm/known_issues.toml).
+DEMO_ISSUE = "vllm-57841"
 #: The traffic's seed: agentic-burst under it wedges the simulator's stock scheduler a few
 #: seconds into the load on most runs (arrivals and steps interleave in wall-clock time).
 DEMO_SEED = 16
@@ -65,13 +81,112 @@ RECOVERY_SECONDS = 60.0  # healthy `agentic` traffic after the restart, until re
 REFRESH_SECONDS = 1.0
 #: vLLM's own flag: full-ISL admission off. With it vLLM 0.30.0's real scheduler wedges on 30 of
 #: 30 agentic-burst seeds; with the default (on) on 1 of 30 (docs/simulator.md, "Fidelity").
-DEMO_SERVE_FLAGS = ("--no-scheduler-reserve-full-isl",)
-#: What the simulated server runs, and which vLLM releases have the wedge it shows.
-SCHEDULER_NOTE = (
-    f"  scheduler  the built-in model of vLLM {DEFAULT_VLLM_VERSION}'s scheduler (async "
-    "scheduling, OffloadingConnector, full-ISL admission off), which wedges on this traffic "
-    "as vLLM 0.30.0 does; vLLM 0.31+ drains block holders first (PR #58947) and closed this path"
-)
+#: And the simulator's: which release's scheduler structure it serves (and reports).
+DEMO_SERVE_FLAGS = ("--no-scheduler-reserve-full-isl", "--vllm-structure", DEMO_STRUCTURE)
+
+
+def demo_profiles() -> dict[str, Profile]:
+    """The shipped profiles plus the demo's (BASE_PROFILE without VLLM_USE_SIMPLE_KV_OFFLOAD)."""
+    shipped = builtin_profiles()
+    base = shipped[BASE_PROFILE]
+    env = {k: v for k, v in base.env.items() if k != SIMPLE_OFFLOAD_ENV}
+    description = (
+        f"{BASE_PROFILE} without {SIMPLE_OFFLOAD_ENV}: native CPU offloading through "
+        "OffloadingConnector"
+    )
+    return {
+        **shipped,
+        DEMO_PROFILE: base.model_copy(update={"env": env, "description": description}),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class DemoStory:
+    """What the demo says it runs, derived from the command it prints: the connector vLLM
+    would build from those flags and that environment, the one the simulator runs, the
+    release it emulates and reports, and the known issue whose path that release takes."""
+
+    connector: str  # what a real vLLM builds from the printed command
+    simulated_connector: str  # what the simulator's built-in model runs
+    release: str  # e.g. 0.30.0
+    reported_version: str  # what the simulator's /version says: 0.30.0+wedgewatch.sim
+    issue: KnownIssue
+    async_scheduling: bool = True
+    full_isl: bool = True  # scheduler_reserve_full_isl
+    flags: Mapping[str, str] = field(default_factory=dict)  # of the printed command
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def disagreements(self) -> list[str]:
+        """Where the printed command, what runs and the known issue tell different stories."""
+        problems = []
+        if self.connector != self.simulated_connector:
+            problems.append(
+                f"the printed command makes vLLM build {self.connector}, but the simulator "
+                f"runs {self.simulated_connector}"
+            )
+        wedge = {"running": 0, "waiting": 3, "waiting_by_reason": {"capacity": 1, "deferred": 2}}
+        facts = Facts(
+            "deferred_stall",
+            "scheduler_wedge",
+            self.reported_version,
+            features(self.flags, self.env, {}, wedge),
+        )
+        match = match_issue(self.issue, facts)
+        if match is None:
+            problems.append(
+                f"{self.issue.ref} does not match a wedge of vLLM {self.reported_version} "
+                f"with {self.connector}"
+            )
+        elif match.possible:
+            problems.append(f"{self.issue.ref} is only a possibility for this configuration")
+        return problems
+
+    def scheduler_note(self) -> str:
+        """The header line: which scheduler, which connector, which known path, what closes it."""
+        issue = self.issue
+        closes = (
+            f"vLLM {issue.fixed_in} and later close it ({', '.join(issue.refs[1:]) or issue.ref})"
+            if issue.fixed_in
+            else "no release closes it"
+        )
+        return (
+            f"  scheduler  the simulator's model of vLLM {self.release}'s scheduler "
+            f"({'async' if self.async_scheduling else 'sync'} scheduling, "
+            f"{self.simulated_connector}, full-ISL admission {'on' if self.full_isl else 'off'}), "
+            "reporting "
+            f"/version {self.reported_version}: it takes the {issue.ref} path on this "
+            f"traffic, as vLLM {self.release} does; {closes}"
+        )
+
+
+def vllm_connector(flags: Mapping[str, str], env: Mapping[str, str]) -> str:
+    """The KV connector a real vLLM builds from `vllm serve` flags and its environment."""
+    found = features(flags, env, {}, None)
+    if "simple_cpu_offload" in found:
+        return "SimpleCPUOffloadConnector"
+    if "offloading_connector" in found:
+        return "OffloadingConnector"
+    return "none"
+
+
+def demo_story(command: launch.LaunchCommand) -> DemoStory:
+    """The story of a demo command line (pure); LaunchError when the simulator cannot run it."""
+    parsed = parse_serve_args(command.argv[command.argv.index("serve") + 1 :])
+    if not isinstance(parsed, ServeArgs):
+        raise launch.LaunchError(f"the simulator cannot serve {command.render()}: {parsed}")
+    _, flags = serve_flags(command.argv)
+    issues = {i.id: i for i in shipped_known_issues()}
+    return DemoStory(
+        connector=vllm_connector(flags, command.env),
+        simulated_connector=builtin_connector(parsed),
+        release=EMULATED_RELEASES[parsed.vllm_structure],
+        reported_version=sim_vllm_version(parsed.vllm_structure),
+        issue=issues[DEMO_ISSUE],
+        async_scheduling=parsed.async_scheduling,
+        full_isl=parsed.scheduler_reserve_full_isl,
+        flags=flags,
+        env=dict(command.env),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +419,7 @@ async def _run(
     log_path: Path,
 ) -> int:
     port = free_port()
-    profiles = builtin_profiles()
+    profiles = demo_profiles()
     prepared = launch.prepare(
         launch.LaunchOptions(
             model=DEMO_MODEL,
@@ -318,14 +433,20 @@ async def _run(
     binary = prepared.binary
     assert binary is not None  # noqa: S101 - prepare() raises when the shim cannot run
     launch.preflight(prepared.command, binary, config)
+    story_told = demo_story(prepared.command)
+    if story_told.disagreements():
+        raise launch.LaunchError(
+            "the demo would tell two stories: " + "; ".join(story_told.disagreements())
+        )
     server_url = f"http://127.0.0.1:{port}"
     status_url = f"http://127.0.0.1:{config.listen_port}/status"
     screen.lines(
         [
-            "wedgewatch demo: a simulated vLLM (no GPU) with the tp2-offload profile, watched "
-            "by wedgewatch, driven into the scheduler wedge by agentic-burst traffic.",
+            f"wedgewatch demo: a simulated vLLM (no GPU) with the {DEMO_PROFILE} profile "
+            f"({BASE_PROFILE} without {SIMPLE_OFFLOAD_ENV}, so {story_told.connector}), "
+            "watched by wedgewatch, driven into the scheduler wedge by agentic-burst traffic.",
             f"  server     {prepared.command.render()}",
-            SCHEDULER_NOTE,
+            story_told.scheduler_note(),
             f"  watchdog   launch --watch in this process, remedy supervise, "
             f"stall_after_seconds = {settings['stall_after_seconds']:g} (demo; default 60)",
             f"  endpoints  {status_url}   logs: {log_path}",
@@ -362,6 +483,10 @@ async def _run(
                         bundle_lines = _show_bundle(screen, story.bundle, elapsed) or bundle_lines
                         checked_bundle = story.bundle if bundle_lines else checked_bundle
                     screen.event(event)
+                    if event.kind == "up":
+                        screen.event(
+                            Event(elapsed, "version", await _served_version(client, server_url))
+                        )
                     if event.kind == "up" and story.restart_at is None:
                         traffic.start("agentic-burst", server_url, options.seed, BURST_SECONDS)
                     elif event.kind == "restarting":
@@ -421,24 +546,67 @@ async def _run(
     screen.lines(render_summary(story, settings, bundle_lines, log_path))
     if checked_bundle is not None:
         screen.lines(await asyncio.to_thread(write_demo_report, Path(checked_bundle)))
+        screen.lines(
+            next_commands(Path(checked_bundle), Path(settings["evidence_dir"]), _program())
+        )
     if not story.complete:
         return 1
     return 0 if checked_bundle is not None else 1
 
 
+async def _served_version(client: httpx.AsyncClient, server_url: str) -> str:
+    """What the server says it is (`GET /version`), as a story line."""
+    try:
+        answer = (await client.get(f"{server_url}/version")).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"GET /version failed: {exc}"
+    version = answer.get("version") if isinstance(answer, dict) else None
+    return f"GET /version: {version}"
+
+
 def write_demo_report(bundle: Path) -> list[str]:
-    """Write the bundle's report (wedgewatch report) and say where it is."""
+    """Write the bundle's report and upstream Markdown (wedgewatch report); say where, and
+    which known issue the bundle matches with what to do about it."""
     from wedgewatch.report.commands import write_report  # noqa: PLC0415
 
     try:
         written = write_report(bundle)
+        upstream = write_report(bundle, upstream=True)
     except OSError as exc:
         return [f"  report     not written: {exc.strerror or exc}"]
     lines = [
-        f"  report     {written.paths[0]}  (open it in a browser; Markdown: {written.paths[1]})"
+        f"  report     {written.paths[0]}  (open it in a browser; Markdown: {written.paths[1]})",
+        f"  upstream   {upstream.paths[0]}  (attach it to the upstream vLLM issue)",
     ]
     lines.extend(f"             note: {note}" for note in written.notes)
+    summary = _read_summary(str(bundle)) or {}
+    matches = [m for m in summary.get("known_issues") or [] if isinstance(m, dict)]
+    lines.extend(f"  known      {m['action']}" for m in matches if not m.get("possibility"))
+    possible = [str(m.get("id")) for m in matches if m.get("possibility")]
+    if possible:
+        lines.append(f"             possibly also {', '.join(possible)} (see the report)")
     return lines
+
+
+def _program() -> str:
+    """How the user ran wedgewatch, so the printed commands run the same one."""
+    invoked = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if invoked is not None and invoked.name == "wedgewatch":
+        return shlex.quote(str(invoked))
+    return f"{shlex.quote(sys.executable)} -m wedgewatch"
+
+
+def next_commands(bundle: Path, evidence_dir: Path, program: str) -> list[str]:
+    """The commands that list and reopen the demo's bundles, exactly as they run from here."""
+    directory = shlex.quote(str(evidence_dir))
+    return [
+        "",
+        "Next (the demo's bundles are in its own evidence directory, not the default "
+        "/var/lib/wedgewatch/evidence):",
+        f"  {program} bundles --evidence-dir {directory}",
+        f"  {program} report {shlex.quote(str(bundle))}",
+        f"  {program} report --upstream {shlex.quote(str(bundle))}",
+    ]
 
 
 def _endpoint_notes(config: Config, server_url: str, seed: int) -> list[str]:
@@ -451,7 +619,7 @@ def _endpoint_notes(config: Config, server_url: str, seed: int) -> list[str]:
         f"  {base}/metrics   wedgewatch's own Prometheus metrics",
         f"  {base}/health    wedgewatch's own liveness",
         f"  {server_url}/metrics   the simulated vLLM's metrics",
-        "  wedge it again:  wedgewatch sim load --url "
+        f"  wedge it again:  {_program()} sim load --url "
         f"{server_url} --profile agentic-burst --seed {seed} --duration 120",
         "",
     ]

@@ -12,6 +12,7 @@ from wedgewatch.core.known_issues import (
     Facts,
     SeenFrame,
     match_issue,
+    match_known_issues,
     parse_known_issues,
     shipped_known_issues,
     version_in,
@@ -195,6 +196,63 @@ def test_capture_and_report_agree_on_the_matches(tmp_path: Path) -> None:
         )
     captured = known_issues_of(bundle, summary, [StackRound("wedged", tuple(processes))])
     assert [m["id"] for m in captured] == [m.issue.id for m in read_bundle(bundle).matches]
-    # A TP=2 SimpleCPUOffloadConnector wedge: #53868 and a transfer stuck on one rank alike.
+    # A TP=2 SimpleCPUOffloadConnector wedge: #53868, then a transfer stuck on one rank as a
+    # possibility (no bundle fact shows a transfer that never completed).
     assert [m["id"] for m in captured] == ["vllm-53868", "vllm-simple-offload-stuck-transfer"]
     assert captured[0]["evidence"]
+    assert captured[0]["possibility"] is None
+    assert captured[1]["possibility"]
+    assert str(captured[1]["action"]).startswith("possibly vllm-simple-offload-stuck-transfer:")
+
+
+OFFLOAD_WEDGE = {"offloading_connector": "o", "running_zero": "r", "waiting": "w",
+                 "waiting_deferred": "d"}  # fmt: skip
+
+
+def test_a_match_says_whether_the_release_is_affected_and_what_closes_it() -> None:
+    """One action line: the bundle's release is affected, the release that closes the path,
+    the workaround; a release from the fix on does not match at all."""
+    issues = shipped_known_issues()
+    matches = match_known_issues(
+        issues, Facts("deferred_stall", "scheduler_wedge", "0.30.0+wedgewatch.sim", OFFLOAD_WEDGE)
+    )
+    first = matches[0]
+    assert first.issue.id == "vllm-57841"
+    assert not first.possible
+    assert first.action.startswith(
+        "#57841: vLLM 0.30.0+wedgewatch.sim is affected (before 0.31.0); "
+        "upgrade to vLLM 0.31.0 or later (closes this path); meanwhile: restart the server"
+    )
+    assert first.to_json()["fixed_in"] == "0.31.0"
+    fixed = match_known_issues(
+        issues, Facts("deferred_stall", "scheduler_wedge", "0.31.0", OFFLOAD_WEDGE)
+    )
+    assert "vllm-57841" not in {m.issue.id for m in fixed}
+    unknown = match_issue(first.issue, Facts("deferred_stall", "scheduler_wedge", None,
+                                             OFFLOAD_WEDGE))  # fmt: skip
+    assert unknown is not None
+    assert unknown.action.startswith("#57841: vLLM version unknown: affected if <0.31.0; upgrade")
+
+
+def test_a_fault_the_evidence_cannot_show_is_ranked_last_and_labelled() -> None:
+    """The broader #45406 family comes after #57841 and says it is a possibility; an entry
+    without a fixed release says that no release closes it."""
+    matches = match_known_issues(
+        shipped_known_issues(),
+        Facts("deferred_stall", "scheduler_wedge", "0.30.0", OFFLOAD_WEDGE),
+    )
+    ids = [m.issue.id for m in matches]
+    assert ids.index("vllm-57841") < ids.index("vllm-45406")
+    possible = matches[ids.index("vllm-45406")]
+    assert possible.possible
+    assert possible.action.startswith("possibly #45406: vLLM 0.30.0 is affected")
+    assert "no release closes it yet" in possible.action
+    assert [m.possible for m in matches] == sorted(m.possible for m in matches)
+
+
+def test_fixed_in_must_be_a_version() -> None:
+    """A fixed_in that is no version is refused with the entry's name."""
+    text = ("[[issue]]\nid='a'\nurl='u'\ntitle='t'\nstatus='s'\naffected='a'\nworkaround='w'\n"
+            "families=['x']\nfixed_in='soon'\n")  # fmt: skip
+    with pytest.raises(ValueError, match="issue a: fixed_in 'soon' is not a version"):
+        parse_known_issues(text)

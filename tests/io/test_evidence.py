@@ -335,7 +335,12 @@ async def test_suspect_then_wedged_bundle(
             bundle=bundle,
             metrics_body=WEDGED_BODY,
             history=[{"at": float(i)} for i in range(5)],
-            verdict={"state": "wedged", "reason": "deferred stall for 31 s"},
+            verdict={
+                "state": "wedged",
+                "reason": "deferred stall for 31 s",
+                "verdict_timestamp": 1_796_000_015.0,
+            },
+            verdict_at=15.0,
         ),
         deps,
     )
@@ -352,6 +357,8 @@ async def test_suspect_then_wedged_bundle(
     summary = summary_of(wedged)
     assert summary["verdict"] == "wedged"
     assert summary["reason"] == "deferred stall for 31 s"
+    # The wedge's verdict, not the suspect verdict that opened the bundle (verdict_at 0.0).
+    assert (summary["verdict_at"], summary["verdict_timestamp"]) == (15.0, 1_796_000_015.0)
     assert set(summary["phases"]) == {"suspect", "wedged"}
     wedge_round = summary["phases"]["wedged"]
     assert wedge_round["pyspy_mode"] == "blocking"  # the engine is stuck anyway

@@ -11,9 +11,17 @@ from typing import Any
 import pytest
 from report_bundles import SIMPLE_ENV, TP2_OFFLOAD, make_bundle, reading
 
+from wedgewatch.report.chart import label_rows
 from wedgewatch.report.commands import format_bundles, write_report
 from wedgewatch.report.model import list_bundles, read_bundle
-from wedgewatch.report.render import NO_MATCH, render_upstream
+from wedgewatch.report.render import (
+    NO_MATCH,
+    human_bytes,
+    human_seconds,
+    render_markdown,
+    render_upstream,
+    what_now,
+)
 
 # family -> (bundle arguments, triage kind, known issue id or None for "no known issue")
 FAMILIES: dict[str, tuple[dict[str, Any], str, str | None]] = {
@@ -159,7 +167,7 @@ def test_bundles_lists_newest_first_with_match_and_remedy(tmp_path: Path) -> Non
     (tmp_path / "not-a-bundle").mkdir()
     rows = list_bundles(tmp_path)
     assert [r.name for r in rows] == [newer.name, "20261202T090000Z_local_engine0_admission_stall"]
-    assert rows[0].known_issues == "vllm-53868, vllm-simple-offload-stuck-transfer"
+    assert rows[0].known_issues == "vllm-53868, possibly vllm-simple-offload-stuck-transfer"
     assert rows[0].remedy == "restarted"
     assert rows[1].remedy == "none recorded"
     text = format_bundles(rows)
@@ -229,3 +237,81 @@ def test_the_wedge_time_profile_is_shown_with_its_top_stacks(tmp_path: Path) -> 
     plain = make_bundle(tmp_path / "plain")
     write_report(plain)
     assert "Sampled profile" not in (plain / "report.html").read_text()
+
+
+def test_the_report_reads_at_3am(tmp_path: Path) -> None:
+    """Headline at the verdict's time (not when the bundle was opened at suspect), a what-now box
+    first (what wedgewatch did, what to do, the upgrade that closes the path, the Markdown to
+    attach), sizes and durations with units."""
+    offload = ("--tensor-parallel-size", "2", "--kv-offloading-size", "60",
+               "--kv-offloading-backend", "native")  # fmt: skip
+    bundle = make_bundle(
+        tmp_path,
+        flags=offload,
+        version="0.30.0+wedgewatch.sim",
+        remedy=[
+            {"event": "restart", "at": 1031.0, "ok": True, "timestamp": 1796205317.0},
+            {"event": "episode_closed", "outcome": "restarted", "timestamp": 1796205319.5},
+        ],
+    )
+    summary = json.loads((bundle / "summary.json").read_text())
+    summary["created_timestamp"] = 1796205300.0  # 09:55:00, opened at suspect
+    summary["verdict_timestamp"] = 1796205315.0  # 09:55:15, the wedge's verdict
+    summary["thresholds"] = {"stall_after_seconds": 90.0, "evidence_max_bytes": 268435456}
+    (bundle / "summary.json").write_text(json.dumps(summary))
+    processes = json.loads((bundle / "processes.json").read_text())
+    processes["processes"][0]["rss_bytes"] = 42811392
+    (bundle / "processes.json").write_text(json.dumps(processes))
+
+    model = read_bundle(bundle)
+    markdown = render_markdown(model)
+    headline = markdown.splitlines()[2]
+    assert "at 2026-12-02 09:55:15 UTC" in headline, headline
+    assert "after 15 s without progress" in headline
+    now = dict(what_now(model))
+    assert list(now) == ["wedgewatch did", "do next", "upgrade", "attach upstream"]
+    assert "at 09:55:15 UTC" in now["wedgewatch did"]
+    assert (
+        "restarted the server at 09:55:17 UTC; it answered again 2.5 s later"
+        in now["wedgewatch did"]
+    )
+    assert now["do next"].startswith("#57841 (")
+    assert "vLLM 0.30.0+wedgewatch.sim is affected (before 0.31.0)" in now["do next"]
+    assert now["upgrade"] == "vLLM 0.31.0 or later closes this path (#57841, #58947)"
+    assert f"wedgewatch report --upstream {bundle}" in now["attach upstream"]
+    assert markdown.index("## What now") < markdown.index("## Timeline")
+    write_report(bundle)
+    html = (bundle / "report.html").read_text()
+    assert html.index("id=verdict") < html.index("id=what-now") < html.index("id=known-line")
+    assert "40.8 MiB" in html  # RSS, not 42811392
+    assert "42811392" not in html
+    assert "<td>1 min 30 s</td>" in html  # stall_after_seconds 90
+    assert "<td>256.0 MiB</td>" in html
+    svg = html[html.index("<svg") : html.index("</svg>")]
+    for legend in ("suspect", "wedged", "restart", "back"):
+        assert legend in svg, legend
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.5, "0.5 s"), (10.0, "10 s"), (90, "1 min 30 s"), (3600, "1 h"), (5400, "1 h 30 min"),
+     (None, "-")],
+)  # fmt: skip
+def test_durations_read_as_people_say_them(value: float | None, text: str) -> None:
+    """Durations with units, never raw seconds."""
+    assert human_seconds(value) == text
+
+
+def test_sizes_read_as_people_say_them() -> None:
+    """Sizes with units, never raw bytes."""
+    assert [human_bytes(v) for v in (512, 2048, 42811392, 3 * 1024**3, "x")] == [
+        "512 B", "2.0 KiB", "40.8 MiB", "3.0 GiB", "-",
+    ]  # fmt: skip
+
+
+def test_mark_labels_close_in_time_never_share_a_row() -> None:
+    """ "restart" and "back" a second apart stack; labels far apart stay on the top row."""
+    marks = [(-10.0, "suspect"), (0.0, "wedged"), (3.1, "restart"), (4.6, "back")]
+    rows = label_rows(marks, span=30.0)
+    assert rows[0] == rows[1] == 0
+    assert rows[2] != rows[3]

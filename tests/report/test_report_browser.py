@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -9,10 +10,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-WIDTH, HEIGHT = 1280, 900
+WIDTH, HEIGHT = 1280, 900  # a laptop
+# A phone in portrait. Headless Chromium never lays a page out narrower than 500 CSS px (its
+# smallest window), so the phone check runs at that width: still a phone's layout (the
+# report's narrow-screen rules apply below 600 px), and no sideways scrolling is allowed.
+PHONE_WIDTH, PHONE_HEIGHT = 390, 844
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -22,18 +28,19 @@ CHROMIUM_FLAGS = (
     "--disable-component-update",
     "--disable-sync",
     "--hide-scrollbars",
-    f"--window-size={WIDTH},{HEIGHT}",
 )
 # Measures where the parts are on the first screen; written into the DOM for --dump-dom.
 PROBE = """<script>
 window.addEventListener('load', () => {
   const out = {};
-  for (const id of ['verdict', 'known-line', 'chart']) {
+  for (const id of ['verdict', 'what-now', 'known-line', 'chart']) {
     const el = document.getElementById(id);
     if (el) { const r = el.getBoundingClientRect();
       out[id] = {top: r.top, bottom: r.bottom, left: r.left, right: r.right,
-                 text: el.innerText.slice(0, 400)}; }
+                 text: el.innerText.slice(0, 2000)}; }
   }
+  out.page_width = document.documentElement.scrollWidth;
+  out.client_width = document.documentElement.clientWidth;
   const pre = document.createElement('pre'); pre.id = 'probe';
   pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
 });
@@ -48,10 +55,13 @@ def chromium() -> str:
     return found
 
 
-def run_chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess[str]:
-    """One headless Chromium run with a throwaway profile."""
+def run_chromium(
+    args: list[str], profile: Path, size: tuple[int, int] = (WIDTH, HEIGHT)
+) -> subprocess.CompletedProcess[str]:
+    """One headless Chromium run with a throwaway profile and a window of `size`."""
+    window = f"--window-size={size[0]},{size[1]}"
     return subprocess.run(
-        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+        [chromium(), *CHROMIUM_FLAGS, window, f"--user-data-dir={profile}", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -79,31 +89,57 @@ def demo_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(match.group(1))
 
 
+def probe(report: Path, tmp_path: Path, size: tuple[int, int]) -> dict[str, Any]:
+    """Where the verdict, the what-now box, the known-issue line and the chart are on screen."""
+    html = report.read_text(encoding="utf-8")
+    probed = tmp_path / f"probed-{size[0]}.html"
+    probed.write_text(html.replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    dom = run_chromium(["--dump-dom", probed.as_uri()], tmp_path / f"profile-{size[0]}", size)
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout, re.DOTALL)
+    assert found, dom.stdout[-2000:] + dom.stderr[-2000:]
+    where: dict[str, Any] = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    return where
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_report_of_a_real_wedge_shows_verdict_match_and_chart(
+def test_report_of_a_real_wedge_reads_at_3am_on_a_laptop_and_a_phone(
     demo_report: Path, tmp_path: Path
 ) -> None:
-    """Chromium draws the chart, and the verdict and the #53868 match are on the first screen."""
+    """Chromium draws the chart; the verdict (at the verdict's time), the what-now box and the
+    #57841 match with the release that closes it come first, at a laptop and a phone width."""
     from PIL import Image
 
     html = demo_report.read_text(encoding="utf-8")
     assert "http://" not in html.split("<body>", 1)[0]  # no network: nothing loaded from outside
     assert "<script" not in html
-    probed = tmp_path / "probed.html"
-    probed.write_text(html.replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    dom = run_chromium(["--dump-dom", probed.as_uri()], tmp_path / "profile1")
-    found = re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout, re.DOTALL)
-    assert found, dom.stdout[-2000:] + dom.stderr[-2000:]
-    where = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    summary = json.loads((demo_report.parent / "summary.json").read_text())
+    verdict_time = dt.datetime.fromtimestamp(summary["verdict_timestamp"], tz=dt.UTC)
+    opened = dt.datetime.fromtimestamp(summary["created_timestamp"], tz=dt.UTC)
+    assert verdict_time - opened >= dt.timedelta(seconds=5)  # opened at suspect, judged later
 
-    assert "wedged" in where["verdict"]["text"]
-    assert where["verdict"]["bottom"] <= HEIGHT
-    assert "#53868" in where["known-line"]["text"]
-    assert where["known-line"]["bottom"] <= HEIGHT
+    for size in ((WIDTH, HEIGHT), (PHONE_WIDTH, PHONE_HEIGHT)):
+        where = probe(demo_report, tmp_path, size)
+        assert where["client_width"] <= max(size[0], 500)
+        # no sideways scrolling: nothing is wider than the window
+        assert where["page_width"] <= where["client_width"], (size, where)
+        assert "wedged" in where["verdict"]["text"]
+        assert verdict_time.strftime("%H:%M:%S") in where["verdict"]["text"]
+        assert where["verdict"]["bottom"] <= where["what-now"]["top"]  # what now comes next
+        assert where["what-now"]["top"] < size[1]  # ... on the first screen
+        now = where["what-now"]["text"]
+        for part in ("wedgewatch did", "restarted the server", "do next", "#57841",
+                     "vLLM 0.30.0+wedgewatch.sim is affected", "vLLM 0.31.0 or later closes",
+                     "wedgewatch report --upstream"):  # fmt: skip
+            assert part in now, (size, now)
+        assert where["what-now"]["bottom"] <= where["known-line"]["top"]
+        assert where["known-line"]["bottom"] <= where["chart"]["top"]
+        assert where["chart"]["left"] >= 0
+        assert where["chart"]["right"] <= where["client_width"]
+
+    where = probe(demo_report, tmp_path, (WIDTH, HEIGHT))
     chart = where["chart"]
-    assert chart["top"] < HEIGHT  # the chart starts on the first screen
-
+    assert chart["top"] < HEIGHT  # the chart starts on the first screen of a laptop
     shot = tmp_path / "report.png"
     done = run_chromium([f"--screenshot={shot}", demo_report.as_uri()], tmp_path / "profile2")
     assert shot.exists(), done.stderr[-2000:]
@@ -125,3 +161,9 @@ def test_report_of_a_real_wedge_shows_verdict_match_and_chart(
         (r // 32, g // 32, b // 32) for r, g, b in drawn if max(r, g, b) - min(r, g, b) > 60
     }
     assert len(saturated) >= 3, saturated
+    # Every mark and the failed-scrape band have a legend entry in the chart itself.
+    svg = html[html.index("<svg") : html.index("</svg>")]
+    for label in ("suspect", "wedged", "restart", "back", "failed scrape"):
+        assert label in svg, label
+    if os.environ.get("WEDGEWATCH_REPORT_SCREENSHOT"):  # docs/img/report.png, on request
+        shutil.copyfile(shot, os.environ["WEDGEWATCH_REPORT_SCREENSHOT"])

@@ -52,3 +52,14 @@ def test_version_and_unsupported_subcommands(capsys: pytest.CaptureFixture[str])
         main(["serve", "--help"])
     assert helped.value.code == 0
     assert "--scheduler-fix" in capsys.readouterr().out
+
+
+def test_the_simulator_reports_the_release_it_emulates() -> None:
+    """Each scheduler structure reports its release, marked as the simulator; the shim's
+    `vllm --version` is the default structure's."""
+    from wedgewatch.sim.version import sim_vllm_version
+
+    assert sim_vllm_version("0.30") == SIM_VLLM_VERSION == "0.30.0+wedgewatch.sim"
+    assert sim_vllm_version("0.31+") == "0.33.0+wedgewatch.sim"
+    with pytest.raises(ValueError, match=r"unknown scheduler structure '0\.29'"):
+        sim_vllm_version("0.29")

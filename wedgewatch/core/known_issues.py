@@ -12,9 +12,19 @@ one). Each entry has a signature; every condition it sets must hold for a match:
   `engine_core:step_with_batch_queue`; the pattern is a shell glob over the frame's
   function name, with or without its class);
 * `versions`: the vLLM version is in the range (`>=0.26,<0.31`); an unknown version
-  does not rule a match out, and the match says the range was not checked.
+  does not rule a match out, and the match says the range was not checked;
+* `fixed_in`: the first release that closes the path; a bundle of that release or a later
+  one does not match (an unknown version does, and says so).
 
-A match carries the evidence of every condition, so a reader sees why it matched.
+Two optional keys change how a match is told, not whether it is made:
+
+* `possibility`: what the evidence cannot show (a fault no bundle fact proves, a broader
+  family a more specific entry narrows). Such a match is ranked after the others and
+  labelled a possibility, with this text.
+
+A match carries the evidence of every condition, so a reader sees why it matched, and one
+`action` line an on-call engineer acts on: whether the bundle's release is affected, the
+release that closes the path (or that none does), and the workaround.
 """
 
 from __future__ import annotations
@@ -51,6 +61,8 @@ _KEYS = frozenset(
         "not_features",
         "frames",
         "versions",
+        "fixed_in",
+        "possibility",
     }
 )
 _REQUIRED = ("id", "url", "title", "status", "affected", "workaround")
@@ -94,6 +106,15 @@ class KnownIssue:
     not_features: tuple[str, ...] = ()
     frames: tuple[str, ...] = ()
     versions: str = ""
+    fixed_in: str = ""
+    possibility: str = ""
+
+    @property
+    def ref(self) -> str:
+        """How a reader names it: `#57841` for the entry of that upstream number, else its id."""
+        if self.refs and self.id == f"vllm-{self.refs[0].lstrip('#')}":
+            return self.refs[0]
+        return self.id
 
     def to_json(self) -> dict[str, object]:
         """JSON-safe form (for summaries and reports)."""
@@ -105,19 +126,62 @@ class KnownIssue:
             "status": self.status,
             "affected": self.affected,
             "workaround": self.workaround,
+            "fixed_in": self.fixed_in or None,
         }
 
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    """A known issue that fits the bundle, and the evidence for each condition."""
+    """A known issue that fits the bundle, the evidence for each condition, and the verdict on
+    the bundle's release (`release`: the version the bundle recorded, None when unknown)."""
 
     issue: KnownIssue
     evidence: tuple[str, ...]
+    release: str | None = None
+
+    @property
+    def possible(self) -> bool:
+        """Ranked after the others and labelled: the evidence cannot show the whole fault."""
+        return bool(self.issue.possibility)
+
+    @property
+    def release_verdict(self) -> str:
+        """Whether the bundle's release is affected, in words."""
+        issue = self.issue
+        if self.release is None:
+            where = issue.versions or (f"<{issue.fixed_in}" if issue.fixed_in else "")
+            return "vLLM version unknown" + (f": affected if {where}" if where else "")
+        if issue.fixed_in:
+            return f"vLLM {self.release} is affected (before {issue.fixed_in})"
+        if issue.versions:
+            return f"vLLM {self.release} is affected ({issue.versions})"
+        return f"vLLM {self.release} is affected (no release is known to be unaffected)"
+
+    @property
+    def fix(self) -> str:
+        """The release that closes the path, or that none does."""
+        if self.issue.fixed_in:
+            return f"upgrade to vLLM {self.issue.fixed_in} or later (closes this path)"
+        return "no release closes it yet"
+
+    @property
+    def action(self) -> str:
+        """One line an on-call engineer acts on: release verdict, fix, workaround."""
+        label = "possibly " if self.possible else ""
+        return (
+            f"{label}{self.issue.ref}: {self.release_verdict}; {self.fix}; "
+            f"meanwhile: {self.issue.workaround}"
+        )
 
     def to_json(self) -> dict[str, object]:
         """JSON-safe form."""
-        return {**self.issue.to_json(), "evidence": list(self.evidence)}
+        return {
+            **self.issue.to_json(),
+            "evidence": list(self.evidence),
+            "possibility": self.issue.possibility or None,
+            "release": self.release,
+            "action": self.action,
+        }
 
 
 def parse_versions(spec: str) -> list[tuple[str, tuple[int, ...]]] | str:
@@ -188,6 +252,12 @@ def parse_known_issues(text: str, source: str = "known_issues.toml") -> tuple[Kn
         problem = parse_versions(versions)
         if isinstance(problem, str):
             raise ValueError(f"{where}: {problem}")
+        for key in ("fixed_in", "possibility"):
+            if not isinstance(entry.get(key, ""), str):
+                raise ValueError(f"{where}: {key} must be a string")
+        fixed_in = entry.get("fixed_in", "")
+        if fixed_in and version_tuple(fixed_in) is None:
+            raise ValueError(f"{where}: fixed_in {fixed_in!r} is not a version such as '0.31.0'")
         frames = _strings(entry, "frames", where)
         for frame in frames:
             if ":" not in frame:
@@ -206,6 +276,8 @@ def parse_known_issues(text: str, source: str = "known_issues.toml") -> tuple[Kn
             not_features=_strings(entry, "not_features", where),
             frames=frames,
             versions=versions,
+            fixed_in=fixed_in,
+            possibility=entry.get("possibility", ""),
         )
         if not (issue.families or issue.triage or issue.features or issue.frames):
             raise ValueError(f"{where}: a signature needs families, triage, features or frames")
@@ -256,17 +328,21 @@ def match_issue(issue: KnownIssue, facts: Facts) -> Match | None:
         if not found:
             return None
         evidence.extend(f"frame {h.name} in {h.role} {h.pid} ({h.round})" for _, h in found)
-    if issue.versions:
-        version = version_tuple(facts.version)
+    version = version_tuple(facts.version)
+    ranges = [r for r in (issue.versions, f"<{issue.fixed_in}" if issue.fixed_in else "") if r]
+    if ranges:
+        spec = ",".join(ranges)
         if version is None:
-            evidence.append(f"vLLM version unknown: range {issue.versions} not checked")
-        elif not version_in(version, issue.versions):
+            evidence.append(f"vLLM version unknown: range {spec} not checked")
+        elif not version_in(version, spec):
             return None
         else:
-            evidence.append(f"vLLM {facts.version} in {issue.versions}")
-    return Match(issue, tuple(evidence))
+            evidence.append(f"vLLM {facts.version} in {spec}")
+    return Match(issue, tuple(evidence), facts.version if version is not None else None)
 
 
 def match_known_issues(issues: Sequence[KnownIssue], facts: Facts) -> tuple[Match, ...]:
-    """Every known issue whose signature fits, in file order."""
-    return tuple(m for m in (match_issue(i, facts) for i in issues) if m is not None)
+    """Every known issue whose signature fits: the matches the evidence shows whole, in file
+    order, then the possibilities."""
+    found = [m for m in (match_issue(i, facts) for i in issues) if m is not None]
+    return tuple(sorted(found, key=lambda m: m.possible))

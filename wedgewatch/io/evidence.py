@@ -538,6 +538,9 @@ async def complete_bundle(
         updated_at=finished_at,
         failures=[*summary.get("failures", []), *failures],
     )
+    if request.verdict_at is not None:  # the wedge's verdict, not the suspect's that opened it
+        summary["verdict_at"] = request.verdict_at
+    summary["verdict_timestamp"] = _verdict_timestamp(request, deps)
     since_verdict = _since(request, finished_at)
     if since_verdict is not None:
         summary["since_verdict_seconds"] = round(since_verdict, 4)
@@ -622,6 +625,7 @@ async def _new_bundle(
         "verdict_detail": dict(request.verdict),
         "thresholds": dict(request.thresholds),
         "verdict_at": request.verdict_at,
+        "verdict_timestamp": _verdict_timestamp(request, deps),
         "created_timestamp": rnd.started_timestamp,
         "created_at": rnd.started_at,
         "updated_timestamp": deps.wall_clock(),
@@ -655,6 +659,16 @@ async def _new_bundle(
         evicted=evicted,
         known_issues=tuple(str(m.get("id")) for m in summary["known_issues"]),
     )
+
+
+def _verdict_timestamp(request: CaptureRequest, deps: EvidenceDeps) -> float | None:
+    """The verdict's wall-clock instant: the daemon's stamp, else from `verdict_at`."""
+    stamped = request.verdict.get("verdict_timestamp")
+    if isinstance(stamped, int | float) and not isinstance(stamped, bool):
+        return float(stamped)
+    if request.verdict_at is None:
+        return None
+    return deps.wall_clock() - (deps.monotonic() - request.verdict_at)
 
 
 def _since(request: CaptureRequest, finished_at: float) -> float | None:

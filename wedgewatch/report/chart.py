@@ -31,14 +31,37 @@ def available() -> bool:
     return True
 
 
+FAILED_SCRAPE = "#ffcdd2"
+_LABEL_ROWS = 3
+
+
+def label_rows(marks: Sequence[tuple[float, str]], span: float) -> list[int]:
+    """A row (0 at the top) for each mark's label, so that labels closer than about a tenth of
+    the time axis never share a row (pure; "restart" and "back" a second apart stack)."""
+    gap = max(span, 1e-9) * 0.1
+    last = [float("-inf")] * _LABEL_ROWS
+    rows: list[int] = []
+    for x, _label in marks:
+        row = next(
+            (r for r in range(_LABEL_ROWS) if x - last[r] >= gap),
+            min(range(_LABEL_ROWS), key=lambda r: last[r]),
+        )
+        last[row] = x
+        rows.append(row)
+    return rows
+
+
 def timeline_svg(points: Sequence[Point], marks: Sequence[tuple[float, str]]) -> str | None:
     """An SVG document (text) of the flight recorder, or None without matplotlib or data."""
     if not points or not available():
         return None
     from matplotlib.figure import Figure  # noqa: PLC0415 (optional extra; no pyplot, no GUI)
+    from matplotlib.lines import Line2D  # noqa: PLC0415
+    from matplotlib.patches import Patch  # noqa: PLC0415
 
     t = [p.t for p in points]
-    fig = Figure(figsize=(10, 5.2), dpi=100)
+    marks = sorted(marks)
+    fig = Figure(figsize=(10, 5.8), dpi=100)
     ax_req, ax_kv, ax_tok = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 1, 1.2])
 
     def series(values: Sequence[float | None]) -> list[float]:
@@ -63,9 +86,11 @@ def timeline_svg(points: Sequence[Point], marks: Sequence[tuple[float, str]]) ->
         series([None if p.kv_cache_usage is None else p.kv_cache_usage * 100 for p in points]),
         color="#00838f",
         lw=2,
+        label="KV cache usage",
     )
     ax_kv.set_ylabel("KV %")
     ax_kv.set_ylim(0, 105)
+    ax_kv.legend(loc="upper left", fontsize=8, frameon=False)
     ax_tok.plot(
         t, series([p.generation_rate for p in points]), color="#1565c0", lw=2, label="generation"
     )
@@ -77,15 +102,41 @@ def timeline_svg(points: Sequence[Point], marks: Sequence[tuple[float, str]]) ->
     for ax in (ax_req, ax_kv, ax_tok):
         ax.grid(True, color="#e0e0e0", lw=0.6)
         for x in failed:
-            ax.axvspan(x - 0.5, x + 0.5, color="#ffcdd2", lw=0)
+            ax.axvspan(x - 0.5, x + 0.5, color=FAILED_SCRAPE, lw=0)
         for x, label in marks:
             ax.axvline(x, color=_MARK_COLOURS.get(label, "#424242"), lw=1.5, ls=":")
-    top = ax_req.get_ylim()[1]
-    for x, label in marks:
+    span = (max(t) - min(t)) if t else 1.0
+    for (x, label), row in zip(marks, label_rows(marks, span), strict=True):
         ax_req.text(
-            x, top, f" {label}", color=_MARK_COLOURS.get(label, "#424242"), fontsize=8, va="top"
+            x,
+            0.98 - 0.1 * row,
+            f" {label}",
+            color=_MARK_COLOURS.get(label, "#424242"),
+            fontsize=8,
+            va="top",
+            transform=ax_req.get_xaxis_transform(),
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 0.5},
         )
-    fig.tight_layout()
+    # Every band and mark line has a legend entry, under the chart.
+    keys: list[Line2D | Patch] = []
+    for label in dict.fromkeys(label for _x, label in marks):
+        colour = _MARK_COLOURS.get(label, "#424242")
+        keys.append(Line2D([], [], color=colour, lw=1.5, ls=":", label=label))
+    if failed:
+        keys.append(Patch(color=FAILED_SCRAPE, label="failed scrape (no reading)"))
+    if keys:
+        fig.legend(
+            handles=keys,
+            loc="lower center",
+            ncols=min(len(keys), 6),
+            fontsize=8,
+            frameon=False,
+            title="moments (0 = the wedge capture)",
+            title_fontsize=8,
+        )
+        fig.tight_layout(rect=(0, 0.09, 1, 1))
+    else:
+        fig.tight_layout()
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg", metadata={"Date": None})
     svg = buffer.getvalue()

@@ -9,19 +9,11 @@ from pathlib import Path
 
 from wedgewatch.report.chart import INSTALL_HINT, timeline_svg
 from wedgewatch.report.model import BundleRow, list_bundles, newest_bundle, read_bundle
-from wedgewatch.report.render import render_html, render_markdown, render_upstream
+from wedgewatch.report.render import human_bytes, render_html, render_markdown, render_upstream
 
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
 UPSTREAM_MD = "upstream-issue.md"
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"
 
 
 def format_bundles(rows: list[BundleRow]) -> str:
@@ -55,7 +47,7 @@ def format_bundles(rows: list[BundleRow]) -> str:
                 r.triage,
                 r.known_issues,
                 r.remedy,
-                _size(r.size_bytes),
+                human_bytes(r.size_bytes),
                 r.name + (f"  ({r.problem})" if r.problem else ""),
             )
         )

@@ -149,6 +149,18 @@ class BundleModel:
         return str(summary_version) if summary_version else None
 
     @property
+    def verdict_timestamp(self) -> float | None:
+        """When the verdict was reached (wall clock): the wedge's, not when the bundle was opened
+        at suspect; older bundles without it fall back to the capture's start."""
+        detail = self.summary.get("verdict_detail")
+        candidates = [
+            self.summary.get("verdict_timestamp"),
+            detail.get("verdict_timestamp") if isinstance(detail, Mapping) else None,
+            self.summary.get("created_timestamp"),
+        ]
+        return next((n for n in map(_num, candidates) if n is not None), None)
+
+    @property
     def stalled_seconds(self) -> float | None:
         """How long the engine had made no progress at the verdict."""
         detail = self.summary.get("verdict_detail")
@@ -593,7 +605,11 @@ def list_bundles(evidence_dir: Path) -> list[BundleRow]:
         engine = labels.get("engine") if isinstance(labels, Mapping) else None
         issues = summary.get("known_issues")
         known = (
-            ", ".join(str(m.get("id")) for m in issues if isinstance(m, Mapping))
+            ", ".join(
+                ("possibly " if m.get("possibility") else "") + str(m.get("id"))
+                for m in issues
+                if isinstance(m, Mapping)
+            )
             if isinstance(issues, list)
             else "?"
         )

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from wedgewatch import __version__
+from wedgewatch.core.known_issues import Match
 from wedgewatch.core.redact import redact_argv, redact_env
 from wedgewatch.core.states import CapturePhase
 from wedgewatch.report.chart import INSTALL_HINT
@@ -26,6 +27,48 @@ def _when(timestamp: Any) -> str:
     if isinstance(timestamp, int | float) and not isinstance(timestamp, bool):
         return dt.datetime.fromtimestamp(timestamp, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return "?"
+
+
+def _clock(timestamp: float | None) -> str:
+    """`HH:MM:SS UTC` of a wall-clock instant ("?" when unknown)."""
+    if timestamp is None:
+        return "?"
+    return dt.datetime.fromtimestamp(timestamp, tz=dt.UTC).strftime("%H:%M:%S UTC")
+
+
+def human_bytes(value: object) -> str:
+    """`42811392` -> `40.8 MiB` (a size as people read it); "-" when not a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def human_seconds(value: object) -> str:
+    """`5.0` -> `5 s`, `90` -> `1 min 30 s`, `3600` -> `1 h`; "-" when not a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    seconds = float(value)
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min" + (f" {rest} s" if rest else "")
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h" + (f" {minutes} min" if minutes else "")
+
+
+def _setting(name: str, value: object) -> str:
+    """A threshold or setting as people read it (seconds and bytes with units)."""
+    if name.endswith("_seconds"):
+        return human_seconds(value)
+    if name.endswith("_bytes"):
+        return human_bytes(value)
+    return str(value)
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -48,8 +91,8 @@ def verdict_sentence(model: BundleModel) -> str:
     parts = [
         f"Target {model.text('target')}, engine {model.engine} ({model.model_name}) {what}"
         + (f" ({family.replace('_', ' ')})" if family not in ("?", CapturePhase.MANUAL) else "")
-        + (f" after {stalled:.0f} s without progress" if stalled is not None else "")
-        + f" at {_when(model.summary.get('created_timestamp'))}."
+        + (f" after {human_seconds(stalled)} without progress" if stalled is not None else "")
+        + f" at {_when(model.verdict_timestamp)}."
     ]
     outcome = remedy_outcome(model.remedy)
     if outcome == "none recorded":
@@ -62,13 +105,93 @@ def verdict_sentence(model: BundleModel) -> str:
     return " ".join(parts)
 
 
+def _moments(model: BundleModel) -> str:
+    """`suspect at -9.0 s, wedged at 0.0 s, ...` (never `-0.0`)."""
+    return ", ".join(f"{label} at {round(t, 1) + 0.0:+.1f} s" for t, label in model.marks)
+
+
 def _known_line(model: BundleModel) -> str:
     if not model.matches:
         return NO_MATCH
-    return "Matches " + "; ".join(
-        f"{m.issue.refs[0] if m.issue.refs else m.issue.id} ({m.issue.status.split(';')[0]})"
-        for m in model.matches
+    first, rest = model.matches[0], model.matches[1:]
+    also = f" (also {', '.join(_ref(m) for m in rest)}: see below)" if rest else ""
+    return f"Known issue: {first.action}{also}"
+
+
+def _ref(match: Match) -> str:
+    return f"possibly {match.issue.ref}" if match.possible else match.issue.ref
+
+
+def _did(model: BundleModel) -> str:
+    """What wedgewatch already did, with the times."""
+    stacks = {(v.role, v.pid) for v in model.stacks if v.threads}
+    text = (
+        f"Captured this bundle at {_clock(model.verdict_timestamp)} (py-spy stacks of "
+        f"{len(stacks)} processes, /metrics, the process tree, the flight recorder)"
     )
+    restarts = [e for e in model.remedy if e.get("event") == "restart"]
+    closed = [e for e in model.remedy if e.get("event") == "episode_closed"]
+    if restarts:
+        last = restarts[-1]
+        when = _num(last.get("timestamp"))
+        ok = "restarted the server" if last.get("ok") is True else "tried to restart the server"
+        text += f", then {ok} at {_clock(when)}"
+        back = next((_num(e.get("timestamp")) for e in closed), None)
+        if back is not None and when is not None and closed[0].get("outcome") == "restarted":
+            text += f"; it answered again {human_seconds(max(back - when, 0.0))} later"
+        elif last.get("ok") is not True:
+            text += f" ({last.get('detail')})"
+    else:
+        text += f"; {remedy_outcome(model.remedy)}"
+    return text + "."
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def what_now(model: BundleModel) -> list[tuple[str, str]]:
+    """The 3 a.m. box: what wedgewatch did, what to do next, the upgrade, what to attach."""
+    rows = [("wedgewatch did", _did(model))]
+    first = model.matches[0] if model.matches else None
+    upstream = f"wedgewatch report --upstream {model.path}"
+    if first is None:
+        rows.append(
+            (
+                "do next",
+                "No known issue matches: keep the server watched (wedgewatch restarts it "
+                "within its budget) and report this wedge upstream with the Markdown below.",
+            )
+        )
+        rows.append(("upgrade", "none known to close this"))
+    else:
+        label = "possibly " if first.possible else ""
+        rows.append(
+            (
+                "do next",
+                f"{label}{first.issue.ref} ({first.issue.title}): {first.release_verdict}; "
+                f"meanwhile: {first.issue.workaround}.",
+            )
+        )
+        rows.append(
+            (
+                "upgrade",
+                f"vLLM {first.issue.fixed_in} or later closes this path "
+                f"({', '.join(first.issue.refs)})"
+                if first.issue.fixed_in
+                else f"no release closes {first.issue.ref} yet",
+            )
+        )
+    where = first.issue.ref if first is not None else "a new vLLM issue"
+    rows.append(
+        (
+            "attach upstream",
+            f"`{upstream}` writes {model.path}/upstream-issue.md; attach it to {where}",
+        )
+    )
+    return rows
 
 
 # --------------------------------------------------------------------------- HTML
@@ -91,6 +214,13 @@ pre{background:#fff;border:1px solid #ddd;padding:8px;overflow:auto;max-height:4
 mark{background:#fff59d}.muted{color:#757575}.chart{background:#fff;border:1px solid #ddd}
 .chart svg{width:100%;height:auto}details{margin:4px 0}summary{cursor:pointer}
 .issue{background:#fff;border:1px solid #ddd;padding:6px 12px;margin:8px 0}
+.now{background:#e8f5e9;border-left:6px solid #2e7d32;padding:6px 14px;margin-top:8px}
+.now dt{font-weight:bold;float:left;clear:left;width:9.5em}.now dd{margin:2px 0 4px 10em}
+.possible{color:#757575}
+.chart{overflow-x:auto}
+@media (max-width:600px){main{padding:8px 10px}.chart svg{min-width:640px}
+ td,code,.frames li,.now dd,h1{overflow-wrap:anywhere}.now dt{float:none;width:auto}
+ .now dd{margin:0 0 6px 0}table{display:block;overflow-x:auto}}
 """
 
 
@@ -184,10 +314,14 @@ def render_html(model: BundleModel, chart_svg: str | None) -> str:
     """The self-contained report page."""
     s: list[str] = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        "<meta name=viewport content='width=device-width, initial-scale=1'>",
         f"<title>wedgewatch report: {_e(model.name)}</title><style>{_CSS}</style>",
         "</head><body><main>",
         f"<h1>wedgewatch report <span class=muted>{_e(model.name)}</span></h1>",
         f"<p class=verdict id=verdict>{_e(verdict_sentence(model))}</p>",
+        "<div class=now id=what-now><b>What now</b><dl>"
+        + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in what_now(model))
+        + "</dl></div>",
         f"<p class='known{'' if model.matches else ' none'}' id=known-line>"
         f"{_e(_known_line(model))}</p>",
     ]
@@ -213,7 +347,7 @@ def render_html(model: BundleModel, chart_svg: str | None) -> str:
             + _table(rows, _POINT_HEAD)
             + "</details>"
         )
-    marks = ", ".join(f"{label} at {t:+.1f} s" for t, label in model.marks)
+    marks = _moments(model)
     if marks:
         s.append(f"<p class=muted>Moments: {_e(marks)} (0 = the wedge capture).</p>")
 
@@ -231,11 +365,17 @@ def render_html(model: BundleModel, chart_svg: str | None) -> str:
     for m in model.matches:
         issue = m.issue
         refs = ", ".join(issue.refs)
+        possible = (
+            f"<br><b class=possible>A possibility, not shown by the evidence:</b> "
+            f"{_e(issue.possibility)}"
+            if m.possible
+            else ""
+        )
         s.append(
-            f"<div class=issue><b><a href='{_e(issue.url)}'>{_e(refs or issue.id)}</a></b> "
-            f"{_e(issue.title)}<br><b>Status:</b> {_e(issue.status)}<br><b>Affected:</b> "
-            f"{_e(issue.affected)}<br><b>Workaround:</b> {_e(issue.workaround)}<br><b>Matched "
-            f"on:</b> {_e('; '.join(m.evidence))}</div>"
+            f"<div class='issue{' possible' if m.possible else ''}'><b><a href='{_e(issue.url)}'>"
+            f"{_e(refs or issue.id)}</a></b> {_e(issue.title)}<br><b>What to do:</b> "
+            f"{_e(m.action)}{possible}<br><b>Status:</b> {_e(issue.status)}<br><b>Affected:</b> "
+            f"{_e(issue.affected)}<br><b>Matched on:</b> {_e('; '.join(m.evidence))}</div>"
         )
 
     s.extend(_profiles_html(model.summary))
@@ -260,7 +400,7 @@ def render_html(model: BundleModel, chart_svg: str | None) -> str:
             p.get("role"),
             p.get("status"),
             p.get("cpu_percent"),
-            p.get("rss_bytes"),
+            human_bytes(p.get("rss_bytes")),
             p.get("title", ""),
         ]
         for p in model.processes
@@ -271,7 +411,7 @@ def render_html(model: BundleModel, chart_svg: str | None) -> str:
         else "<p>No process tree in this bundle.</p>"
     )
     s.append("<h2>wedgewatch</h2>")
-    thresholds = [[k, v] for k, v in sorted(model.thresholds.items())]
+    thresholds = [[k, _setting(k, v)] for k, v in sorted(model.thresholds.items())]
     s.append(_table(thresholds, ["threshold", "value"]) if thresholds else "<p>No thresholds.</p>")
     s.append(
         _table(
@@ -357,13 +497,14 @@ def _frames_text(view: StackView, threads: int | None = None) -> str:
 def render_markdown(model: BundleModel) -> str:
     """The report as Markdown (the same parts as the page, stacks as text)."""
     lines = [f"# wedgewatch report: {model.name}", "", f"**{verdict_sentence(model)}**", ""]
+    lines += ["## What now", ""] + [f"- **{k}**: {v}" for k, v in what_now(model)] + [""]
     lines.append(_known_line(model))
     if model.problems:
         lines += ["", "## Missing or corrupt", ""] + [f"- {p}" for p in model.problems]
     lines += ["", "## Timeline", ""]
     if model.points:
         lines += _md_table(_points_table(model.points, 30), _POINT_HEAD)
-        marks = ", ".join(f"{label} at {t:+.1f} s" for t, label in model.marks)
+        marks = _moments(model)
         if marks:
             lines += ["", f"Moments: {marks} (0 = the wedge capture)."]
     else:
@@ -385,9 +526,14 @@ def render_markdown(model: BundleModel) -> str:
         lines += [
             f"### [{', '.join(i.refs) or i.id}]({i.url}) {i.title}",
             "",
+            f"- What to do: {m.action}",
+            *(
+                [f"- A possibility, not shown by the evidence: {i.possibility}"]
+                if m.possible
+                else []
+            ),
             f"- Status: {i.status}",
             f"- Affected: {i.affected}",
-            f"- Workaround: {i.workaround}",
             f"- Matched on: {'; '.join(m.evidence)}",
             "",
         ]
@@ -404,7 +550,9 @@ def render_markdown(model: BundleModel) -> str:
     lines += ["## vLLM build", ""]
     lines += _build_md(model)
     lines += ["", "## wedgewatch thresholds", ""]
-    lines += _md_table(sorted(model.thresholds.items()), ["threshold", "value"])
+    lines += _md_table(
+        [(k, _setting(k, v)) for k, v in sorted(model.thresholds.items())], ["threshold", "value"]
+    )
     lines += ["", f"Bundle: `{model.path}`", ""]
     return "\n".join(lines)
 
@@ -481,7 +629,11 @@ def render_upstream(model: BundleModel) -> str:
     if model.matches:
         lines += [
             "",
-            "Possibly related: " + ", ".join(r for m in model.matches for r in m.issue.refs[:1]),
+            "Related, by the watchdog's known-issue signatures: "
+            + "; ".join(
+                f"{_ref(m)} ({m.release_verdict}; {m.fix})" if not m.possible else _ref(m)
+                for m in model.matches
+            ),
         ]
     engine = next(
         (v for v in reversed(model.stacks) if v.role == "engine_core" and v.threads), None

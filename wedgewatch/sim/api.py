@@ -61,7 +61,7 @@ from wedgewatch.sim.scheduler import (
     SimRequest,
     cpu_blocks_from_gib,
 )
-from wedgewatch.sim.version import SIM_VLLM_VERSION
+from wedgewatch.sim.version import SIM_VLLM_VERSION, sim_vllm_version
 from wedgewatch.sim.vllm_core import VllmFrontend, core_factory, real_settings, with_fault
 from wedgewatch.sim.vllm_engine import RealSettings
 
@@ -660,6 +660,22 @@ class SimServer:
 # ---------------------------------------------------------------- the serving process
 
 
+SIMPLE_OFFLOAD_IGNORED = (
+    "VLLM_USE_SIMPLE_KV_OFFLOAD=1 is set, but the built-in scheduler model runs "
+    "OffloadingConnector's scheduler side, not SimpleCPUOffloadConnector's (serve vLLM's own "
+    "with --scheduler vllm)"
+)
+
+
+def builtin_connector(args: ServeArgs) -> str:
+    """The KV connector the built-in model runs for these flags ("none" without a CPU tier).
+
+    `--kv-offloading-size N --kv-offloading-backend native` is `OffloadingConnector`, as in vLLM
+    without `VLLM_USE_SIMPLE_KV_OFFLOAD`; the model ignores that variable (a warning says so).
+    """
+    return "none" if args.kv_offloading_size is None else "OffloadingConnector"
+
+
 def scheduler_config_from_args(args: ServeArgs) -> SchedulerConfig:
     """The scheduler model's settings for a `vllm serve` command line (raises ValueError)."""
     defaults = SchedulerConfig()
@@ -784,6 +800,8 @@ def serve(args: ServeArgs, origin_at: float) -> int:
             "on" if settings.async_scheduling else "off",
             "on" if settings.reserve_full_isl else "off",
         )
+    elif os.environ.get("VLLM_USE_SIMPLE_KV_OFFLOAD", "").strip() == "1":
+        log.warning("%s", SIMPLE_OFFLOAD_IGNORED)
     engine_configs = [
         EngineConfig(
             engine_index=rank,
@@ -799,15 +817,17 @@ def serve(args: ServeArgs, origin_at: float) -> int:
         )
         for rank in range(args.data_parallel_size)
     ]
+    emulated = sim_vllm_version(scheduler_config.vllm_structure)
     log.info(
         "wedgewatch sim %s serving %s: TP=%d DP=%d, %d GPU blocks, %d CPU blocks, "
-        "step %.3f s, scheduler %s, seed %d, faults: %s",
-        SIM_VLLM_VERSION,
+        "%s, step %.3f s, scheduler %s, seed %d, faults: %s",
+        emulated if frontend is None else frontend.version,
         args.model_name,
         args.tensor_parallel_size,
         args.data_parallel_size,
         scheduler_config.num_gpu_blocks,
         scheduler_config.num_cpu_blocks,
+        "connector " + (builtin_connector(args) if frontend is None else frontend.connector_name),
         args.step_time_seconds,
         args.scheduler_fix,
         args.seed,
@@ -849,7 +869,7 @@ def serve(args: ServeArgs, origin_at: float) -> int:
         client,
         exposition,
         faults,
-        vllm_version=frontend.version if frontend is not None else SIM_VLLM_VERSION,
+        vllm_version=frontend.version if frontend is not None else emulated,
     )
     received: list[int] = []
 

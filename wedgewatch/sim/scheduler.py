@@ -88,11 +88,12 @@ from wedgewatch.sim.offload import (
     OffloadConnector,
     TransferFault,
 )
+from wedgewatch.sim.version import EMULATED_RELEASES
 
 Policy = Literal["stock", "skip-head-when-idle"]
 VllmStructure = Literal["0.30", "0.31+"]
 VLLM_STRUCTURES: tuple[VllmStructure, ...] = ("0.30", "0.31+")
-DEFAULT_VLLM_VERSION = "0.30.0"
+DEFAULT_VLLM_VERSION = EMULATED_RELEASES["0.30"]
 """The release the model follows by default: the last one with the mixed ``skipped_waiting``."""
 FinishReason = Literal["stop", "length", "abort"]
 
