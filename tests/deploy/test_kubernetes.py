@@ -369,8 +369,9 @@ def test_sidecar_config_is_valid_and_watches_this_pods_vllm() -> None:
     (target,) = settings.targets
     vllm_port = _port(_container(_pod("base"), "vllm"), "http")
     assert target.metrics_url == f"http://127.0.0.1:{vllm_port}/metrics"
-    # The kubelet is the restarter (through /probe); a second one would race it.
-    assert settings.remedy == "none"
+    # The kubelet is the restarter (through /probe); a second one would race it; "none"
+    # would be observe mode, in which /probe never fails.
+    assert settings.remedy == "probe"
     done = subprocess.run(
         [WEDGEWATCH, "config", "check", str(path)],
         capture_output=True,

@@ -89,7 +89,8 @@ def target_snapshot(
                 "bundle": episode.bundle,
                 "triage": episode.triage,
                 "scrape_failure": episode.scrape_failure,
-                "restart_requested": episode.restart_asked,
+                # Observe mode requests nothing (the episode core still notes the ask once).
+                "restart_requested": episode.restart_asked and remedy_name != "none",
             }
             if episode
             else None
