@@ -309,7 +309,7 @@ def test_scaled_rules_keep_their_relations() -> None:
     rules = scale_rules(_rules(), 30)
     fors = {r["alert"]: r.get("for") for g in rules["groups"] for r in g["rules"] if "alert" in r}
     assert fors["VLLMEngineWedged"] == "2s"
-    assert fors["WedgeWatchTargetUnreachable"] == "30s"
+    assert fors["WedgeWatchTargetUnreachable"] == "60s"
     scaled_text = yaml.safe_dump(rules)
     assert "[5m]" not in scaled_text
     assert "offset 1h" not in scaled_text
