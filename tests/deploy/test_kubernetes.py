@@ -117,8 +117,15 @@ def test_render_builds_every_kind(variant: str) -> None:
     kinds = sorted(key[1] for key in _objects(variant))
     claim = ["PersistentVolumeClaim"] if variant == "persistent-evidence" else []
     assert kinds == sorted(
-        ["ConfigMap", "Deployment", "NetworkPolicy", "PodMonitor", "PrometheusRule", "Service"]
-        + claim
+        [
+            "ConfigMap",
+            "Deployment",
+            "NetworkPolicy",
+            "PodMonitor",
+            "PrometheusRule",
+            "Service",
+            *claim,
+        ]
     )
 
 
