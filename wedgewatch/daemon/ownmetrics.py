@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Metric
 from prometheus_client.exposition import choose_encoder
 
 from wedgewatch.core.canary import CANARY_FAILURE_REASONS
@@ -359,7 +359,33 @@ class OwnMetrics:
             metric.remove(*labels)
 
 
+#: The metric types whose samples prometheus_client pairs with a `<name>_created` series.
+_CREATED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+
+
+class WithoutCreated:
+    """A view of a registry without the `*_created` samples of its counters and histograms.
+
+    prometheus_client adds one `_created` series (a creation timestamp) per labelled child:
+    about 40 per target here, which no rule or dashboard reads. Its switches for that
+    (`disable_created_metrics()`, `PROMETHEUS_DISABLE_CREATED_SERIES`) are process-wide; this
+    view drops them from wedgewatch's own exposition only, for every text format.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        """The registry's families, with each `<family>_created` sample left out."""
+        for family in self._registry.collect():
+            if family.type in _CREATED_TYPES:
+                created = f"{family.name}_created"
+                family.samples = [s for s in family.samples if s.name != created]
+            yield family
+
+
 def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
-    """Render `registry` for a scrape: (body, content type), negotiated from `accept`."""
+    """Render `registry` for a scrape: (body, content type), negotiated from `accept`; no
+    `*_created` series (`WithoutCreated`)."""
     encoder, content_type = choose_encoder(accept)
-    return encoder(registry), content_type
+    return encoder(WithoutCreated(registry)), content_type
