@@ -23,6 +23,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv_utils
 
+from deploy import pod_security
 from deploy.crd_schemas import SCHEMAS
 from deploy.repo import BASE, EXEC_PROBE, PERSISTENT_EVIDENCE, REPO
 from wedgewatch import config as ww_config
@@ -651,3 +652,43 @@ def test_exec_probe_command_passes_idle_and_fails_a_wedge(
     assert codes[0] == 0
     assert codes[-1] == 2, done.stdout + done.stderr
     assert done.stdout.startswith("CRITICAL: wedged")
+
+
+# -- Pod Security levels ---------------------------------------------------------------
+
+# What docs/kubernetes.md ("Pod Security levels") says each variant needs.
+PSS_LEVELS = {"base": "privileged", "exec-probe": "baseline", "persistent-evidence": "privileged"}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pod_security_level_is_the_documented_one(variant: str) -> None:
+    """The strictest Pod Security level admitting the rendered pod is the one the docs name."""
+    pod = _pod(variant)
+    assert pod_security.level(pod) == PSS_LEVELS[variant]
+    if PSS_LEVELS[variant] == "privileged":
+        # Only the sidecar's ptrace capability keeps it out of `baseline`.
+        assert pod_security.baseline_violations(pod) == ["capabilities: wedgewatch adds SYS_PTRACE"]
+    doc = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    section = doc.split("## Pod Security levels", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in section.splitlines() if line.startswith(f"| `{variant}/`"))
+    assert f"| `{PSS_LEVELS[variant]}` |" in row
+
+
+def test_pod_security_evaluator_rejects_what_the_standards_forbid() -> None:
+    """The evaluator is not blind: a privileged or host-network pod is not `baseline`, and
+    a pod with every restricted field set is `restricted`."""
+    pod = _pod("exec-probe")
+    assert pod_security.level({**pod, "hostNetwork": True}) == "privileged"
+    vllm = _container(pod, "vllm")
+    vllm["securityContext"] = {"privileged": True}
+    assert pod_security.level(pod) == "privileged"
+    vllm["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert pod_security.level(pod) == "restricted"
+    pod["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    assert pod_security.level(pod) == "privileged"
