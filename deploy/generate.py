@@ -340,7 +340,77 @@ class Row:
     panels: tuple[Panel, ...]
 
 
+def _fleet_count(title: str, description: str, expr: str, color: str) -> Panel:
+    """A stat of the fleet row: how many replicas (wedgewatch targets) match `expr`."""
+    return Panel(
+        title,
+        "stat",
+        description,
+        (Query(f"count({expr}) or vector(0)", "replicas"),),
+        width=4,
+        extra={"thresholds": [("green", None), (color, 1)], "decimals": 0},
+    )
+
+
+FLEET = Row(
+    "fleet overview",
+    (
+        Panel(
+            "Replicas watched",
+            "stat",
+            "wedgewatch targets reporting (one per pod in Kubernetes: the target is named "
+            "after the pod).",
+            (Query(f"count(wedgewatch_target_up{{{WW_TARGET}}}) or vector(0)", "replicas"),),
+            width=4,
+            extra={"decimals": 0},
+        ),
+        _fleet_count(
+            "Not ready",
+            "Replicas whose /ready fails (wedgewatch_target_ready == 0): starting, "
+            "restarting, wedged, unreachable or given up; out of the Service.",
+            f"wedgewatch_target_ready{{{WW_TARGET}}} == 0",
+            "orange",
+        ),
+        _fleet_count(
+            "Wedged",
+            "Replicas with a wedged engine now (wedgewatch_target_state).",
+            f'wedgewatch_target_state{{{WW_TARGET}, state="wedged"}} == 1',
+            "red",
+        ),
+        _fleet_count(
+            "Restarting or loading",
+            "Replicas wedgewatch sees starting (no good scrape yet since a restart) or "
+            "unreachable (being restarted by the kubelet, loading, or down).",
+            f'wedgewatch_target_state{{{WW_TARGET}, state=~"starting|unreachable"}} == 1',
+            "orange",
+        ),
+        _fleet_count(
+            "Given up",
+            "Replicas whose restart budget is spent (wedgewatch_gave_up): a human must act.",
+            f"wedgewatch_gave_up{{{WW_TARGET}}} == 1",
+            "red",
+        ),
+        _fleet_count(
+            "Unknown",
+            "Replicas wedgewatch cannot judge: non-finite values or several servers behind "
+            "the URL (wedgewatch_target_state unknown).",
+            f'wedgewatch_target_state{{{WW_TARGET}, state="unknown"}} == 1',
+            "orange",
+        ),
+        Panel(
+            "Ready, per replica",
+            "timeseries",
+            "wedgewatch_target_ready per target: whether each replica's /ready passed "
+            "(its readinessProbe in Kubernetes).",
+            (Query(f"wedgewatch_target_ready{{{WW_TARGET}}}", "{{target}}"),),
+            width=24,
+        ),
+    ),
+)
+
+
 ROWS: tuple[Row, ...] = (
+    FLEET,
     Row(
         "vLLM engines",
         (

@@ -420,6 +420,7 @@ async def test_observe_mode_captures_once_and_never_restarts(tmp_path: Path) -> 
     assert target["episode"]["restart_requested"] is False
     assert target["probe_ok"] is True
     assert target["readiness"]["decision"] == "wedged"
+    assert world.metric("wedgewatch_target_ready", target="sim") == 0
     assert "restart" not in {v for v in _strings(probe.json())}
 
 
@@ -433,6 +434,17 @@ def _strings(value: object) -> Iterator[str]:
     elif isinstance(value, list):
         for item in value:
             yield from _strings(item)
+
+
+async def test_the_ready_metric_follows_readiness(tmp_path: Path) -> None:
+    """wedgewatch_target_ready is 1 while the server serves and 0 once it is wedged."""
+    healthy = make_world(tmp_path / "healthy", lambda t: "healthy", until=60, remedy_name="probe")
+    await play(healthy)
+    assert healthy.metric("wedgewatch_target_ready", target="sim") == 1
+    wedged = make_world(tmp_path / "wedged", wedge_at(10), until=200, remedy_name="probe")
+    daemon, _ = await play(wedged)
+    assert daemon.snapshot.targets["sim"].state == "wedged"
+    assert wedged.metric("wedgewatch_target_ready", target="sim") == 0
 
 
 async def test_wedged_capture_completes_the_suspect_bundle(tmp_path: Path) -> None:

@@ -419,6 +419,7 @@ def test_no_alert_fires_that_should_not(scene: Scene) -> None:
         "WedgeWatchRestartFailed",
         "WedgeWatchRestartStorm",
         "WedgeWatchTargetUnreachable",
+        "WedgeWatchTargetUnknown",
         "VLLMContainerRestartStorm",
     }
     names = {alert["labels"]["alertname"] for alert in scene.prometheus.alerts()}

@@ -188,6 +188,12 @@ class OwnMetrics:
             ["target"],
             registry=registry,
         )
+        self._ready = Gauge(
+            "wedgewatch_target_ready",
+            "1 when /ready passes for the target (it should receive traffic), else 0.",
+            ["target"],
+            registry=registry,
+        )
 
         self._canary_duration = Histogram(
             "wedgewatch_canary_duration_seconds",
@@ -247,6 +253,7 @@ class OwnMetrics:
             self._capture_failures.labels(target, reason)
         self._budget_remaining.labels(target).set(budget_remaining)
         self._gave_up.labels(target).set(0)
+        self._ready.labels(target).set(0)
         self._engines.setdefault(target, {})
 
     def mark_tick(self, timestamp: float) -> None:
@@ -317,6 +324,10 @@ class OwnMetrics:
         """Publish the remaining restart budget and whether wedgewatch gave up."""
         self._child(self._budget_remaining, (target,)).set(remaining)
         self._child(self._gave_up, (target,)).set(1 if gave_up else 0)
+
+    def set_ready(self, target: str, ready: bool) -> None:
+        """Publish the target's readiness verdict (`core.readiness`, what /ready answers)."""
+        self._child(self._ready, (target,)).set(1 if ready else 0)
 
     def add_canary(self, target: str) -> None:
         """Create the target's canary series at zero (only for targets with the canary on)."""
