@@ -46,7 +46,9 @@ DEFAULT_DATASOURCE_UID = "prometheus"
 #: Grafana folder and evaluation interval of the provisioned alert rules.
 GRAFANA_FOLDER = "wedgewatch"
 GRAFANA_INTERVAL = "1m"
-#: Runbook links in rules.yml are relative to the repository root.
+#: Where each alert's section is, under `--runbook-base`: docs/runbook.md#<alert in lower case>.
+#: The shipped files carry no link (no URL resolves for every installation): each alert's
+#: `runbook` annotation holds what to do.
 RUNBOOK_PREFIX = "docs/runbook.md#"
 
 DOC_BEGIN = "<!-- BEGIN GENERATED: panels (deploy/generate.py) -->"
@@ -159,30 +161,39 @@ def inline_recording_rules(expr: str, records: Mapping[str, str]) -> str:
     return result
 
 
-def rebase_runbook_urls_text(text: str, base: str) -> str:
-    """Make every repository-relative `runbook_url` absolute under `base` (text form)."""
-    base = base.rstrip("/")
-    return re.sub(
-        r"(runbook_url:\s*)" + re.escape(RUNBOOK_PREFIX),
-        lambda m: f"{m.group(1)}{base}/{RUNBOOK_PREFIX}",
-        text,
-    )
+def runbook_url(base: str, alert: str) -> str:
+    """The absolute link to `alert`'s section of docs/runbook.md under `base`."""
+    return f"{base.rstrip('/')}/{RUNBOOK_PREFIX}{alert.lower()}"
+
+
+def add_runbook_urls_text(text: str, base: str) -> str:
+    """Give every alert of a rules file an absolute `runbook_url` under `base` (text form,
+    comments kept): a line right after the alert's `annotations:`."""
+    lines, alert = [], None
+    for line in text.splitlines(keepends=True):
+        lines.append(line)
+        if found := re.match(r"^\s*- alert:\s*(\S+)\s*$", line):
+            alert = found.group(1)
+        elif alert is not None and (found := re.match(r"^(\s*)annotations:\s*$", line)):
+            lines.append(f"{found.group(1)}  runbook_url: {runbook_url(base, alert)}\n")
+            alert = None
+    return "".join(lines)
 
 
 def _grafana_annotations(
-    annotations: Mapping[str, str], runbook_base: str | None
+    alert: str, annotations: Mapping[str, str], runbook_base: str | None
 ) -> dict[str, str]:
-    """Prometheus annotation templates in Grafana's dialect.
+    """Prometheus annotation templates in Grafana's dialect (and the runbook link, with a
+    base).
 
     `$value` is a string of every query's values in Grafana; `$values.A.Value` is the
     value of query A, which is what the Prometheus template meant.
     """
-    out: dict[str, str] = {}
-    for key, value in annotations.items():
-        text = re.sub(r"\$value\b", "$values.A.Value", value)
-        if key == "runbook_url" and runbook_base is not None and text.startswith(RUNBOOK_PREFIX):
-            text = f"{runbook_base.rstrip('/')}/{text}"
-        out[key] = text
+    out = {
+        key: re.sub(r"\$value\b", "$values.A.Value", value) for key, value in annotations.items()
+    }
+    if runbook_base is not None:
+        out["runbook_url"] = runbook_url(runbook_base, alert)
     return out
 
 
@@ -251,7 +262,9 @@ def grafana_alerting(
                     "execErrState": "Error",
                     "for": rule.get("for", "0s"),
                     "labels": dict(rule.get("labels", {})),
-                    "annotations": _grafana_annotations(rule.get("annotations", {}), runbook_base),
+                    "annotations": _grafana_annotations(
+                        rule["alert"], rule.get("annotations", {}), runbook_base
+                    ),
                     "isPaused": False,
                 }
             )
@@ -340,7 +353,77 @@ class Row:
     panels: tuple[Panel, ...]
 
 
+def _fleet_count(title: str, description: str, expr: str, color: str) -> Panel:
+    """A stat of the fleet row: how many replicas (wedgewatch targets) match `expr`."""
+    return Panel(
+        title,
+        "stat",
+        description,
+        (Query(f"count({expr}) or vector(0)", "replicas"),),
+        width=4,
+        extra={"thresholds": [("green", None), (color, 1)], "decimals": 0},
+    )
+
+
+FLEET = Row(
+    "fleet overview",
+    (
+        Panel(
+            "Replicas watched",
+            "stat",
+            "wedgewatch targets reporting (one per pod in Kubernetes: the target is named "
+            "after the pod).",
+            (Query(f"count(wedgewatch_target_up{{{WW_TARGET}}}) or vector(0)", "replicas"),),
+            width=4,
+            extra={"decimals": 0},
+        ),
+        _fleet_count(
+            "Not ready",
+            "Replicas whose /ready fails (wedgewatch_target_ready == 0): starting, "
+            "restarting, wedged, unreachable or given up; out of the Service.",
+            f"wedgewatch_target_ready{{{WW_TARGET}}} == 0",
+            "orange",
+        ),
+        _fleet_count(
+            "Wedged",
+            "Replicas with a wedged engine now (wedgewatch_target_state).",
+            f'wedgewatch_target_state{{{WW_TARGET}, state="wedged"}} == 1',
+            "red",
+        ),
+        _fleet_count(
+            "Restarting or loading",
+            "Replicas wedgewatch sees starting (no good scrape yet since a restart) or "
+            "unreachable (being restarted by the kubelet, loading, or down).",
+            f'wedgewatch_target_state{{{WW_TARGET}, state=~"starting|unreachable"}} == 1',
+            "orange",
+        ),
+        _fleet_count(
+            "Given up",
+            "Replicas whose restart budget is spent (wedgewatch_gave_up): a human must act.",
+            f"wedgewatch_gave_up{{{WW_TARGET}}} == 1",
+            "red",
+        ),
+        _fleet_count(
+            "Unknown",
+            "Replicas wedgewatch cannot judge: non-finite values or several servers behind "
+            "the URL (wedgewatch_target_state unknown).",
+            f'wedgewatch_target_state{{{WW_TARGET}, state="unknown"}} == 1',
+            "orange",
+        ),
+        Panel(
+            "Ready, per replica",
+            "timeseries",
+            "wedgewatch_target_ready per target: whether each replica's /ready passed "
+            "(its readinessProbe in Kubernetes).",
+            (Query(f"wedgewatch_target_ready{{{WW_TARGET}}}", "{{target}}"),),
+            width=24,
+        ),
+    ),
+)
+
+
 ROWS: tuple[Row, ...] = (
+    FLEET,
     Row(
         "vLLM engines",
         (
@@ -975,7 +1058,7 @@ def custom_outputs(out: Path, runbook_base: str | None, datasource_uid: str) -> 
     """Copies for one installation: absolute runbook links, another data source uid."""
     rules_text = RULES.read_text(encoding="utf-8")
     if runbook_base is not None:
-        rules_text = rebase_runbook_urls_text(rules_text, runbook_base)
+        rules_text = add_runbook_urls_text(rules_text, runbook_base)
     rules = load_rules(rules_text)
     alerting = grafana_alerting(rules, datasource_uid=datasource_uid)
     return {
@@ -1010,7 +1093,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write your own copies into this directory")
     parser.add_argument(
         "--runbook-base",
-        help="make runbook_url absolute: BASE/docs/runbook.md#anchor (with --out)",
+        help="add an absolute runbook_url to every alert: BASE/docs/runbook.md#anchor (with --out)",
     )
     parser.add_argument(
         "--datasource-uid",

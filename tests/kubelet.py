@@ -1,4 +1,5 @@
-"""A stand-in for the kubelet: one container, its startup and liveness probes, its restarts.
+"""A stand-in for the kubelet: one container, its startup, liveness and readiness probes, its
+restarts.
 
 `Kubelet` runs a container (a command, started in its own session as a container's
 processes share one cgroup) and probes it the way the kubelet does:
@@ -11,6 +12,13 @@ processes share one cgroup) and probes it the way the kubelet does:
   killed (SIGTERM to its process group, SIGKILL after `termination_grace_seconds`) and
   started again, and `restarts` goes up, as `restartCount` does. A success resets the
   count of consecutive failures.
+* the readiness probe (optional) runs every `readiness.period_seconds` once the startup
+  probe of the current container passed, on its own schedule as the kubelet's prober
+  workers do: a container starts not ready, is ready after one success (successThreshold
+  1), and not ready again after `failure_threshold` consecutive failures; a restarted
+  container is not ready until its startup probe passed and its readiness probe succeeded.
+  `ready` is the pod's state as an Endpoints controller would see it; `readiness_results`
+  and `readiness_changes` record every probe and every change.
 
 Probes are real: HTTP GETs over loopback, or exec'd commands. The kubelet's crash back-off
 (10 s doubling) is left out: it does not apply to liveness restarts before the container
@@ -77,8 +85,14 @@ class Kubelet:
     log_dir: Path
     env: Mapping[str, str] | None = None
     termination_grace_seconds: float = 5.0
+    readiness: Probe | None = None
     restarts: int = 0
+    ready: bool = False
     liveness_results: list[ProbeResult] = field(default_factory=list)
+    readiness_results: list[ProbeResult] = field(default_factory=list)
+    readiness_changes: list[tuple[float, int, bool]] = field(default_factory=list)
+    _started: int | None = None  # the container start whose startup probe passed
+    _readiness_thread: threading.Thread | None = None
     restart_times: list[float] = field(default_factory=list)
     _proc: subprocess.Popen[bytes] | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -90,6 +104,11 @@ class Kubelet:
         self._start_container()
         self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
         self._thread.start()
+        if self.readiness is not None:
+            self._readiness_thread = threading.Thread(
+                target=self._run_readiness, name="kubelet-readiness", daemon=True
+            )
+            self._readiness_thread.start()
         return self
 
     @property
@@ -100,8 +119,9 @@ class Kubelet:
     def stop(self) -> None:
         """Stop probing and kill the container's whole process group."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
+        for thread in (self._thread, self._readiness_thread):
+            if thread is not None:
+                thread.join(timeout=60)
         self._kill_container(grace_seconds=0.0)
         if self._error is not None:
             raise self._error
@@ -175,6 +195,7 @@ class Kubelet:
                 return
             next_at += self.startup.period_seconds
             if self._probe(self.startup)[0]:
+                self._started = start
                 break
         failures = 0
         next_at = time.monotonic() + self.liveness.period_seconds
@@ -186,11 +207,44 @@ class Kubelet:
             self.liveness_results.append(ProbeResult(time.monotonic(), start, ok, detail))
             failures = 0 if ok else failures + 1
             if failures >= self.liveness.failure_threshold:
+                self._started = None
+                self._set_ready(False, start)
                 self._kill_container(self.termination_grace_seconds)
                 self.restarts += 1
                 self.restart_times.append(time.monotonic())
                 self._start_container()
                 return
+
+    def _set_ready(self, ready: bool, start: int) -> None:
+        if ready != self.ready:
+            self.ready = ready
+            self.readiness_changes.append((time.monotonic(), start, ready))
+
+    def _run_readiness(self) -> None:
+        try:
+            self._readiness_loop()
+        except BaseException as exc:  # re-raised in stop()
+            self._error = exc
+
+    def _readiness_loop(self) -> None:
+        probe = self.readiness
+        assert probe is not None
+        failures = 0
+        next_at = time.monotonic()
+        while self._sleep_until(next_at):
+            next_at += probe.period_seconds
+            start = self.restarts
+            if self._started != start:  # starting or restarting: not probed, not ready
+                failures = 0
+                self._set_ready(False, start)
+                continue
+            ok, detail = self._probe(probe)
+            self.readiness_results.append(ProbeResult(time.monotonic(), start, ok, detail))
+            failures = 0 if ok else failures + 1
+            if ok:
+                self._set_ready(True, start)
+            elif failures >= probe.failure_threshold:
+                self._set_ready(False, start)
 
 
 def wait_for(predicate: Callable[[], bool], timeout_seconds: float, what: str) -> None:

@@ -7,7 +7,7 @@ simulator's process group). Its liveness probe is wedgewatch's verdict:
 
 * exec variant: `wedgewatch check URL --for=0 --state-file=... --critical-only --config=...`
   with the state file on a "volume" that outlives the container;
-* sidecar variant: `wedgewatch run` (remedy none) and an httpGet on its `/probe`, with a
+* sidecar variant: `wedgewatch run` (remedy probe) and an httpGet on its `/probe`, with a
   real Prometheus scraping it and evaluating the shipped alert rules.
 
 Both must stop the restarts after `restart_budget` (2 here) proven restarts and then pass
@@ -191,7 +191,7 @@ def test_sidecar_probe_stops_restarting_after_the_budget_and_the_alert_fires(
     config = write_config(
         tmp_path / "wedgewatch.toml",
         {
-            "remedy": "none",
+            "remedy": "probe",
             "listen_host": "127.0.0.1",
             "listen_port": sidecar_port,
             "state_dir": str(tmp_path / "state"),

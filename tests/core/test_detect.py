@@ -1958,3 +1958,33 @@ def test_too_many_engines_is_a_scrape_failure_reason() -> None:
     _, verdicts = run([scraped(0, busy(0)), failure])
     assert verdicts[-1].failure == failure
     assert engine(verdicts[-1]).family is F.UNREACHABLE
+
+
+def test_last_progress_stays_absent_until_progress_is_seen() -> None:
+    """The reported last progress is None from the first scrape (a baseline) through idle and
+    stalled samples, set only when progress counters move, and None again after a restart."""
+    history: list[Observation] = [scraped(t, reading(), start=1.0) for t in range(0, 5)]  # idle
+    history += [scraped(t, stuck(0), start=1.0) for t in range(5, 10)]  # waits, nothing moves
+    history += [scraped(10, busy(10), start=1.0), scraped(11, busy(11), start=1.0)]  # moved
+    done = reading(prompt=1100, gen=550, success=11, iters=110)  # idle, as busy(11) left it
+    history += [scraped(t, done, start=1.0) for t in range(12, 15)]
+    history += [scraped(15, reading(), start=2.0)]  # a new server: counters back at 0
+    _, verdicts = run(history)
+    for at in range(0, 10):
+        assert engine(verdicts[at]).last_progress_at is None, at
+    assert engine(verdicts[11]).last_progress_at == 11
+    assert engine(verdicts[14]).last_progress_at == 11  # idle since: no progress seen
+    assert engine(verdicts[15]).last_progress_at is None
+
+
+def test_progressed_at_survives_the_state_file_and_old_files_lack_it() -> None:
+    """The detector's state file keeps progressed_at; a file from before it reads None."""
+    state, _ = run([scraped(0, busy(0)), scraped(1, busy(1))])
+    dumped = dump_state(state)
+    assert load_state(dumped) == state
+    (memory,) = state.engines
+    assert memory.progressed_at == 1
+    for raw in dumped["engines"]:
+        del raw["progressed_at"]
+    (old,) = load_state(dumped).engines
+    assert old.progressed_at is None

@@ -63,6 +63,7 @@ AT = 1000.0
 POLICY = RestartPolicy(restart_budget=3, restart_backoff_seconds=60.0)
 RULES = Rules("sim", "signal", can_restart=True, restart_policy=POLICY)
 OBSERVE = Rules("sim", "none", can_restart=False, restart_policy=POLICY)
+PROBE = Rules("sim", "probe", can_restart=False, restart_policy=POLICY)  # the kubelet restarts
 LIMITED = replace(RULES, suspect_capture_min_interval_seconds=600.0)
 OK = RestartOutcome(True, "all exited on SIGTERM", 0.5)
 FAILED = RestartOutcome(False, "kill: permission denied", 0.1, FailureReason.REMEDY_ERROR)
@@ -955,7 +956,7 @@ MARK_B = ServerMark(process_start_time_seconds=200.0, progress={"m|0": 0.0})
 
 def test_q2_a_served_probe_failure_is_remembered_and_persisted() -> None:
     """Q2: ProbeServed keeps the server it judged, and asks for a save."""
-    result = core.step(core.EpisodeState(), core.ProbeServed(MARK_A), OBSERVE, AT, WALL + AT)
+    result = core.step(core.EpisodeState(), core.ProbeServed(MARK_A), PROBE, AT, WALL + AT)
     assert result.state.probe.failures == 1
     assert result.state.probe.server == MARK_A
     assert core.Persist() in result.effects
@@ -963,7 +964,7 @@ def test_q2_a_served_probe_failure_is_remembered_and_persisted() -> None:
 
 def test_q1_a_new_server_after_a_served_failure_counts_and_the_budget_ends_in_gave_up() -> None:
     """Q1: 503 verdict, served, new server -> counted (probe_restart); spent -> 200 gave_up."""
-    tight = replace(OBSERVE, restart_policy=RestartPolicy(restart_budget=1))
+    tight = replace(PROBE, restart_policy=RestartPolicy(restart_budget=1))
     state = core.step(core.EpisodeState(), core.Observed(WEDGED_QUIET, good=True, mark=MARK_A),
                       tight, AT, WALL + AT).state  # fmt: skip
     assert state.probe_answer is not None
@@ -986,6 +987,17 @@ def test_q1_a_new_server_after_a_served_failure_counts_and_the_budget_ends_in_ga
 
 def test_q1_without_a_mark_the_probe_verdict_is_not_kept() -> None:
     """Q1 runs only when the shell passes the server's mark (the check has its own shell)."""
-    result = core.step(core.EpisodeState(), core.Observed(WEDGED_QUIET, good=True), OBSERVE,
+    result = core.step(core.EpisodeState(), core.Observed(WEDGED_QUIET, good=True), PROBE,
                        AT, WALL + AT)  # fmt: skip
     assert result.state.probe_answer is None
+
+
+def test_q1_observe_mode_never_answers_restart() -> None:
+    """P0 inside Q1: with remedy none a wedge passes the probe with decision `observe`."""
+    result = core.step(core.EpisodeState(), core.Observed(WEDGED_QUIET, good=True, mark=MARK_A),
+                       OBSERVE, AT, WALL + AT)  # fmt: skip
+    answer = result.state.probe_answer
+    assert answer is not None
+    assert answer.ok
+    assert answer.decision == "observe"
+    assert "observe mode" in answer.detail

@@ -312,3 +312,16 @@ def test_a_probe_record_written_by_the_earlier_code_still_loads_and_judges() -> 
     )  # fmt: skip
     assert [e.kind for e in step.events] == [PolicyEventKind.RESTART_SUCCEEDED]
     assert len(step.state.restarts_at) == 1
+
+
+@pytest.mark.parametrize("target", ["ok", "starting", "suspect", "wedged", "unreachable"])
+def test_p0_observe_mode_always_passes_and_never_says_restart(target: str) -> None:
+    """P0: remedy none: the probe passes with decision `observe`, the policy is untouched."""
+    spent = PolicyState(restarts_at=(4000.0, 4100.0, 4200.0), consecutive=3)
+    for state in (PolicyState(), spent):
+        answer, step = verdict(state, target, observe=True)
+        assert answer.ok
+        assert answer.decision == "observe"
+        assert step.state == state
+        assert step.events == ()
+        assert ("observe mode" in answer.detail) is (target in ("wedged", "unreachable"))

@@ -32,7 +32,7 @@ CANARY_FLAGS = [
     "--canary-timeout-seconds",
     str(CANARY_TIMEOUT),
     "--remedy",
-    "none",
+    "probe",  # /probe fails for the wedge (observe mode, "none", would never fail it)
 ]
 
 

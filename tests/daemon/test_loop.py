@@ -7,7 +7,7 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -334,7 +334,7 @@ def make_world(
         sleeper=sleeper,
         scraper=FakeScraper(server),
         evidence=FakeEvidence(evidence),
-        restarters={} if remedy_name == "none" else {"sim": restarter},
+        restarters={} if remedy_name in ("none", "probe") else {"sim": restarter},
         finder=FakeFinder(),
         notifier=FakeNotifier(),
         state_store=store or MemoryStateStore(),
@@ -407,6 +407,44 @@ async def test_observe_mode_captures_once_and_never_restarts(tmp_path: Path) -> 
     assert len(events(logs, "restart_skipped")) == 1
     assert daemon.snapshot.targets["sim"].state == "wedged"
     assert world.metric("wedgewatch_restarts_total", target="sim", remedy="none") == 0
+    # Observe mode says so everywhere: no answer asks for a restart.
+    app = make_app(lambda: daemon.snapshot, world.registry, world.clock.monotonic)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
+        probe = await client.get("/probe")
+        status = (await client.get("/status")).json()
+    assert probe.status_code == 200
+    assert probe.json()["restart_policy"]["decision"] == "observe"
+    assert "observe mode" in probe.json()["restart_policy"]["detail"]
+    (target,) = status["targets"]
+    assert target["episode"]["restart_requested"] is False
+    assert target["probe_ok"] is True
+    assert target["readiness"]["decision"] == "wedged"
+    assert world.metric("wedgewatch_target_ready", target="sim") == 0
+    assert "restart" not in {v for v in _strings(probe.json())}
+
+
+def _strings(value: object) -> Iterator[str]:
+    """Every string value inside a JSON document (to show no field says `restart`)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+async def test_the_ready_metric_follows_readiness(tmp_path: Path) -> None:
+    """wedgewatch_target_ready is 1 while the server serves and 0 once it is wedged."""
+    healthy = make_world(tmp_path / "healthy", lambda t: "healthy", until=60, remedy_name="probe")
+    await play(healthy)
+    assert healthy.metric("wedgewatch_target_ready", target="sim") == 1
+    wedged = make_world(tmp_path / "wedged", wedge_at(10), until=200, remedy_name="probe")
+    daemon, _ = await play(wedged)
+    assert daemon.snapshot.targets["sim"].state == "wedged"
+    assert wedged.metric("wedgewatch_target_ready", target="sim") == 0
 
 
 async def test_wedged_capture_completes_the_suspect_bundle(tmp_path: Path) -> None:
@@ -810,7 +848,7 @@ async def test_never_up_target_is_starting_then_unreachable(tmp_path: Path) -> N
 
 async def test_endpoints_read_the_daemon_snapshot(tmp_path: Path) -> None:
     """/probe is 503 with the reason while wedged; /status shows the bundle and the episode."""
-    world = make_world(tmp_path, wedge_at(30), until=200, remedy_name="none")
+    world = make_world(tmp_path, wedge_at(30), until=200, remedy_name="probe")
     daemon, _ = await play(world)
     app = make_app(lambda: daemon.snapshot, world.registry, world.clock.monotonic)
     transport = httpx.ASGITransport(app=app)

@@ -268,3 +268,48 @@ async def test_probe_follows_the_budget_verdict_and_reports_each_sent_503() -> N
         assert body["restart_policy"]["decision"] == "gave_up"
         assert "3 restarts" in body["restart_policy"]["detail"]
         assert failed == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("state", "gave_up", "restarting", "code", "decision"),
+    [
+        pytest.param("ok", False, False, 200, "ready", id="ok"),
+        pytest.param("suspect", False, False, 200, "ready", id="suspect"),
+        pytest.param("starting", False, False, 503, "starting", id="starting"),
+        pytest.param("ok", False, True, 503, "restarting", id="restarting"),
+        pytest.param("wedged", False, False, 503, "wedged", id="wedged"),
+        pytest.param("unreachable", False, False, 503, "unreachable", id="unreachable"),
+        pytest.param("wedged", True, False, 503, "gave_up", id="gave-up"),
+    ],
+)
+async def test_ready_endpoint_follows_the_target_not_the_budget(
+    state: str, gave_up: bool, restarting: bool, code: int, decision: str
+) -> None:
+    """/ready is 503 for a wedged or given-up target even where /probe passes (gave_up)."""
+    gave_up_verdict = ProbeVerdict(True, "gave_up", "budget spent", True, 3, 0)
+    target = replace(
+        _target("a", state, _engine(state)),
+        gave_up=gave_up,
+        restart_in_progress=restarting,
+        probe=gave_up_verdict if gave_up else None,
+    )
+    response = await _get(_snapshot(target), "/ready")
+    assert response.status_code == code
+    body = response.json()
+    assert body["decision"] == decision
+    assert body["ready"] is (code == 200)
+    assert body["target"] == "a"
+    assert response.headers["cache-control"] == "no-store"
+    status_body = (await _get(_snapshot(target), "/status")).json()
+    assert status_body["targets"][0]["readiness"]["decision"] == decision
+    if gave_up:
+        assert (await _get(_snapshot(target), "/probe")).status_code == 200
+
+
+async def test_ready_endpoint_chooses_targets_like_probe() -> None:
+    """Several targets need ?target=NAME (400 without, 404 for an unknown name)."""
+    snapshot = _snapshot(_target("a", "ok"), _target("b", "wedged", _engine("wedged")))
+    assert (await _get(snapshot, "/ready")).status_code == 400
+    assert (await _get(snapshot, "/ready?target=a")).status_code == 200
+    assert (await _get(snapshot, "/ready?target=b")).status_code == 503
+    assert (await _get(snapshot, "/ready?target=zzz")).status_code == 404

@@ -14,6 +14,7 @@ RULE_TESTS = DEPLOY / "prometheus" / "tests"
 KUBERNETES = DEPLOY / "kubernetes"
 BASE = KUBERNETES / "base"
 EXEC_PROBE = KUBERNETES / "exec-probe"
+PERSISTENT_EVIDENCE = KUBERNETES / "examples" / "persistent-evidence"
 GRAFANA = DEPLOY / "grafana"
 RUNBOOK = REPO / "docs" / "runbook.md"
 

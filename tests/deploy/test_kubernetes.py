@@ -23,13 +23,18 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv_utils
 
+from deploy import pod_security
 from deploy.crd_schemas import SCHEMAS
-from deploy.repo import BASE, EXEC_PROBE, REPO
+from deploy.repo import BASE, EXEC_PROBE, PERSISTENT_EVIDENCE, REPO
 from wedgewatch import config as ww_config
 from wedgewatch.launch import flag_value
 from wedgewatch.vllm.profiles import builtin_profiles
 
-VARIANTS = {"base": BASE, "exec-probe": EXEC_PROBE}
+VARIANTS = {
+    "base": BASE,
+    "exec-probe": EXEC_PROBE,
+    "persistent-evidence": PERSISTENT_EVIDENCE,
+}
 # Native sidecars (restartPolicy on an init container) are on by default from 1.29.
 KUBERNETES_VERSIONS = sorted(
     {v for v in kv_utils.all_versions() if tuple(map(int, v.split(".")[:2])) >= (1, 29)},
@@ -109,16 +114,20 @@ def _port(container: dict[str, Any], name: str) -> int:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_render_builds_every_kind(variant: str) -> None:
     """Each variant renders a ConfigMap, Deployment, NetworkPolicy, Service, PodMonitor and
-    PrometheusRule."""
+    PrometheusRule (and the evidence claim with the persistent-evidence component)."""
     kinds = sorted(key[1] for key in _objects(variant))
-    assert kinds == [
-        "ConfigMap",
-        "Deployment",
-        "NetworkPolicy",
-        "PodMonitor",
-        "PrometheusRule",
-        "Service",
-    ]
+    claim = ["PersistentVolumeClaim"] if variant == "persistent-evidence" else []
+    assert kinds == sorted(
+        [
+            "ConfigMap",
+            "Deployment",
+            "NetworkPolicy",
+            "PodMonitor",
+            "PrometheusRule",
+            "Service",
+            *claim,
+        ]
+    )
 
 
 def test_json_patch_test_operation_guards_indexes(tmp_path: Path) -> None:
@@ -255,10 +264,69 @@ def test_vllm_startup_budget_covers_a_model_load() -> None:
     assert _sidecar_config()["startup_timeout_seconds"] >= budget
 
 
-def test_vllm_readiness_uses_vllm_health_not_the_sidecar() -> None:
-    """Readiness asks vLLM itself: wedgewatch answers 200 while vLLM is still loading."""
-    vllm = _container(_pod("base"), "vllm")
-    assert vllm["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+def test_vllm_readiness_follows_the_wedge_verdict() -> None:
+    """Readiness asks the sidecar's /ready (503 while starting, wedged or given up)."""
+    pod = _pod("base")
+    vllm, sidecar = _container(pod, "vllm"), _container(pod, "wedgewatch", init=True)
+    probe = vllm["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/ready", "port": _port(sidecar, "wedgewatch")}
+    assert probe["timeoutSeconds"] <= probe["periodSeconds"]
+    # The exec-probe variant has no sidecar: vLLM's own /health there.
+    exec_vllm = _container(_pod("exec-probe"), "vllm")
+    assert exec_vllm["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+
+
+def test_the_target_is_named_after_the_pod() -> None:
+    """The sidecar's WEDGEWATCH_TARGETS names the target after the pod (downward API), and
+    the expanded value is a valid target of this pod's vLLM."""
+    sidecar = _container(_pod("base"), "wedgewatch", init=True)
+    env = {e["name"]: e for e in sidecar["env"]}
+    names = [e["name"] for e in sidecar["env"]]
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # $(VAR) is expanded by the kubelet only from variables defined before it.
+    assert names.index("POD_NAME") < names.index("WEDGEWATCH_TARGETS")
+    pod_name = "vllm-7d9f8c5b4-x2kqp"
+    value = env["WEDGEWATCH_TARGETS"]["value"].replace("$(POD_NAME)", pod_name)
+    path = _write_sidecar_config(Path(os.environ.get("TMPDIR", "/tmp")), "named")
+    loaded = ww_config.load_config(
+        config_file=path, environ={"WEDGEWATCH_TARGETS": value}, flags={}
+    )
+    (target,) = loaded.config.targets
+    assert target.name == pod_name
+    vllm_port = _port(_container(_pod("base"), "vllm"), "http")
+    assert target.metrics_url == f"http://127.0.0.1:{vllm_port}/metrics"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_service_account_token_is_mounted(variant: str) -> None:
+    """Neither container talks to the Kubernetes API."""
+    assert _pod(variant)["automountServiceAccountToken"] is False
+
+
+def test_persistent_evidence_puts_each_pods_bundles_on_the_claim() -> None:
+    """The component swaps the emptyDir for the claim; each pod writes under its own name."""
+    objects = _objects("persistent-evidence")
+    (claim,) = [o for k, o in objects.items() if k[1] == "PersistentVolumeClaim"]
+    pod = _pod("persistent-evidence")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["evidence"] == {
+        "name": "evidence",
+        "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]},
+    }
+    assert "ReadWriteMany" in claim["spec"]["accessModes"]
+    sidecar = _container(pod, "wedgewatch", init=True)
+    (mount,) = [m for m in sidecar["volumeMounts"] if m["name"] == "evidence"]
+    assert mount["mountPath"] == _sidecar_config()["evidence_dir"]
+    assert mount["subPathExpr"] == "$(POD_NAME)"
+    assert "POD_NAME" in {e["name"] for e in sidecar["env"]}
+    # Everything else is the base.
+    base = _pod("base")
+    base["volumes"] = [v for v in base["volumes"] if v["name"] != "evidence"]
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "evidence"]
+    for container in (*base["initContainers"], *pod["initContainers"]):
+        for m in container["volumeMounts"]:
+            m.pop("subPathExpr", None)
+    assert pod == base
 
 
 def test_sidecar_probes_its_own_health() -> None:
@@ -369,8 +437,9 @@ def test_sidecar_config_is_valid_and_watches_this_pods_vllm() -> None:
     (target,) = settings.targets
     vllm_port = _port(_container(_pod("base"), "vllm"), "http")
     assert target.metrics_url == f"http://127.0.0.1:{vllm_port}/metrics"
-    # The kubelet is the restarter (through /probe); a second one would race it.
-    assert settings.remedy == "none"
+    # The kubelet is the restarter (through /probe); a second one would race it; "none"
+    # would be observe mode, in which /probe never fails.
+    assert settings.remedy == "probe"
     done = subprocess.run(
         [WEDGEWATCH, "config", "check", str(path)],
         capture_output=True,
@@ -409,7 +478,9 @@ def test_pod_monitor_scrapes_named_ports_of_the_pods(variant: str) -> None:
         (job,) = [r["replacement"] for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
         jobs[job] = ports[endpoint["port"]]
     expected = (
-        {"vllm": "vllm", "wedgewatch": "wedgewatch"} if variant == "base" else {"vllm": "vllm"}
+        {"vllm": "vllm"}
+        if variant == "exec-probe"
+        else {"vllm": "vllm", "wedgewatch": "wedgewatch"}
     )
     assert jobs == expected
 
@@ -456,6 +527,23 @@ def test_sidecar_probes_come_from_the_node_which_the_policy_always_admits() -> N
 
 
 # -- the exec-probe variant ------------------------------------------------------------
+
+
+def test_exec_probe_ships_nothing_for_the_absent_sidecar() -> None:
+    """No ingress rule for a port nothing serves, no wedgewatch alert group without series."""
+    policy = _one("exec-probe", "NetworkPolicy")["spec"]
+    ports = [p["port"] for rule in policy["ingress"] for p in rule["ports"]]
+    assert ports == [_port(_container(_pod("exec-probe"), "vllm"), "http")]
+    groups = [g["name"] for g in _one("exec-probe", "PrometheusRule")["spec"]["groups"]]
+    assert "wedgewatch" not in groups
+    assert groups == [
+        g["name"]
+        for g in _one("base", "PrometheusRule")["spec"]["groups"]
+        if g["name"] != "wedgewatch"
+    ]
+    for group in _one("exec-probe", "PrometheusRule")["spec"]["groups"]:
+        for rule in group["rules"]:
+            assert "wedgewatch_" not in rule["expr"], rule
 
 
 def test_exec_probe_variant_has_no_sidecar_and_no_ptrace() -> None:
@@ -564,3 +652,43 @@ def test_exec_probe_command_passes_idle_and_fails_a_wedge(
     assert codes[0] == 0
     assert codes[-1] == 2, done.stdout + done.stderr
     assert done.stdout.startswith("CRITICAL: wedged")
+
+
+# -- Pod Security levels ---------------------------------------------------------------
+
+# What docs/kubernetes.md ("Pod Security levels") says each variant needs.
+PSS_LEVELS = {"base": "privileged", "exec-probe": "baseline", "persistent-evidence": "privileged"}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pod_security_level_is_the_documented_one(variant: str) -> None:
+    """The strictest Pod Security level admitting the rendered pod is the one the docs name."""
+    pod = _pod(variant)
+    assert pod_security.level(pod) == PSS_LEVELS[variant]
+    if PSS_LEVELS[variant] == "privileged":
+        # Only the sidecar's ptrace capability keeps it out of `baseline`.
+        assert pod_security.baseline_violations(pod) == ["capabilities: wedgewatch adds SYS_PTRACE"]
+    doc = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    section = doc.split("## Pod Security levels", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in section.splitlines() if line.startswith(f"| `{variant}/`"))
+    assert f"| `{PSS_LEVELS[variant]}` |" in row
+
+
+def test_pod_security_evaluator_rejects_what_the_standards_forbid() -> None:
+    """The evaluator is not blind: a privileged or host-network pod is not `baseline`, and
+    a pod with every restricted field set is `restricted`."""
+    pod = _pod("exec-probe")
+    assert pod_security.level({**pod, "hostNetwork": True}) == "privileged"
+    vllm = _container(pod, "vllm")
+    vllm["securityContext"] = {"privileged": True}
+    assert pod_security.level(pod) == "privileged"
+    vllm["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert pod_security.level(pod) == "restricted"
+    pod["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    assert pod_security.level(pod) == "privileged"

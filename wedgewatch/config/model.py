@@ -489,10 +489,13 @@ class Config(BaseModel):
     )
 
     # -- remedy ----------------------------------------------------------------------
-    remedy: Literal["none", "signal", "systemd", "exec", "supervise"] = _setting(
+    remedy: Literal["none", "probe", "signal", "systemd", "exec", "supervise"] = _setting(
         "none",
         "remedy",
-        "What is done to a wedged server: `none` (observe and report only), `signal` "
+        "What is done to a wedged server: `none` (observe mode: report only; `/probe` "
+        "never asks for a restart), `probe` (wedgewatch restarts nothing itself: `/probe` "
+        "fails, so the kubelet's liveness probe restarts the server, within the restart "
+        "budget; the Kubernetes manifests), `signal` "
         "(SIGTERM the server's process tree, SIGKILL after `grace_seconds`; only for servers "
         "on this machine, and only a tree with a `VLLM::EngineCore` process or named by the "
         "target's `pid` / `pid_file`), `systemd` (restart `systemd_unit`), `exec` (run "

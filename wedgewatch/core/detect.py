@@ -25,6 +25,11 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #   stalled states     SUSPECT, WEDGED, UNREACHABLE. An *episode* runs from the step an engine
 #                      enters a stalled state until the step it leaves them.
 #   clocks             per engine: last_progress_at, last_output_at. "Reset" sets both to `at`.
+#                      They are stall clocks, not observations: a baseline or an idle
+#                      sample resets them. What the engine was *seen* doing is
+#                      `progressed_at`: the last step whose progress counters or prefill
+#                      moved (in any state), None from a baseline until that happens. It
+#                      is the "last progress" that /status and the metrics report.
 #
 # Target level
 #   T1  A target with no known engine (never seen up, or a restart that reported no engine)
@@ -177,7 +182,8 @@ class EngineMemory:
     or KV value replaced by the last finite one (rule N1); `output_pending` records that
     other counters moved while output stayed flat since `last_output_at`; `captured` that this
     episode already asked for the suspect capture (A1), `acted` for the wedged capture and the
-    restart (A2); `deferred_only` that the last judged sample was a deferred-only flat one.
+    restart (A2); `deferred_only` that the last judged sample was a deferred-only flat one;
+    `progressed_at` when progress was last seen (None until it has been, since the baseline).
     """
 
     key: EngineKey
@@ -192,6 +198,7 @@ class EngineMemory:
     acted: bool
     captured: bool = False
     deferred_only: bool = False
+    progressed_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +316,7 @@ class _Outcome:
                 family=family,
                 since_at=since_at,
                 stalled_seconds=judgement.stalled_seconds,
-                last_progress_at=memory.last_progress_at,
+                last_progress_at=memory.progressed_at,
                 reading=reading,
                 missing=memory.missing_since is not None,
                 reason=judgement.reason,
@@ -525,9 +532,11 @@ def _judge_reading(
     if calm is EngineState.UNKNOWN:
         return _judge_non_finite(old, reading, at)
     if calm is not None:
+        seen = semantics.movement(old.reading, reading)
         memory = replace(
             old,
             reading=semantics.keep_finite(old.reading, reading),
+            progressed_at=at if seen.progress or seen.prefill else old.progressed_at,
             last_progress_at=at,
             last_output_at=at,
             output_pending=False,
@@ -554,6 +563,7 @@ def _judge_reading(
     memory = replace(
         old,
         reading=semantics.keep_finite(old.reading, reading),
+        progressed_at=at if working else old.progressed_at,
         last_progress_at=last_progress_at,
         last_output_at=last_output_at,
         output_pending=output_pending,
@@ -620,6 +630,7 @@ def _judge_non_finite(
     memory = replace(
         old,
         reading=semantics.keep_finite(old.reading, reading),
+        progressed_at=at if working else old.progressed_at,
         last_progress_at=at if working else old.last_progress_at,
         last_output_at=at if moved.output else old.last_output_at,
         output_pending=not moved.output and (old.output_pending or moved.progress),

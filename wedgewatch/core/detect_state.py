@@ -82,6 +82,7 @@ def _dump_memory(memory: EngineMemory) -> dict[str, Any]:
         "acted": memory.acted,
         "captured": memory.captured,
         "deferred_only": memory.deferred_only,
+        "progressed_at": memory.progressed_at,
         "reading": dumped_reading,
     }
 
@@ -166,6 +167,7 @@ def _load_memory(raw: object, path: str) -> EngineMemory:
         acted=fields.flag("acted"),
         captured=fields.flag("captured"),
         deferred_only=fields.flag("deferred_only"),
+        progressed_at=fields.absent_or_number("progressed_at"),  # absent before it existed
         reading=_load_reading(fields.get("reading"), key, f"{path}.reading"),
     )
     fields.done()
@@ -225,6 +227,10 @@ class _Fields:
     def optional_number(self, name: str) -> float | None:
         value = self.get(name)
         return None if value is None else _float(value, f"{self._path}.{name}")
+
+    def absent_or_number(self, name: str) -> float | None:
+        """A key added to the format later: absent or null reads as None."""
+        return self.optional_number(name) if name in self._raw else None
 
     def value(self, name: str) -> float:
         """A reading value: a number, or "NaN", "Infinity", "-Infinity"."""

@@ -304,7 +304,7 @@ class _Run:
         self.policy_step(result)
         answer, result = probe_policy.probe_verdict(
             self.state.policy, rules.restart_policy, target, self.at, self.timestamp,
-            respects_budget=rules.probe_respects_budget,
+            respects_budget=rules.probe_respects_budget, observe=rules.remedy == "none",
         )  # fmt: skip
         self.policy_step(result)
         self.state = replace(self.state, probe_answer=answer)
@@ -412,11 +412,10 @@ class _Run:
         engine = next((e for e in verdict.engines if e.key == action.key), None)
         reason = engine.reason if engine is not None else str(action.family)
         if not self.rules.can_restart:
-            why = (
-                'remedy = "none" (observe mode): reporting only'
-                if self.rules.remedy == "none"
-                else f"no {self.rules.remedy} restarter for this target"
-            )
+            why = {
+                "none": 'remedy = "none" (observe mode): reporting only',
+                "probe": 'remedy = "probe": /probe fails and the kubelet restarts the server',
+            }.get(self.rules.remedy, f"no {self.rules.remedy} restarter for this target")
             self.report("restart_skipped", "info", episode=episode.episode_id, reason=why)
             return
         self.effects.append(QueueRestart(action.key, str(action.family), reason))

@@ -26,7 +26,7 @@ class Rules:
 
     target: str
     remedy: str
-    can_restart: bool  # a restarter exists for this target (false for remedy "none")
+    can_restart: bool  # a restarter exists for this target (false for "none" and "probe")
     restart_policy: restart_policy.RestartPolicy
     probe_respects_budget: bool = True
     suspect_capture_min_interval_seconds: float = 0.0  # C4; 0 = no rate limit

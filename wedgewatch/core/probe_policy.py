@@ -9,6 +9,8 @@ counted against the budget once it is proven. Pure: time is passed in, results a
 # RULES (tests/core/test_probe_policy.py checks them)
 #
 # Verdict (`probe_verdict`)
+#   P0  Observe mode (`remedy = "none"`): the probe always passes, decision `observe`, for
+#       every state: nothing is to be restarted, so no answer may ask for a restart.
 #   P1  A target that is not wedged or unreachable passes (decision `healthy`).
 #   P2  probe_respects_budget off: a wedged or unreachable target fails (decision
 #       `restart`), whatever the budget says (the behaviour before the budget applied).
@@ -63,7 +65,7 @@ from wedgewatch.core.states import ACTED_ON
 #: Target states in which a liveness probe would ask for a restart: the acted-on states.
 FAILING_STATES = ACTED_ON
 
-Decision = Literal["healthy", "restart", "gave_up", "backoff", "in_grace", "in_progress"]
+Decision = Literal["healthy", "observe", "restart", "gave_up", "backoff", "in_grace", "in_progress"]
 _DENIED: Mapping[DenyReason, Decision] = {
     DenyReason.BUDGET_EXHAUSTED: "gave_up",
     DenyReason.BACKOFF: "backoff",
@@ -156,12 +158,23 @@ def probe_verdict(
     timestamp: float,
     *,
     respects_budget: bool = True,
+    observe: bool = False,
 ) -> tuple[ProbeVerdict, Step]:
-    """Rules P1-P3: the probe's answer for a target in `target_state`, and the policy step.
+    """Rules P0-P3: the probe's answer for a target in `target_state`, and the policy step.
 
     The step is the policy state to keep: unchanged, or moved to gave_up with its event. An
     Allow is never committed here: a restart counts only once it is proven (rule R2).
+    `observe`: observe mode (`remedy = "none"`, rule P0).
     """
+    if observe:  # P0
+        detail = (
+            'remedy = "none" (observe mode): the probe never asks for a restart'
+            if target_state in FAILING_STATES
+            else ""
+        )
+        return _verdict(True, "observe", detail, state=policy_state, policy=policy, at=at), Step(
+            policy_state
+        )
     if target_state not in FAILING_STATES:
         return _verdict(True, "healthy", "", state=policy_state, policy=policy, at=at), Step(
             policy_state

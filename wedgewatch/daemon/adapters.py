@@ -326,10 +326,11 @@ def capture_deadline_seconds(config: Config) -> float:
 def build_restarters(
     config: Config, supervisor: restarters.Supervisor | None = None
 ) -> dict[str, restarters.Restarter]:
-    """One restarter per target for the configured remedy (none for `none`)."""
+    """One restarter per target for the configured remedy (none for `none` and `probe`:
+    nothing, or the kubelet through `/probe`, restarts the server)."""
     built: dict[str, restarters.Restarter] = {}
     for target in config.targets:
-        if config.remedy == "none":
+        if config.remedy in ("none", "probe"):
             continue
         if config.remedy == "signal":
             built[target.name] = restarters.SignalRestarter(grace_seconds=config.grace_seconds)
@@ -397,7 +398,7 @@ def supervisor_probe(config: Config) -> SystemdStateProbe | None:
     """Asks systemd about each target's unit (its `systemd_unit`, or `systemd_unit` with
     `remedy = "systemd"`) before a crashed server is restarted; None when no unit is known
     or nothing is restarted."""
-    if config.remedy == "none":
+    if config.remedy in ("none", "probe"):
         return None
     units = {
         t.name: unit

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Metric
 from prometheus_client.exposition import choose_encoder
 
 from wedgewatch.core.canary import CANARY_FAILURE_REASONS
@@ -188,6 +188,12 @@ class OwnMetrics:
             ["target"],
             registry=registry,
         )
+        self._ready = Gauge(
+            "wedgewatch_target_ready",
+            "1 when /ready passes for the target (it should receive traffic), else 0.",
+            ["target"],
+            registry=registry,
+        )
 
         self._canary_duration = Histogram(
             "wedgewatch_canary_duration_seconds",
@@ -247,6 +253,7 @@ class OwnMetrics:
             self._capture_failures.labels(target, reason)
         self._budget_remaining.labels(target).set(budget_remaining)
         self._gave_up.labels(target).set(0)
+        self._ready.labels(target).set(0)
         self._engines.setdefault(target, {})
 
     def mark_tick(self, timestamp: float) -> None:
@@ -318,6 +325,10 @@ class OwnMetrics:
         self._child(self._budget_remaining, (target,)).set(remaining)
         self._child(self._gave_up, (target,)).set(1 if gave_up else 0)
 
+    def set_ready(self, target: str, ready: bool) -> None:
+        """Publish the target's readiness verdict (`core.readiness`, what /ready answers)."""
+        self._child(self._ready, (target,)).set(1 if ready else 0)
+
     def add_canary(self, target: str) -> None:
         """Create the target's canary series at zero (only for targets with the canary on)."""
         self._canary_duration.labels(target)
@@ -359,7 +370,33 @@ class OwnMetrics:
             metric.remove(*labels)
 
 
+#: The metric types whose samples prometheus_client pairs with a `<name>_created` series.
+_CREATED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+
+
+class WithoutCreated:
+    """A view of a registry without the `*_created` samples of its counters and histograms.
+
+    prometheus_client adds one `_created` series (a creation timestamp) per labelled child:
+    about 40 per target here, which no rule or dashboard reads. Its switches for that
+    (`disable_created_metrics()`, `PROMETHEUS_DISABLE_CREATED_SERIES`) are process-wide; this
+    view drops them from wedgewatch's own exposition only, for every text format.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        """The registry's families, with each `<family>_created` sample left out."""
+        for family in self._registry.collect():
+            if family.type in _CREATED_TYPES:
+                created = f"{family.name}_created"
+                family.samples = [s for s in family.samples if s.name != created]
+            yield family
+
+
 def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
-    """Render `registry` for a scrape: (body, content type), negotiated from `accept`."""
+    """Render `registry` for a scrape: (body, content type), negotiated from `accept`; no
+    `*_created` series (`WithoutCreated`)."""
     encoder, content_type = choose_encoder(accept)
-    return encoder(registry), content_type
+    return encoder(WithoutCreated(registry)), content_type

@@ -18,6 +18,7 @@ from wedgewatch.core.detect import (
     TargetVerdict,
 )
 from wedgewatch.core.episode import EpisodeState
+from wedgewatch.core.readiness import ready_verdict
 from wedgewatch.core.states import STALLED, EngineState
 from wedgewatch.daemon.report import shown_url, wall
 from wedgewatch.daemon.server import EngineSnapshot, TargetSnapshot
@@ -69,8 +70,7 @@ def target_snapshot(
         restarts=core.restarts,
         restart_budget_remaining=restart_policy.budget_remaining(core.policy, policy, now_at),
         gave_up=core.policy.phase is restart_policy.Phase.GAVE_UP,
-        restart_in_progress=restart_running
-        or core.policy.phase in (restart_policy.Phase.RESTARTING, restart_policy.Phase.STARTING),
+        restart_in_progress=restart_in_progress(core, restart_running=restart_running),
         next_restart_allowed_timestamp=(
             wall(not_before, now_at, now)
             if not_before is not None and not_before > now_at
@@ -89,7 +89,8 @@ def target_snapshot(
                 "bundle": episode.bundle,
                 "triage": episode.triage,
                 "scrape_failure": episode.scrape_failure,
-                "restart_requested": episode.restart_asked,
+                # Observe mode requests nothing (the episode core still notes the ask once).
+                "restart_requested": episode.restart_asked and remedy_name != "none",
             }
             if episode
             else None
@@ -97,6 +98,25 @@ def target_snapshot(
         last_restart_failure=core.last_restart_failure,
         waiting_for_supervisor=core.waiting_for_supervisor,
     )
+
+
+def restart_in_progress(core: EpisodeState, *, restart_running: bool) -> bool:
+    """Whether the server is being restarted: the remedy runs, or the policy waits for the
+    restarted server (phase restarting or starting)."""
+    return restart_running or core.policy.phase in (
+        restart_policy.Phase.RESTARTING,
+        restart_policy.Phase.STARTING,
+    )
+
+
+def target_ready(core: EpisodeState, *, restart_running: bool) -> bool:
+    """The readiness verdict (`core.readiness`) of the target now: /ready and the metric."""
+    verdict = core.verdict
+    return ready_verdict(
+        str(verdict.state if verdict else EngineState.STARTING),
+        gave_up=core.policy.phase is restart_policy.Phase.GAVE_UP,
+        restarting=restart_in_progress(core, restart_running=restart_running),
+    ).ready
 
 
 def target_reason(core: EpisodeState, verdict: TargetVerdict | None) -> str:

@@ -1,4 +1,4 @@
-"""wedgewatch's own HTTP endpoints: /health, /probe, /metrics and /status.
+"""wedgewatch's own HTTP endpoints: /health, /probe, /ready, /metrics and /status.
 
 The watch loop publishes an immutable `Snapshot` after every tick by swapping a
 reference; the endpoints only read the latest one, so no locks are needed and a slow
@@ -13,6 +13,9 @@ owns SIGTERM/SIGINT.
              restart policy allows a restart (`core.probe_policy`), else 200; a 503 that
              went out is reported to the loop (`on_probe_failed`), which counts the
              restart it causes once a new server proves it.
+- `/ready`   whether a watched server should receive traffic (for the vLLM container's
+             readiness probe): 503 while it is starting, restarting, wedged, unreachable or
+             given up (`core.readiness`), whatever the restart budget says, else 200.
 - `/metrics` wedgewatch's own registry (see ownmetrics).
 - `/status`  JSON with every target and engine.
 """
@@ -36,6 +39,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from wedgewatch.core.probe_policy import ProbeVerdict
+from wedgewatch.core.readiness import ready_verdict
 from wedgewatch.core.states import ACTED_ON
 from wedgewatch.daemon.ownmetrics import render
 from wedgewatch.vllm.signals import EngineReading
@@ -154,6 +158,15 @@ def probe(target: TargetSnapshot) -> tuple[int, dict[str, Any]]:
     }
 
 
+def ready(target: TargetSnapshot) -> tuple[int, dict[str, Any]]:
+    """The readiness verdict for one watched server: (status code, body saying why)."""
+    verdict = ready_verdict(
+        target.state, gave_up=target.gave_up, restarting=target.restart_in_progress
+    )
+    body = {"target": target.name, "state": target.state, **verdict.to_json()}
+    return (200 if verdict.ready else 503), body
+
+
 def status(snapshot: Snapshot) -> dict[str, Any]:
     """The full JSON status document: every target and engine."""
     return {
@@ -181,25 +194,21 @@ def make_app(
         return JSONResponse(body, status_code=code, headers=_NO_STORE)
 
     async def probe_endpoint(request: Request) -> Response:
-        targets = snapshot().targets
-        name = request.query_params.get("target")
-        if name is None:
-            if len(targets) != 1:
-                return _error(
-                    400,
-                    "several targets are watched; choose one with ?target=NAME",
-                    targets,
-                )
-            (target,) = targets.values()
-        elif name not in targets:
-            return _error(404, f"unknown target {name!r}", targets)
-        else:
-            target = targets[name]
+        target = _chosen_target(request, snapshot().targets)
+        if isinstance(target, Response):
+            return target
         code, body = probe(target)
         response = JSONResponse(body, status_code=code, headers=_NO_STORE)
         if code == 503 and on_probe_failed is not None:
             on_probe_failed(target.name)
         return response
+
+    async def ready_endpoint(request: Request) -> Response:
+        target = _chosen_target(request, snapshot().targets)
+        if isinstance(target, Response):
+            return target
+        code, body = ready(target)
+        return JSONResponse(body, status_code=code, headers=_NO_STORE)
 
     async def metrics_endpoint(request: Request) -> Response:
         body, content_type = render(registry, request.headers.get("accept", ""))
@@ -212,6 +221,7 @@ def make_app(
         routes=[
             Route("/health", health_endpoint, methods=["GET"]),
             Route("/probe", probe_endpoint, methods=["GET"]),
+            Route("/ready", ready_endpoint, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/status", status_endpoint, methods=["GET"]),
         ]
@@ -287,6 +297,21 @@ class HttpServer:
 _NO_STORE = {"cache-control": "no-store"}
 
 
+def _chosen_target(
+    request: Request, targets: Mapping[str, TargetSnapshot]
+) -> TargetSnapshot | Response:
+    """The target `?target=NAME` names (optional with one target), or the error response."""
+    name = request.query_params.get("target")
+    if name is None:
+        if len(targets) != 1:
+            return _error(400, "several targets are watched; choose one with ?target=NAME", targets)
+        (target,) = targets.values()
+        return target
+    if name not in targets:
+        return _error(404, f"unknown target {name!r}", targets)
+    return targets[name]
+
+
 def _error(code: int, message: str, targets: Mapping[str, TargetSnapshot]) -> Response:
     return JSONResponse(
         {"error": message, "targets": sorted(targets)}, status_code=code, headers=_NO_STORE
@@ -332,6 +357,9 @@ def _target_json(target: TargetSnapshot) -> dict[str, Any]:
         "probe_ok": target.state not in PROBE_FAILING_STATES
         if target.probe is None
         else target.probe.ok,
+        "readiness": ready_verdict(
+            target.state, gave_up=target.gave_up, restarting=target.restart_in_progress
+        ).to_json(),
         "up": target.up,
         "last_scrape": _iso(target.last_scrape_timestamp),
         "last_scrape_error": target.last_scrape_error,

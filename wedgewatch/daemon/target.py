@@ -32,7 +32,7 @@ from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.replacement import ServerIdentity
 from wedgewatch.core.states import CaptureFailureReason, EngineState
 from wedgewatch.daemon.canary import TargetCanary
-from wedgewatch.daemon.publish import target_record, target_snapshot
+from wedgewatch.daemon.publish import target_ready, target_record, target_snapshot
 from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
 from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
 from wedgewatch.daemon.server import TargetSnapshot
@@ -232,6 +232,9 @@ class TargetRunner:
                 self.core.policy, self.rules.restart_policy, now_at
             ),
             gave_up=self.core.policy.phase is restart_policy.Phase.GAVE_UP,
+        )
+        self.reporter.metrics.set_ready(
+            self.name, target_ready(self.core, restart_running=self.busy == "restart")
         )
         return step
 
