@@ -198,6 +198,7 @@ class BundleEvidence:
             triage=f"{result.triage.kind}: {result.triage.summary}"
             + (f" (known issue: {', '.join(result.known_issues)})" if result.known_issues else ""),
             detail="; ".join(result.failures),
+            server_gone=result.server_gone,
         )
 
     async def resolve(self, bundle: str, note: str) -> None:
@@ -208,15 +209,21 @@ class BundleEvidence:
 
 
 def capture_failure_reasons(result: evidence.BundleResult) -> tuple[CaptureFailureReason, ...]:
-    """What went wrong in a capture, as the closed set of reasons of the failure counter."""
+    """What went wrong in a capture, as the closed set of reasons of the failure counter.
+
+    A server that is gone (crashed or stopped: nothing listens, its pid no longer runs) is
+    an outcome, not a failure: the steps that need it (stacks, /version, process samples)
+    have nothing to read. Only a bundle that could not be written or a capture that ran out
+    of time still count then.
+    """
     reasons: list[CaptureFailureReason] = []
     if result.bundle is None:
         reasons.append(CaptureFailureReason.WRITE_FAILED)
-    if result.ptrace_denied:
+    if result.ptrace_denied and not result.server_gone:
         reasons.append(CaptureFailureReason.PTRACE_DENIED)
     if result.deadline_exceeded:
         reasons.append(CaptureFailureReason.TIMEOUT)
-    if result.failures and not reasons:
+    if result.failures and not reasons and not result.server_gone:
         reasons.append(CaptureFailureReason.INCOMPLETE)
     return tuple(reasons)
 

@@ -101,6 +101,7 @@ class CaptureOutcome:
     failures: tuple[CaptureFailureReason, ...] = ()
     triage: str | None = None
     detail: str = ""
+    server_gone: bool = False  # nothing to capture from: not a failure
 
 
 class EvidenceCollector(Protocol):

@@ -354,6 +354,7 @@ class TargetRunner:
             family=effect.family,
             detail=outcome.detail,
             duration_seconds=time.monotonic() - started,
+            server_gone=outcome.server_gone,
         )
         clock = self.deps.clock
         self.feed(done, clock.monotonic(), clock.wall())
