@@ -178,8 +178,27 @@ def test_watchdog_keeps_only_ptrace_and_never_binds_to_the_server() -> None:
     assert any("vllm.service" in v for v in values(unit, "Unit", "After"))
     config = tomllib.loads((UNITS / "wedgewatch.toml").read_text())
     assert config["state_dir"] == "/var/lib/wedgewatch"  # = StateDirectory=wedgewatch
-    assert config["remedy"] == "systemd"
     assert config["systemd_unit"] == "vllm.service"
+
+
+def test_shipped_config_observes_first_and_the_documented_switch_is_valid(tmp_path: Path) -> None:
+    """wedgewatch.toml ships `remedy = "none"` (observe); the one-line switch it documents
+    (`remedy = "systemd"`) is a valid configuration that restarts vllm.service."""
+    text = (UNITS / "wedgewatch.toml").read_text()
+    assert tomllib.loads(text)["remedy"] == "none"
+    assert '#   remedy = "systemd"\n' in text
+    switched = tmp_path / "wedgewatch.toml"
+    switched.write_text(text.replace('remedy = "none"\n', 'remedy = "systemd"\n'))
+    assert tomllib.loads(switched.read_text())["remedy"] == "systemd"
+    done = subprocess.run(
+        [str(VENV_BIN / "wedgewatch"), "config", "show", "--config", str(switched)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert 'remedy = "systemd"' in done.stdout
 
 
 def test_sample_config_is_valid() -> None:

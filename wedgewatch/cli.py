@@ -569,7 +569,7 @@ def _launch(
     ] = None,
     profile: Annotated[
         str, typer.Option("--profile", help="Launch profile (see --list-profiles).")
-    ] = "tp2-offload",
+    ] = "plain",
     vllm_bin: Annotated[
         str, typer.Option("--vllm-bin", help="The vllm executable (name on PATH or a path).")
     ] = "vllm",

@@ -171,12 +171,7 @@ class BundleEvidence:
         result = await evidence.capture_bundle(
             evidence.CaptureRequest(
                 target=target.name,
-                selector=ProcessSelector(
-                    url=target.url,
-                    pid=target.pid,
-                    pid_file=target.pid_file,
-                    systemd_unit=target.systemd_unit,
-                ),
+                selector=process_selector(target),
                 phase=request.phase,
                 family=request.family,
                 engine=request.key.engine,
@@ -206,6 +201,13 @@ class BundleEvidence:
         problem = await asyncio.to_thread(evidence.resolve_bundle, Path(bundle), self._deps, note)
         if problem is not None:
             log.warning("bundle_resolve_failed", bundle=bundle, reason=problem)
+
+
+def process_selector(target: Target) -> ProcessSelector:
+    """How evidence finds a target's processes: its URL's listener, or its pid / pid file."""
+    return ProcessSelector(
+        url=target.url, pid=target.pid, pid_file=target.pid_file, systemd_unit=target.systemd_unit
+    )
 
 
 def capture_failure_reasons(result: evidence.BundleResult) -> tuple[CaptureFailureReason, ...]:
