@@ -144,6 +144,48 @@ def test_every_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert done.stderr.strip() == "", done.stderr
 
 
+def own_unit_from_the_docs() -> str:
+    """The example of an operator's own vllm.service in docs/systemd.md."""
+    text = (REPO / "docs" / "systemd.md").read_text()
+    section = text.split("### Keep your own `vllm.service`", 1)[1]
+    return section.split("```ini\n", 1)[1].split("```", 1)[0]
+
+
+@needs_analyze
+def test_an_own_vllm_unit_verifies_with_only_the_watchdog_unit(tmp_path: Path) -> None:
+    """docs/systemd.md's own vllm.service next to the shipped wedgewatch.service, unchanged
+    but for paths: systemd-analyze verify accepts the pair, and the polkit rule's unit and
+    the config's units name it."""
+    own = own_unit_from_the_docs()
+    assert "wedgewatch" not in own.split("\n", 1)[1]  # nothing of wedgewatch in the vLLM unit
+    vllm = shutil.which("true")
+    assert vllm is not None
+    (tmp_path / "vllm.service").write_text(own.replace("/opt/vllm/.venv/bin/vllm", vllm))
+    watchdog = (UNITS / "wedgewatch.service").read_text()
+    (tmp_path / "wedgewatch.service").write_text(
+        watchdog.replace(INSTALLED, str(VENV_BIN / "wedgewatch"))
+    )
+    done = subprocess.run(
+        [str(SYSTEMD_ANALYZE), "verify", "vllm.service", "wedgewatch.service"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "", done.stderr
+    unit = parse_unit(tmp_path / "vllm.service")
+    assert values(unit, "Service", "KillMode") == ["control-group"]
+    for key in ("BindsTo", "Requires", "PartOf"):
+        assert values(unit, "Unit", key) == [], key
+    rule = (UNITS / "50-wedgewatch-restart-vllm.rules").read_text()
+    assert 'action.lookup("unit") === "vllm.service"' in rule
+    config = tomllib.loads((UNITS / "wedgewatch.toml").read_text())
+    assert config["targets"][0]["url"] == "http://127.0.0.1:8000"  # the unit's --port
+    assert config["targets"][0]["systemd_unit"] == "vllm.service"
+
+
 @needs_analyze
 def test_watchdog_unit_is_hardened(tmp_path: Path) -> None:
     """systemd's own exposure score for wedgewatch.service stays at or below 3.0 ("OK")."""
