@@ -132,13 +132,18 @@ def test_every_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
         (tmp_path / unit.name).write_text(text)
     units = sorted(str(p) for p in tmp_path.glob("*.service"))
     assert len(units) == 2
+    assert_verified(units, tmp_path)
+
+
+def assert_verified(units: list[str], cwd: Path) -> None:
+    """`systemd-analyze verify UNITS` passes without a word on stderr."""
     done = subprocess.run(
         [str(SYSTEMD_ANALYZE), "verify", *units],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-        cwd=tmp_path,
+        cwd=cwd,
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == "", done.stderr
@@ -165,16 +170,7 @@ def test_an_own_vllm_unit_verifies_with_only_the_watchdog_unit(tmp_path: Path) -
     (tmp_path / "wedgewatch.service").write_text(
         watchdog.replace(INSTALLED, str(VENV_BIN / "wedgewatch"))
     )
-    done = subprocess.run(
-        [str(SYSTEMD_ANALYZE), "verify", "vllm.service", "wedgewatch.service"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stderr.strip() == "", done.stderr
+    assert_verified(["vllm.service", "wedgewatch.service"], tmp_path)
     unit = parse_unit(tmp_path / "vllm.service")
     assert values(unit, "Service", "KillMode") == ["control-group"]
     for key in ("BindsTo", "Requires", "PartOf"):
