@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 
 WEDGEWATCH = [sys.executable, "-m", "wedgewatch"]
 FIXTURES = Path(__file__).parent / "fixtures"
+UPLOAD = Path(__file__).parent.parent / "deploy" / "hooks" / "upload-bundle.sh"
 # The traffic that wedges the simulator's stock scheduler on most tries (see wedgewatch demo).
 BURST_LOAD = (
     *("--profile", "agentic-burst", "--seed", "16", "--duration", "30"),
@@ -339,12 +340,14 @@ def test_a_server_that_exits_by_itself_ends_the_launcher_with_its_status(
     leaves a crash bundle with the watchdog's flight recorder up to the exit."""
     vllm, state = fake_vllm(tmp_path, exit_after_seconds=3)
     port, listen = free_port(), free_port()
+    shipped = tmp_path / "shipped"
     launcher = Launcher(
         launch_args(
             vllm,
             "--watch",
             *watchdog_args(tmp_path, listen),
             *("--stall-after-seconds", "600"),
+            *("--on-bundle", f"{UPLOAD} {shipped}"),
             server=("--port", str(port)),
         ),
         tmp_path,
@@ -368,6 +371,9 @@ def test_a_server_that_exits_by_itself_ends_the_launcher_with_its_status(
     assert (bundle / "metrics_manual.prom").read_bytes() == (
         FIXTURES / "deferred_wedge.prom"
     ).read_bytes()
+    hooked = launcher.wait_for("bundle_hook_finished")  # on_bundle ran before the exit
+    assert (hooked["result"], hooked["bundle"]) == ("ok", str(bundle)), hooked
+    assert (shipped / bundle.name / "history.jsonl").read_text() == "\n".join(history) + "\n"
 
 
 def test_watch_refuses_a_busy_watchdog_port_before_starting_the_server(tmp_path: Path) -> None:

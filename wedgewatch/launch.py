@@ -38,11 +38,13 @@ from wedgewatch.daemon.adapters import (
     evidence_settings,
     process_selector,
     real_deps,
+    run_bundle_hook,
 )
 from wedgewatch.daemon.loop import Daemon
 from wedgewatch.daemon.loop import run as run_watchdog
 from wedgewatch.daemon.roles import Deps
 from wedgewatch.io import evidence, restarters, runner
+from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.nvidia_smi import count_gpus
 from wedgewatch.vllm.profiles import Profile
 
@@ -531,7 +533,8 @@ async def _watch(
 
     async def on_stopped(daemon: Daemon) -> None:
         if server_task.done() and not server_task.cancelled() and server_task.result() != 0:
-            await crash_bundles(config, daemon, exit_status(server_task.result()))
+            status = exit_status(server_task.result())
+            await crash_bundles(config, daemon, status, hook=deps.bundle_hook)
 
     daemon_task = asyncio.create_task(
         run_watchdog(config, deps, stop=daemon_stop, on_stopped=on_stopped), name="watchdog"
@@ -594,10 +597,13 @@ async def _watch(
             loop.remove_signal_handler(sig)
 
 
-async def crash_bundles(config: Config, daemon: Daemon, status: int) -> None:
+async def crash_bundles(
+    config: Config, daemon: Daemon, status: int, *, hook: BundleHook | None = None
+) -> None:
     """The server crashed (exited by itself, status != 0): a bundle per target from the
     watchdog's flight recorder and last good /metrics body, with what is left of the server
-    (usually nothing: outcome `server_gone`). Logged as `crash_bundle_written`."""
+    (usually nothing: outcome `server_gone`). Logged as `crash_bundle_written`; the
+    `on_bundle` hook, when set, runs for it before the launcher exits."""
     deps = evidence.EvidenceDeps(settings=evidence_settings(config))
     for target, history, body in daemon.flight_records():
         result = await evidence.capture_bundle(
@@ -624,6 +630,8 @@ async def crash_bundles(config: Config, daemon: Daemon, status: int) -> None:
             server_gone=result.server_gone,
             failures=list(result.failures),
         )
+        if hook is not None and result.bundle is not None:
+            await run_bundle_hook(hook, str(result.bundle), target=target.name, phase="crash")
 
 
 def launch(

@@ -35,6 +35,7 @@ from wedgewatch.daemon.roles import (
     ScrapeResult,
 )
 from wedgewatch.io import canary, evidence, restarters, statefile
+from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.notify import Notification, WebhookNotifier
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
 from wedgewatch.io.scrape import ScrapeClient, fetch, new_client, new_scrape_client
@@ -399,7 +400,24 @@ def real_deps(
         serve_http=True,
         supervisor_probe=supervisor_probe(config),
         canary=HttpCanary(config) if config.canary_interval_seconds > 0 else None,
+        bundle_hook=BundleHook(config.on_bundle, timeout_seconds=config.on_bundle_timeout_seconds)
+        if config.on_bundle
+        else None,
     )
+
+
+async def run_bundle_hook(hook: BundleHook, bundle: str, *, target: str, phase: str) -> str:
+    """Run the `on_bundle` hook for a complete bundle and log how it went; its result."""
+    outcome = await hook.run(Path(bundle), target=target, phase=phase)
+    getattr(log, "info" if outcome.result == "ok" else "warning")(
+        "bundle_hook_finished",
+        target=target,
+        bundle=bundle,
+        result=outcome.result,
+        detail=outcome.detail,
+        duration_seconds=round(outcome.duration_seconds, 3),
+    )
+    return outcome.result
 
 
 def supervisor_probe(config: Config) -> SystemdStateProbe | None:

@@ -304,6 +304,10 @@ class Daemon:
         for worker in workers:
             worker.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+        hooks = [task for rt in self._targets.values() for task in rt.hooks]
+        if hooks:  # each is bounded by on_bundle_timeout_seconds; a second signal cuts it short
+            log.info("waiting_for_bundle_hooks", count=len(hooks))
+            await asyncio.gather(*hooks, return_exceptions=True)
         clock = self.deps.clock
         self._persist(clock.monotonic(), clock.wall(), refresh=True)
 
