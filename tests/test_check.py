@@ -473,7 +473,8 @@ async def test_human_output_has_one_line_per_engine() -> None:
     sequence = [body(((KEY, DEFERRED_WEDGE), (KEY_1, busy(n)))) for n in range(11)]
     report = await check(bodies(*sequence))
     lines = report.render_text().splitlines()
-    assert lines[0] == f"CRITICAL: wedged - {URL}, 2 engines, 11 scrapes"
+    summary, bar, _perfdata = lines[0].partition(" | ")  # perfdata: tests/test_check_perfdata.py
+    assert (summary, bar) == (f"CRITICAL: wedged - {URL}, 2 engines, 11 scrapes", " | ")
     assert lines[1].split() == [
         "wedged", "deferred_stall", "tiny-llama", "engine", "0:", "running", "0,",
         "waiting", "3", "(capacity", "1,", "deferred", "2);", "stalled", "10.0", "s",

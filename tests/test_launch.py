@@ -61,6 +61,30 @@ def test_reporters_full_setup_adds_the_optional_knobs() -> None:
     assert "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" not in new.env
 
 
+def test_the_default_profile_passes_the_users_flags_through() -> None:
+    """`launch --model X -- FLAGS` is `vllm serve X FLAGS`: no flag or variable added."""
+    options = LaunchOptions(model="X", extra_args=("--max-num-seqs", "8", "--port", "8123"))
+    prepared = prepare(options, builtin_profiles(), resolve=_unresolved)
+    assert prepared.command.argv == ("vllm", "serve", "X", "--max-num-seqs", "8", "--port", "8123")
+    assert dict(prepared.command.env) == {}
+    bare = prepare(LaunchOptions(model="X"), builtin_profiles(), resolve=_unresolved)
+    assert (bare.command.argv, dict(bare.command.env)) == (("vllm", "serve", "X"), {})
+
+
+def _unresolved(vllm_bin: str) -> VllmBinary:
+    return VllmBinary(path=vllm_bin, version_text="0.30.0")
+
+
+def test_the_mitigated_profile_drops_the_cpu_kv_offloading() -> None:
+    """tp2-mitigated: two GPUs, the reporter's batching, no offloading flag or variable."""
+    command = build_command(vllm_bin="vllm", model="m", profile=builtin_profiles()["tp2-mitigated"])
+    assert command.tensor_parallel_size == 2
+    assert dict(command.env) == {}
+    assert not any("offload" in part for part in command.argv)
+    assert "--max-num-seqs" not in command.argv
+    assert "--max-num-batched-tokens" in command.argv
+
+
 def test_tp2_offload_profile_is_the_reported_production_setup() -> None:
     """The shipped tp2-offload profile carries exactly the reporter's flags and environment."""
     profile = builtin_profiles()["tp2-offload"]
@@ -308,7 +332,7 @@ def test_unknown_profile_name_lists_the_known_ones() -> None:
     """`--profile tp2-offlaod` is refused with a suggestion and the list of profiles."""
     with pytest.raises(
         LaunchError,
-        match=r"did you mean 'tp2-offload'\?.*known: tp1, tp2-offload, tp2-offload-53868",
+        match=r"did you mean 'tp2-offload'\?.*known: plain, tp2-mitigated, tp2-offload, tp2-offl",
     ):
         select_profile(builtin_profiles(), "tp2-offlaod")
 
@@ -318,7 +342,8 @@ def test_profile_listing_shows_each_profile_command() -> None:
     text = render_profiles(builtin_profiles())
     assert "tp2-offload: Tensor parallel 2" in text
     assert "VLLM_USE_SIMPLE_KV_OFFLOAD=1 vllm serve MODEL --tensor-parallel-size 2" in text
-    assert "tp1: " in text
+    assert "plain: " in text
+    assert "\n    vllm serve MODEL\n" in text  # plain adds nothing
 
 
 # -- the watchdog's view of the server ---------------------------------------------------------
@@ -420,6 +445,7 @@ def test_launch_dry_run_prints_only_the_command_on_stdout(tmp_path: Path) -> Non
     )
     options = LaunchOptions(
         model="Qwen/Qwen3-8B",
+        profile="tp2-offload",
         vllm_bin=vllm,
         extra_args=("--port", "8123"),
         dry_run=True,

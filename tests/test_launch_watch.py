@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 
 WEDGEWATCH = [sys.executable, "-m", "wedgewatch"]
 FIXTURES = Path(__file__).parent / "fixtures"
+UPLOAD = Path(__file__).parent.parent / "deploy" / "hooks" / "upload-bundle.sh"
 # The traffic that wedges the simulator's stock scheduler on most tries (see wedgewatch demo).
 BURST_LOAD = (
     *("--profile", "agentic-burst", "--seed", "16", "--duration", "30"),
@@ -204,7 +205,7 @@ def wait_until(predicate: Any, timeout_seconds: float, what: str) -> None:
 
 
 def test_without_watch_the_launcher_becomes_the_server(tmp_path: Path) -> None:
-    """`launch` execs vllm: same pid, the profile's flags and environment, its exit status."""
+    """`launch` execs vllm: same pid, the user's flags and nothing else, its exit status."""
     vllm, state = fake_vllm(tmp_path, term_status=7)
     port = free_port()
     log = tmp_path / "exec.log"
@@ -221,8 +222,8 @@ def test_without_watch_the_launcher_becomes_the_server(tmp_path: Path) -> None:
         wait_until((state / "start-0.json").exists, 30, "the server start")
         (start,) = recorded_starts(state)
         assert start["pid"] == proc.pid
-        assert start["offload_env"] == "1"
-        assert start["argv"][1:4] == ["serve", "m", "--tensor-parallel-size"]
+        assert start["offload_env"] is None  # the default profile adds no variable...
+        assert start["argv"][1:] == ["serve", "m", "--port", str(port)]  # ...and no flag
         wait_until(
             lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200,
             30,
@@ -241,8 +242,9 @@ def test_too_few_gpus_for_real_vllm_is_refused_before_start(tmp_path: Path) -> N
     """TP=2 with one visible GPU: exit 2 with the reason, nothing started."""
     vllm, state = fake_vllm(tmp_path)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")}
+    server = ("--port", str(free_port()))
     done = subprocess.run(
-        [*WEDGEWATCH, "launch", *launch_args(vllm, server=("--port", str(free_port())))],
+        [*WEDGEWATCH, "launch", *launch_args(vllm, "--profile", "tp2-offload", server=server)],
         capture_output=True,
         text=True,
         env={**clean, "CUDA_VISIBLE_DEVICES": "0"},
@@ -334,15 +336,18 @@ def test_sigterm_stops_the_server_group_and_exits_with_its_status(
 def test_a_server_that_exits_by_itself_ends_the_launcher_with_its_status(
     tmp_path: Path, launchers: list[Launcher]
 ) -> None:
-    """The server dying on its own is not a wedge: the launcher exits with its status."""
+    """The server dying on its own is not a wedge: the launcher exits with its status, and
+    leaves a crash bundle with the watchdog's flight recorder up to the exit."""
     vllm, state = fake_vllm(tmp_path, exit_after_seconds=3)
     port, listen = free_port(), free_port()
+    shipped = tmp_path / "shipped"
     launcher = Launcher(
         launch_args(
             vllm,
             "--watch",
             *watchdog_args(tmp_path, listen),
             *("--stall-after-seconds", "600"),
+            *("--on-bundle", f"{UPLOAD} {shipped}"),
             server=("--port", str(port)),
         ),
         tmp_path,
@@ -353,6 +358,22 @@ def test_a_server_that_exits_by_itself_ends_the_launcher_with_its_status(
     engine = int((state / "engine-0.pid").read_text())
     assert gone(engine), "the orphaned EngineCore was left running"
     assert len(recorded_starts(state)) == 1
+    written = launcher.wait_for("crash_bundle_written")
+    assert (written["status"], written["server_gone"]) == (5, True), written
+    bundle = Path(written["bundle"])
+    assert bundle.parent == tmp_path / "evidence"
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert "exited by itself with status 5" in summary["reason"], summary
+    history = (bundle / "history.jsonl").read_text().splitlines()
+    assert len(history) >= 2, history  # the scrapes before the crash (every 0.5 s for 3 s)
+    entries = [json.loads(line) for line in history]
+    assert any(entry["engines"] and "running" in entry["engines"][0] for entry in entries), history
+    assert (bundle / "metrics_manual.prom").read_bytes() == (
+        FIXTURES / "deferred_wedge.prom"
+    ).read_bytes()
+    hooked = launcher.wait_for("bundle_hook_finished")  # on_bundle ran before the exit
+    assert (hooked["result"], hooked["bundle"]) == ("ok", str(bundle)), hooked
+    assert (shipped / bundle.name / "history.jsonl").read_text() == "\n".join(history) + "\n"
 
 
 def test_watch_refuses_a_busy_watchdog_port_before_starting_the_server(tmp_path: Path) -> None:
@@ -403,7 +424,7 @@ def test_watch_restarts_the_wedged_simulator_and_its_whole_tree(
         launcher = Launcher(
             launch_args(
                 shim / "vllm",
-                "--watch",
+                *("--profile", "tp2-offload", "--watch"),
                 *watchdog_args(try_dir, listen),
                 *("--stall-after-seconds", "5", "--hang-after-seconds", "30"),
                 # vLLM 0.30.0 (the simulator's model) wedges on this traffic with full-ISL

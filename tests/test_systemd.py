@@ -132,16 +132,54 @@ def test_every_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
         (tmp_path / unit.name).write_text(text)
     units = sorted(str(p) for p in tmp_path.glob("*.service"))
     assert len(units) == 2
+    assert_verified(units, tmp_path)
+
+
+def assert_verified(units: list[str], cwd: Path) -> None:
+    """`systemd-analyze verify UNITS` passes without a word on stderr."""
     done = subprocess.run(
         [str(SYSTEMD_ANALYZE), "verify", *units],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-        cwd=tmp_path,
+        cwd=cwd,
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == "", done.stderr
+
+
+def own_unit_from_the_docs() -> str:
+    """The example of an operator's own vllm.service in docs/systemd.md."""
+    text = (REPO / "docs" / "systemd.md").read_text()
+    section = text.split("### Keep your own `vllm.service`", 1)[1]
+    return section.split("```ini\n", 1)[1].split("```", 1)[0]
+
+
+@needs_analyze
+def test_an_own_vllm_unit_verifies_with_only_the_watchdog_unit(tmp_path: Path) -> None:
+    """docs/systemd.md's own vllm.service next to the shipped wedgewatch.service, unchanged
+    but for paths: systemd-analyze verify accepts the pair, and the polkit rule's unit and
+    the config's units name it."""
+    own = own_unit_from_the_docs()
+    assert "wedgewatch" not in own.split("\n", 1)[1]  # nothing of wedgewatch in the vLLM unit
+    vllm = shutil.which("true")
+    assert vllm is not None
+    (tmp_path / "vllm.service").write_text(own.replace("/opt/vllm/.venv/bin/vllm", vllm))
+    watchdog = (UNITS / "wedgewatch.service").read_text()
+    (tmp_path / "wedgewatch.service").write_text(
+        watchdog.replace(INSTALLED, str(VENV_BIN / "wedgewatch"))
+    )
+    assert_verified(["vllm.service", "wedgewatch.service"], tmp_path)
+    unit = parse_unit(tmp_path / "vllm.service")
+    assert values(unit, "Service", "KillMode") == ["control-group"]
+    for key in ("BindsTo", "Requires", "PartOf"):
+        assert values(unit, "Unit", key) == [], key
+    rule = (UNITS / "50-wedgewatch-restart-vllm.rules").read_text()
+    assert 'action.lookup("unit") === "vllm.service"' in rule
+    config = tomllib.loads((UNITS / "wedgewatch.toml").read_text())
+    assert config["targets"][0]["url"] == "http://127.0.0.1:8000"  # the unit's --port
+    assert config["targets"][0]["systemd_unit"] == "vllm.service"
 
 
 @needs_analyze
@@ -178,8 +216,27 @@ def test_watchdog_keeps_only_ptrace_and_never_binds_to_the_server() -> None:
     assert any("vllm.service" in v for v in values(unit, "Unit", "After"))
     config = tomllib.loads((UNITS / "wedgewatch.toml").read_text())
     assert config["state_dir"] == "/var/lib/wedgewatch"  # = StateDirectory=wedgewatch
-    assert config["remedy"] == "systemd"
     assert config["systemd_unit"] == "vllm.service"
+
+
+def test_shipped_config_observes_first_and_the_documented_switch_is_valid(tmp_path: Path) -> None:
+    """wedgewatch.toml ships `remedy = "none"` (observe); the one-line switch it documents
+    (`remedy = "systemd"`) is a valid configuration that restarts vllm.service."""
+    text = (UNITS / "wedgewatch.toml").read_text()
+    assert tomllib.loads(text)["remedy"] == "none"
+    assert '#   remedy = "systemd"\n' in text
+    switched = tmp_path / "wedgewatch.toml"
+    switched.write_text(text.replace('remedy = "none"\n', 'remedy = "systemd"\n'))
+    assert tomllib.loads(switched.read_text())["remedy"] == "systemd"
+    done = subprocess.run(
+        [str(VENV_BIN / "wedgewatch"), "config", "show", "--config", str(switched)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert 'remedy = "systemd"' in done.stdout
 
 
 def test_sample_config_is_valid() -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from wedgewatch.check_settings import CheckSettings
-from wedgewatch.core import probe_policy
+from wedgewatch.core import nagios, probe_policy
 from wedgewatch.core.detect import (
     EngineVerdict,
     Observation,
@@ -126,6 +126,23 @@ class CheckOptions:
     restart: RestartPolicy | None = None  # probe mode: the restart budget applies
     probe_respects_budget: bool = True
     settings_cache: Mapping[str, Any] | None = None  # kept in the state file (see `entry`)
+    thresholds: StallThresholds | None = None  # -w/-c
+
+
+@dataclass(frozen=True, slots=True)
+class StallThresholds:
+    """`-w`/`-c`: Nagios ranges on each engine's stalled seconds."""
+
+    warning: nagios.Range | None = None
+    critical: nagios.Range | None = None
+
+    def exit_code(self, stalled_seconds: float) -> int:
+        """CRITICAL or WARNING when a range alerts for `stalled_seconds`, else OK."""
+        if self.critical is not None and self.critical.alerts(stalled_seconds):
+            return EXIT_CRITICAL
+        if self.warning is not None and self.warning.alerts(stalled_seconds):
+            return EXIT_WARNING
+        return EXIT_OK
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,14 +158,22 @@ class CheckReport:
     at: float | None
     restart_policy: probe_policy.ProbeVerdict | None = None  # probe mode only
     events: tuple[PolicyEvent, ...] = ()
+    thresholds: StallThresholds | None = None
+    scrape_seconds: float | None = None  # how long the last scrape took
 
     @property
     def exit_code(self) -> int:
-        """The Nagios exit code of `status`; WARNING for a wedge the budget will not restart."""
+        """The Nagios exit code of `status`; WARNING for a wedge the budget will not restart.
+
+        `-w`/`-c` raise it (never lower it) when an engine's stall crosses their range; an
+        UNKNOWN stays UNKNOWN.
+        """
         code = EXIT_CODES[self.status]
         if code == EXIT_CRITICAL and self.restart_policy is not None and self.restart_policy.ok:
-            return EXIT_WARNING
-        return code
+            code = EXIT_WARNING
+        if code == EXIT_UNKNOWN or self.thresholds is None:
+            return code
+        return max([code, *(self.thresholds.exit_code(e.stalled_seconds) for e in self.engines)])
 
     def to_json(self) -> dict[str, Any]:
         """`{"status", "engines": [...], "error"}`, the documented `--json` schema.
@@ -166,7 +191,11 @@ class CheckReport:
         return document
 
     def render_text(self) -> str:
-        """A Nagios-style summary line, then one line per engine, then the notes."""
+        """A Nagios-style summary line with the perfdata after `|`, one line per engine, notes.
+
+        A `|` elsewhere (in a URL or a model name) is printed as `¦`: Nagios reads every `|`
+        as the start of performance data.
+        """
         word = _NAGIOS_WORDS[self.exit_code]
         count = len(self.engines)
         summary = (
@@ -174,6 +203,9 @@ class CheckReport:
             f"{count} engine{'s' if count != 1 else ''}, "
             f"{self.scrapes} scrape{'s' if self.scrapes != 1 else ''}"
         )
+        beyond = self._threshold_crossed()
+        if beyond:
+            summary += f"; {beyond}"
         lines = [summary]
         lines.extend(_engine_line(verdict, self.at) for verdict in self.engines)
         if self.error:
@@ -185,7 +217,64 @@ class CheckReport:
                 + (f": {verdict.detail}" if verdict.detail else "")
             )
         lines.extend(f"note: {note}" for note in self.notes)
-        return "\n".join(lines)
+        text = "\n".join(lines).replace("|", "\u00a6")
+        perfdata = nagios.render_perfdata(self.perfdata())
+        if not perfdata:
+            return text
+        first, newline, rest = text.partition("\n")
+        return f"{first} | {perfdata}{newline}{rest}"
+
+    def perfdata(self) -> list[nagios.PerfDatum]:
+        """Per engine: stalled seconds (with -w/-c), running, waiting and waiting by reason;
+        then how long the last scrape took. Labels carry the engine (and the model when
+        there are several) only where there are several engines; unknown values are left out.
+        """
+        data: list[nagios.PerfDatum] = []
+        models = {verdict.key.model_name for verdict in self.engines}
+        warn = crit = ""
+        if self.thresholds is not None:
+            warn = "" if self.thresholds.warning is None else self.thresholds.warning.text
+            crit = "" if self.thresholds.critical is None else self.thresholds.critical.text
+        for verdict in self.engines:
+            prefix = ""
+            if len(self.engines) > 1:
+                prefix = f"e{verdict.key.engine}_"
+                if len(models) > 1:
+                    prefix = f"{verdict.key.model_name}_{prefix}"
+            if math.isfinite(verdict.stalled_seconds):
+                data.append(
+                    nagios.PerfDatum(
+                        f"{prefix}stalled", verdict.stalled_seconds, "s", warn, crit, 0.0
+                    )
+                )
+            reading = verdict.reading
+            if reading is None:
+                continue
+            counts = [("running", reading.running), ("waiting", reading.waiting)]
+            counts += [
+                (f"waiting_{reason}", value)
+                for reason, value in sorted(reading.waiting_by_reason.items())
+            ]
+            data.extend(
+                nagios.PerfDatum(f"{prefix}{name}", value, "", "", "", 0.0)
+                for name, value in counts
+                if math.isfinite(value)
+            )
+        if self.scrape_seconds is not None:
+            data.append(nagios.PerfDatum("scrape_time", self.scrape_seconds, "s", minimum=0.0))
+        return data
+
+    def _threshold_crossed(self) -> str:
+        """`stalled 42.0 s beyond -c 30` for the worst engine a threshold alerts for, or ''."""
+        if self.thresholds is None or EXIT_CODES[self.status] == EXIT_UNKNOWN:
+            return ""
+        for flag, spec in (("-c", self.thresholds.critical), ("-w", self.thresholds.warning)):
+            if spec is None:
+                continue
+            crossing = [e.stalled_seconds for e in self.engines if spec.alerts(e.stalled_seconds)]
+            if crossing:
+                return f"stalled {max(crossing):.1f} s beyond {flag} {spec.text}"
+        return ""
 
 
 def one_shot_policy(policy: Policy, window_seconds: float) -> Policy:
@@ -213,6 +302,19 @@ def _max_state_age(policy: Policy) -> float:
 
 
 async def run_check(
+    options: CheckOptions,
+    *,
+    client: httpx.AsyncClient | None = None,
+    clock: Clock = time.monotonic,
+    sleep: Sleep | None = None,
+    wall: Clock = time.time,
+) -> CheckReport:
+    """`_run_check`, with the `-w`/`-c` thresholds on its report."""
+    report = await _run_check(options, client=client, clock=clock, sleep=sleep, wall=wall)
+    return replace(report, thresholds=options.thresholds)
+
+
+async def _run_check(
     options: CheckOptions,
     *,
     client: httpx.AsyncClient | None = None,
@@ -338,6 +440,7 @@ def options_for(
     window_seconds: float,
     state_file: Path | None,
     settings_cache: Mapping[str, Any] | None = None,
+    thresholds: StallThresholds | None = None,
 ) -> CheckOptions:
     """The options of one run; the restart budget applies in probe mode only."""
     return CheckOptions(
@@ -350,6 +453,7 @@ def options_for(
         restart=settings.restart if state_file is not None else None,
         probe_respects_budget=settings.probe_respects_budget,
         settings_cache=settings_cache,
+        thresholds=thresholds,
     )
 
 
@@ -421,6 +525,7 @@ async def _scrape_loop(
     while True:
         begun_at = clock()
         observation = await observe(options.metrics_url, options.limits, clock)
+        scrape_seconds = max(0.0, clock() - begun_at)
         state, verdict = step(state, observation, policy)
         scrapes += 1
         _log(
@@ -439,6 +544,7 @@ async def _scrape_loop(
                 notes=tuple(notes),
                 scrapes=scrapes,
                 at=observation.at,
+                scrape_seconds=scrape_seconds,
             )
             return report, state
         if begun_at >= deadline:
@@ -448,7 +554,8 @@ async def _scrape_loop(
         next_at = min(started_at + ticks * options.interval_seconds, deadline)
         if next_at > now:
             await sleep(next_at - now)
-    return _report(options.metrics_url, verdict, notes, scrapes), state
+    report = _report(options.metrics_url, verdict, notes, scrapes)
+    return replace(report, scrape_seconds=scrape_seconds), state
 
 
 def _report(

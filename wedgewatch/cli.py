@@ -27,6 +27,7 @@ from typer.core import TyperCommand
 
 from wedgewatch import __version__, check, check_settings, config
 from wedgewatch.config import SETTINGS, Config
+from wedgewatch.core import nagios
 from wedgewatch.logsetup import configure_logging
 from wedgewatch.report import cli as report_cli
 from wedgewatch.sim.cli import sim_app
@@ -307,6 +308,25 @@ def _check(
             "so a broken probe is seen. See docs/check.md.",
         ),
     ] = False,
+    warning: Annotated[
+        str | None,
+        typer.Option(
+            "-w",
+            "--warning",
+            help="WARNING when an engine's stalled seconds cross this Nagios range "
+            "(30: above 30 s).",
+            show_default=False,
+        ),
+    ] = None,
+    critical: Annotated[
+        str | None,
+        typer.Option(
+            "-c",
+            "--critical",
+            help="CRITICAL when an engine's stalled seconds cross this Nagios range.",
+            show_default=False,
+        ),
+    ] = None,
     flags: dict[str, Any],
 ) -> None:
     """Judge one vLLM server now, Nagios style.
@@ -325,6 +345,7 @@ def _check(
                 "--for 0 needs --state-file: a single scrape cannot show a stall",
                 param_hint="--for",
             )
+        thresholds = _stall_thresholds(warning, critical, critical_only=critical_only)
         try:
             metrics_url = config.metrics_url_of(url)
         except ValueError as exc:
@@ -350,12 +371,34 @@ def _check(
             window_seconds=window_seconds,
             state_file=state_file,
             settings_cache=cache,
+            thresholds=thresholds,
         )
         raise typer.Exit(check.execute(options, as_json=as_json, critical_only=critical_only))
     except (ClickException, typer.Exit, typer.Abort):
         raise
     except Exception as exc:  # the Nagios contract: UNKNOWN, never a traceback
         raise _internal_error(exc, as_json=as_json) from None
+
+
+def _stall_thresholds(
+    warning: str | None, critical: str | None, *, critical_only: bool
+) -> check.StallThresholds | None:
+    """`-w`/`-c` as Nagios ranges; a bad range or one beside --critical-only is a usage error."""
+    if warning is None and critical is None:
+        return None
+    if critical_only:
+        raise typer.BadParameter(
+            "-w/-c are for Nagios-style callers; --critical-only is for a liveness probe, "
+            "where the detector and the restart budget decide alone",
+            param_hint="-w/-c",
+        )
+    ranges: list[nagios.Range | None] = []
+    for hint, spec in (("-w", warning), ("-c", critical)):
+        try:
+            ranges.append(None if spec is None else nagios.Range.parse(spec))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint=hint) from None
+    return check.StallThresholds(warning=ranges[0], critical=ranges[1])
 
 
 def _internal_error(exc: BaseException, *, as_json: bool) -> typer.Exit:
@@ -554,7 +597,7 @@ def _launch(
             help="Launch profile (see --list-profiles).",
             rich_help_panel=LAUNCHER_PANEL,
         ),
-    ] = "tp2-offload",
+    ] = "plain",
     vllm_bin: Annotated[
         str,
         typer.Option(

@@ -32,10 +32,19 @@ from typing import NoReturn, TextIO
 import structlog
 
 from wedgewatch.config import Config, Target, default_target_name
-from wedgewatch.daemon.adapters import FileStateStore, real_deps
+from wedgewatch.core.states import CapturePhase
+from wedgewatch.daemon.adapters import (
+    FileStateStore,
+    evidence_settings,
+    process_selector,
+    real_deps,
+    run_bundle_hook,
+)
+from wedgewatch.daemon.loop import Daemon
 from wedgewatch.daemon.loop import run as run_watchdog
 from wedgewatch.daemon.roles import Deps
-from wedgewatch.io import restarters, runner
+from wedgewatch.io import evidence, restarters, runner
+from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.nvidia_smi import count_gpus
 from wedgewatch.vllm.profiles import Profile
 
@@ -44,7 +53,7 @@ from wedgewatch.vllm.profiles import Profile
 RETENTION_FLAG_SINCE = (0, 27, 0)
 RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
 SIMULATOR_MARKER = "wedgewatch"
-DEFAULT_PROFILE = "tp2-offload"
+DEFAULT_PROFILE = "plain"  # `vllm serve MODEL` and the user's flags, nothing added
 DEFAULT_VLLM_PORT = 8000
 
 log = structlog.get_logger("wedgewatch.launch")
@@ -520,8 +529,16 @@ async def _watch(
         on_started(supervisor)
     stop_event = stop if stop is not None else asyncio.Event()
     daemon_stop = asyncio.Event()
-    daemon_task = asyncio.create_task(run_watchdog(config, deps, stop=daemon_stop), name="watchdog")
     server_task = asyncio.create_task(supervisor.wait(), name="server")
+
+    async def on_stopped(daemon: Daemon) -> None:
+        if server_task.done() and not server_task.cancelled() and server_task.result() != 0:
+            status = exit_status(server_task.result())
+            await crash_bundles(config, daemon, status, hook=deps.bundle_hook)
+
+    daemon_task = asyncio.create_task(
+        run_watchdog(config, deps, stop=daemon_stop, on_stopped=on_stopped), name="watchdog"
+    )
     stop_task = asyncio.create_task(stop_event.wait(), name="stop")
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
@@ -578,6 +595,43 @@ async def _watch(
             await supervisor.stop(config.grace_seconds)  # never leave the server behind
         for sig in installed:
             loop.remove_signal_handler(sig)
+
+
+async def crash_bundles(
+    config: Config, daemon: Daemon, status: int, *, hook: BundleHook | None = None
+) -> None:
+    """The server crashed (exited by itself, status != 0): a bundle per target from the
+    watchdog's flight recorder and last good /metrics body, with what is left of the server
+    (usually nothing: outcome `server_gone`). Logged as `crash_bundle_written`; the
+    `on_bundle` hook, when set, runs for it before the launcher exits."""
+    deps = evidence.EvidenceDeps(settings=evidence_settings(config))
+    for target, history, body in daemon.flight_records():
+        result = await evidence.capture_bundle(
+            evidence.CaptureRequest(
+                target=target.name,
+                selector=process_selector(target),
+                phase=CapturePhase.MANUAL,
+                family="crash",
+                metrics_body=body,
+                metrics_error=None if body is not None else "no good scrape kept",
+                history=history,
+                verdict={
+                    "reason": f"the server exited by itself with status {status}: a crash "
+                    "bundle from the watchdog's flight recorder"
+                },
+            ),
+            deps,
+        )
+        log.warning(
+            "crash_bundle_written",
+            target=target.name,
+            status=status,
+            bundle=None if result.bundle is None else str(result.bundle),
+            server_gone=result.server_gone,
+            failures=list(result.failures),
+        )
+        if hook is not None and result.bundle is not None:
+            await run_bundle_hook(hook, str(result.bundle), target=target.name, phase="crash")
 
 
 def launch(

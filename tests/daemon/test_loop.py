@@ -928,22 +928,31 @@ async def test_shutdown_lets_an_inflight_capture_finish(tmp_path: Path) -> None:
     assert world.store.saves >= 1
 
 
+GONE = ("processes: no process listens on TCP port 8000", "metrics_wedged.prom: no body")
+
+
 @pytest.mark.parametrize(
-    ("bundle", "failures", "ptrace_denied", "deadline", "expected"),
+    ("bundle", "failures", "ptrace_denied", "deadline", "expected", "gone"),
     [
-        pytest.param(Path("/b"), (), 0, False, (), id="complete"),
-        pytest.param(Path("/b"), ("py-spy: denied",), 3, False, ("ptrace_denied",), id="ptrace"),
-        pytest.param(Path("/b"), ("x",), 0, True, ("timeout",), id="deadline"),
-        pytest.param(None, ("cannot create",), 0, False, ("write_failed",), id="no-bundle"),
-        pytest.param(Path("/b"), ("nvidia-smi: boom",), 0, False, ("incomplete",), id="other"),
+        pytest.param(Path("/b"), (), 0, False, (), False, id="complete"),
+        pytest.param(Path("/b"), ("py-spy: x",), 3, False, ("ptrace_denied",), False, id="ptrace"),
+        pytest.param(Path("/b"), ("x",), 0, True, ("timeout",), False, id="deadline"),
+        pytest.param(None, ("cannot create",), 0, False, ("write_failed",), False, id="no-bundle"),
+        pytest.param(Path("/b"), ("nvidia-smi: x",), 0, False, ("incomplete",), False, id="other"),
+        # A crashed or stopped server (#24): its missing parts are not capture failures...
+        pytest.param(Path("/b"), GONE, 0, False, (), True, id="server-gone"),
+        # ...but a bundle that could not be written or a capture out of time still are.
+        pytest.param(None, GONE, 0, False, ("write_failed",), True, id="gone-no-bundle"),
+        pytest.param(Path("/b"), GONE, 0, True, ("timeout",), True, id="gone-deadline"),
     ],
-)
-def test_capture_failure_reasons(
+)  # fmt: skip
+def test_capture_failure_reasons(  # noqa: PLR0917 - one parameter per column of the table
     bundle: Path | None,
     failures: tuple[str, ...],
     ptrace_denied: int,
     deadline: bool,
     expected: tuple[str, ...],
+    gone: bool,
 ) -> None:
     """Bundle results map onto the closed set of capture failure reasons of the metric."""
     from wedgewatch.core.states import CapturePhase
@@ -959,6 +968,7 @@ def test_capture_failure_reasons(
         failures=failures,
         ptrace_denied=ptrace_denied,
         deadline_exceeded=deadline,
+        server_gone=gone,
     )
     assert capture_failure_reasons(result) == expected
 

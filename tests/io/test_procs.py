@@ -279,6 +279,7 @@ def test_bad_pid_file_is_an_error_in_the_result(
     assert found.error is not None
     assert message in found.error
     assert str(pid_file) in found.error
+    assert found.gone is (content is None)  # a removed pid file: the server has stopped
 
 
 def test_nobody_listening_is_an_error_in_the_result() -> None:
@@ -290,6 +291,8 @@ def test_nobody_listening_is_an_error_in_the_result() -> None:
         port = sock.getsockname()[1]  # bound but not listening
         found = PsutilProcessFinder().discover(ProcessSelector(url=f"http://127.0.0.1:{port}/"))
     assert found.error == f"no process listens on TCP port {port}"
+    assert found.gone  # a crashed or stopped server: not a failed discovery (#24)
+    assert type(found.error) is str
 
 
 def test_vanished_pid_is_an_error_in_the_result() -> None:
@@ -299,6 +302,7 @@ def test_vanished_pid_is_an_error_in_the_result() -> None:
     found = PsutilProcessFinder().discover(ProcessSelector(pid=child.pid))
     assert found.processes == ()
     assert found.error == f"pid {child.pid} no longer exists"
+    assert found.gone
 
 
 def test_zombie_child_is_recorded_with_its_status() -> None:
@@ -330,6 +334,7 @@ def test_nothing_configured_is_an_error_in_the_result() -> None:
     """A selector with nothing set explains what is missing."""
     found = PsutilProcessFinder().discover(ProcessSelector())
     assert found.error == "no url, pid or pid file to find the server's processes from"
+    assert not found.gone  # a configuration problem, not a server that went away
 
 
 def test_read_readings_of_self_and_of_a_vanished_pid() -> None:

@@ -487,6 +487,25 @@ class Config(BaseModel):
         "wedge inside the window still gets a full bundle (one-shot). 0 = no limit.",
         ge=0,
     )
+    on_bundle: tuple[str, ...] = _setting(
+        (),
+        "evidence",
+        "A command run once a bundle is complete (the wedge bundle, after its second round; "
+        "the crash bundle of `launch --watch`), with the bundle directory as its last "
+        "argument, as an argument list; in the environment and as a flag one shell-quoted "
+        "string. It runs beside the watchdog (never delaying a scrape or the restart), "
+        "without a shell, in its own session, with the minimal environment of "
+        "`exec_command` plus `WEDGEWATCH_BUNDLE`, `WEDGEWATCH_TARGET` and "
+        "`WEDGEWATCH_PHASE`; it is killed after `on_bundle_timeout_seconds`. Use it to ship "
+        "bundles off the machine (deploy/hooks/upload-bundle.sh). Retention still applies "
+        "to the bundles on disk. Empty: no hook.",
+    )
+    on_bundle_timeout_seconds: float = _setting(
+        300.0,
+        "evidence",
+        "How long one `on_bundle` run may take before its whole process group is killed.",
+        gt=0,
+    )
 
     # -- remedy ----------------------------------------------------------------------
     remedy: Literal["none", "probe", "signal", "systemd", "exec", "supervise"] = _setting(
@@ -617,7 +636,7 @@ class Config(BaseModel):
         merge_profiles(builtin_profiles(), profiles)
         return profiles
 
-    @field_validator("exec_command")
+    @field_validator("exec_command", "on_bundle")
     @classmethod
     def _argv(cls, argv: tuple[str, ...]) -> tuple[str, ...]:
         if argv and not argv[0].strip():

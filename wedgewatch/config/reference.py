@@ -40,8 +40,8 @@ def _target_toml(target: Target) -> list[str]:
 
 def redacted(config: Config) -> Config:
     """`config` as it may be printed: webhook URLs without their path and query, target URLs
-    without credentials and query, `exec_command`'s and launch profiles' secret-looking
-    arguments and environment values masked. `config show --reveal` skips this."""
+    without credentials and query, `exec_command`'s, `on_bundle`'s and launch profiles'
+    secret-looking arguments and environment values masked. `config show --reveal` skips this."""
     profiles = {
         name: (
             {**profile, "env": redact_env(profile["env"])}
@@ -57,6 +57,7 @@ def redacted(config: Config) -> Config:
                 t.model_copy(update={"url": redact_url(t.url)}) for t in config.targets
             ),
             "exec_command": tuple(redact_argv(config.exec_command)),
+            "on_bundle": tuple(redact_argv(config.on_bundle)),
             "profiles": profiles,
         }
     )
@@ -190,7 +191,8 @@ def render_reference() -> str:
         "(exit 0, or 2 with the messages; secrets are masked in the messages too).",
         "",
         "List settings: in the environment `targets` and `webhook_urls` are comma-separated and",
-        "`exec_command` is one shell-quoted string; their flags (`--target`, `--webhook-url`) are",
+        "`exec_command` and `on_bundle` are one shell-quoted string each; the flags of the lists",
+        "(`--target`, `--webhook-url`) are",
         "repeatable. Sizes (`*_bytes`) accept units: `16MiB`, `512 MB`. Durations are seconds.",
         "`profiles` is a table of tables in TOML and one JSON object in the environment and as",
         "a flag.",

@@ -34,7 +34,7 @@ def _kind(name: str) -> Literal["scalar", "bool", "list", "argv", "targets", "ta
         return "targets"
     if name == "profiles":
         return "table"
-    if name == "exec_command":
+    if name in ("exec_command", "on_bundle"):
         return "argv"
     annotation = Config.model_fields[name].annotation
     if annotation is bool:

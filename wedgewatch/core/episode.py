@@ -587,6 +587,16 @@ def suspect_rate_limited(rules: Rules, state: EpisodeState, at: float) -> str | 
     )
 
 
+def capture_outcome(event: CaptureDone) -> str:
+    """`complete`, `server_gone` (nothing to capture from: crashed or stopped, not a
+    failure), `incomplete` (some step failed) or `failed` (no bundle)."""
+    if event.bundle is None:
+        return "failed"
+    if event.failures:
+        return "incomplete"
+    return "server_gone" if event.server_gone else "complete"
+
+
 def capture_reports(
     event: CaptureDone, scrape_failure: str | None
 ) -> list[tuple[str, Level, dict[str, Any], dict[str, Any]]]:
@@ -604,7 +614,11 @@ def capture_reports(
     }
     reports: list[tuple[str, Level, dict[str, Any], dict[str, Any]]] = []
     if event.bundle is not None:
-        more = {"failures": [str(f) for f in event.failures], "detail": event.detail or None}
+        more = {
+            "outcome": capture_outcome(event),
+            "failures": [str(f) for f in event.failures],
+            "detail": event.detail or None,
+        }
         reports.append(("evidence_captured", "info", more, fields))
     if event.failures:
         more = {"reasons": [str(f) for f in event.failures], "detail": event.detail}

@@ -103,6 +103,7 @@ class CaptureDone:
     family: str = ""
     detail: str = ""  # what went wrong, when something did
     duration_seconds: float = 0.0
+    server_gone: bool = False  # the server had crashed or stopped: an outcome, not a failure
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from wedgewatch.daemon.roles import (
     ScrapeResult,
 )
 from wedgewatch.io import canary, evidence, restarters, statefile
+from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.notify import Notification, WebhookNotifier
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
 from wedgewatch.io.scrape import ScrapeClient, fetch, new_client, new_scrape_client
@@ -171,12 +172,7 @@ class BundleEvidence:
         result = await evidence.capture_bundle(
             evidence.CaptureRequest(
                 target=target.name,
-                selector=ProcessSelector(
-                    url=target.url,
-                    pid=target.pid,
-                    pid_file=target.pid_file,
-                    systemd_unit=target.systemd_unit,
-                ),
+                selector=process_selector(target),
                 phase=request.phase,
                 family=request.family,
                 engine=request.key.engine,
@@ -198,6 +194,7 @@ class BundleEvidence:
             triage=f"{result.triage.kind}: {result.triage.summary}"
             + (f" (known issue: {', '.join(result.known_issues)})" if result.known_issues else ""),
             detail="; ".join(result.failures),
+            server_gone=result.server_gone,
         )
 
     async def resolve(self, bundle: str, note: str) -> None:
@@ -207,16 +204,29 @@ class BundleEvidence:
             log.warning("bundle_resolve_failed", bundle=bundle, reason=problem)
 
 
+def process_selector(target: Target) -> ProcessSelector:
+    """How evidence finds a target's processes: its URL's listener, or its pid / pid file."""
+    return ProcessSelector(
+        url=target.url, pid=target.pid, pid_file=target.pid_file, systemd_unit=target.systemd_unit
+    )
+
+
 def capture_failure_reasons(result: evidence.BundleResult) -> tuple[CaptureFailureReason, ...]:
-    """What went wrong in a capture, as the closed set of reasons of the failure counter."""
+    """What went wrong in a capture, as the closed set of reasons of the failure counter.
+
+    A server that is gone (crashed or stopped: nothing listens, its pid no longer runs) is
+    an outcome, not a failure: the steps that need it (stacks, /version, process samples)
+    have nothing to read. Only a bundle that could not be written or a capture that ran out
+    of time still count then.
+    """
     reasons: list[CaptureFailureReason] = []
     if result.bundle is None:
         reasons.append(CaptureFailureReason.WRITE_FAILED)
-    if result.ptrace_denied:
+    if result.ptrace_denied and not result.server_gone:
         reasons.append(CaptureFailureReason.PTRACE_DENIED)
     if result.deadline_exceeded:
         reasons.append(CaptureFailureReason.TIMEOUT)
-    if result.failures and not reasons:
+    if result.failures and not reasons and not result.server_gone:
         reasons.append(CaptureFailureReason.INCOMPLETE)
     return tuple(reasons)
 
@@ -391,7 +401,24 @@ def real_deps(
         serve_http=True,
         supervisor_probe=supervisor_probe(config),
         canary=HttpCanary(config) if config.canary_interval_seconds > 0 else None,
+        bundle_hook=BundleHook(config.on_bundle, timeout_seconds=config.on_bundle_timeout_seconds)
+        if config.on_bundle
+        else None,
     )
+
+
+async def run_bundle_hook(hook: BundleHook, bundle: str, *, target: str, phase: str) -> str:
+    """Run the `on_bundle` hook for a complete bundle and log how it went; its result."""
+    outcome = await hook.run(Path(bundle), target=target, phase=phase)
+    getattr(log, "info" if outcome.result == "ok" else "warning")(
+        "bundle_hook_finished",
+        target=target,
+        bundle=bundle,
+        result=outcome.result,
+        detail=outcome.detail,
+        duration_seconds=round(outcome.duration_seconds, 3),
+    )
+    return outcome.result
 
 
 def supervisor_probe(config: Config) -> SystemdStateProbe | None:

@@ -29,11 +29,13 @@ import contextlib
 import gc
 import math
 import signal
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import structlog
 
 from wedgewatch import __version__
-from wedgewatch.config import Config
+from wedgewatch.config import Config, Target
 from wedgewatch.core import episode as episode_core
 from wedgewatch.core import restart_policy
 from wedgewatch.core.states import SCRAPE_FAILURE_REASONS, EngineState, Family
@@ -161,6 +163,10 @@ class Daemon:
                 targets={name: rt.snapshot for name, rt in self._targets.items() if rt.snapshot},
             )
         return self._published
+
+    def flight_records(self) -> list[tuple[Target, tuple[Mapping[str, Any], ...], bytes | None]]:
+        """Per target: the flight recorder's entries and the last good /metrics body."""
+        return [(rt.target, rt.history.entries(), rt.last_body) for rt in self._targets.values()]
 
     def jobs_pending(self) -> int:
         """Evidence captures and restarts queued or running, over all targets."""
@@ -298,6 +304,10 @@ class Daemon:
         for worker in workers:
             worker.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+        hooks = [task for rt in self._targets.values() for task in rt.hooks]
+        if hooks:  # each is bounded by on_bundle_timeout_seconds; a second signal cuts it short
+            log.info("waiting_for_bundle_hooks", count=len(hooks))
+            await asyncio.gather(*hooks, return_exceptions=True)
         clock = self.deps.clock
         self._persist(clock.monotonic(), clock.wall(), refresh=True)
 
@@ -323,11 +333,18 @@ class Daemon:
 # Entry point
 
 
-async def run(config: Config, deps: Deps, *, stop: asyncio.Event | None = None) -> int:
+async def run(
+    config: Config,
+    deps: Deps,
+    *,
+    stop: asyncio.Event | None = None,
+    on_stopped: Callable[[Daemon], Awaitable[None]] | None = None,
+) -> int:
     """Run the daemon until SIGTERM/SIGINT (or `stop`); 0 on a clean stop.
 
     The first SIGTERM/SIGINT stops the loop and lets an in-flight capture or restart finish
-    or time out; a second one cancels it at once.
+    or time out; a second one cancels it at once. `on_stopped` runs once the loop has
+    stopped, before the endpoints close (`launch --watch` writes a crash bundle there).
     """
     daemon = Daemon(config, deps)
     daemon.restore()
@@ -376,6 +393,8 @@ async def run(config: Config, deps: Deps, *, stop: asyncio.Event | None = None) 
             )
         deps.service.ready(daemon._status_line())
         await daemon.run(stop_event)
+        if on_stopped is not None:
+            await on_stopped(daemon)
     finally:
         deps.service.stopping("stopping")
         log.info("daemon_stopping")

@@ -220,6 +220,8 @@ class OwnMetrics:
             "Webhook notifications that could not be delivered after their retries.",
             registry=registry,
         )
+        self._registry = registry
+        self._bundle_hooks: Counter | None = None  # `count_bundle_hook` creates it
 
         # Per-step updates touch a few series per target: their children are looked up once
         # (prometheus_client's `labels()` is the costly part), and an enum gauge is rewritten
@@ -354,6 +356,17 @@ class OwnMetrics:
     def count_webhook_failure(self) -> None:
         """Count a webhook notification that was dropped after its retries."""
         self._webhook_failures.inc()
+
+    def count_bundle_hook(self, target: str, result: str) -> None:
+        """Count one run of the `on_bundle` hook by how it ended (ok, failed, timeout)."""
+        if self._bundle_hooks is None:  # created on first use: no series without a hook
+            self._bundle_hooks = Counter(
+                "wedgewatch_bundle_hook_runs",
+                "Runs of the on_bundle hook, by result (ok, failed, timeout).",
+                ["target", "result"],
+                registry=self._registry,
+            )
+        self._bundle_hooks.labels(target, result).inc()
 
     def _set_enum(self, gauge: Gauge, labels: tuple[str, ...], current: str) -> None:
         key = (id(gauge), labels)

@@ -19,6 +19,7 @@ from wedgewatch.core.detect import (
 )
 from wedgewatch.core.states import CaptureFailureReason, EpisodePhase
 from wedgewatch.io import restarters, statefile
+from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.procs import ProcessFinder
 from wedgewatch.io.supervisor import SupervisorProbe
 from wedgewatch.vllm.signals import EngineKey
@@ -101,6 +102,7 @@ class CaptureOutcome:
     failures: tuple[CaptureFailureReason, ...] = ()
     triage: str | None = None
     detail: str = ""
+    server_gone: bool = False  # nothing to capture from: not a failure
 
 
 class EvidenceCollector(Protocol):
@@ -192,3 +194,4 @@ class Deps:
     # Asks a target's supervisor (systemd) whether it is already restarting the server.
     supervisor_probe: SupervisorProbe | None = None
     canary: CanarySender | None = None  # None: no canary is ever sent
+    bundle_hook: BundleHook | None = None  # `on_bundle`; None: no hook

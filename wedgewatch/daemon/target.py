@@ -30,13 +30,15 @@ from wedgewatch.core.detect import (
 )
 from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.replacement import ServerIdentity
-from wedgewatch.core.states import CaptureFailureReason, EngineState
+from wedgewatch.core.states import CaptureFailureReason, CapturePhase, EngineState
+from wedgewatch.daemon.adapters import run_bundle_hook
 from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import target_ready, target_record, target_snapshot
 from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
 from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
 from wedgewatch.daemon.server import TargetSnapshot
 from wedgewatch.io import bundles, restarters, statefile
+from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.procs import Discovery, ProcessFinder, ProcessSelector
 from wedgewatch.io.supervisor import SupervisorProbe
 from wedgewatch.vllm.signals import Exposition
@@ -117,6 +119,7 @@ class TargetRunner:
         self._published_at: tuple[float, float] | None = None  # (monotonic, wall) of publish
         self.record: statefile.TargetRecord | None = None  # None: rebuild at the next save
         self.steps = 0
+        self.hooks: set[asyncio.Task[None]] = set()  # `on_bundle` runs, each bounded in time
         self.canary = TargetCanary.of(target, config, deps, reporter.metrics, lambda: self.busy)
 
     @property
@@ -357,9 +360,20 @@ class TargetRunner:
             family=effect.family,
             detail=outcome.detail,
             duration_seconds=time.monotonic() - started,
+            server_gone=outcome.server_gone,
         )
         clock = self.deps.clock
         self.feed(done, clock.monotonic(), clock.wall())
+        hook = self.deps.bundle_hook
+        if hook is not None and outcome.bundle is not None and effect.phase is CapturePhase.WEDGED:
+            # Beside the worker: the restart queued after this capture does not wait for it.
+            task = asyncio.create_task(self._hook(hook, outcome.bundle, str(effect.phase)))
+            self.hooks.add(task)
+            task.add_done_callback(self.hooks.discard)
+
+    async def _hook(self, hook: BundleHook, bundle: str, phase: str) -> None:
+        result = await run_bundle_hook(hook, bundle, target=self.name, phase=phase)
+        self.reporter.metrics.count_bundle_hook(self.name, result)
 
     async def _restart(self, job: core.QueueRestart) -> None:
         restarter = self.deps.restarters.get(self.name)

@@ -155,6 +155,7 @@ class BundleResult:
     deadline_exceeded: bool = False
     evicted: tuple[str, ...] = ()
     known_issues: tuple[str, ...] = ()
+    server_gone: bool = False  # no server to capture (crashed, stopped): not a failed capture
 
     @property
     def complete(self) -> bool:
@@ -215,6 +216,10 @@ class _Round:
     @property
     def ptrace_denied(self) -> int:
         return sum(1 for d in self.dumps.values() if d.status is DumpStatus.PERMISSION_DENIED)
+
+    @property
+    def server_gone(self) -> bool:
+        return self.discovery is not None and self.discovery.gone
 
 
 async def _sample_processes(
@@ -455,6 +460,7 @@ def _round_summary(rnd: _Round, deps: EvidenceDeps, finished_at: float) -> dict[
         "profiles": rnd.profiles,
         "pyspy_mode": "nonblocking" if rnd.phase is CapturePhase.SUSPECT else "blocking",
         "ptrace_denied": rnd.ptrace_denied,
+        "server_gone": rnd.server_gone,
         "nvidia_smi": rnd.nvidia_smi,
         "files": sorted(rnd.files),
         "failures": list(rnd.failures),
@@ -559,6 +565,7 @@ async def complete_bundle(
         deadline_exceeded=rnd.deadline_exceeded,
         evicted=evicted,
         known_issues=tuple(str(m.get("id")) for m in summary["known_issues"]),
+        server_gone=rnd.server_gone,
     )
 
 
@@ -658,6 +665,7 @@ async def _new_bundle(
         deadline_exceeded=rnd.deadline_exceeded,
         evicted=evicted,
         known_issues=tuple(str(m.get("id")) for m in summary["known_issues"]),
+        server_gone=rnd.server_gone,
     )
 
 

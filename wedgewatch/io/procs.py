@@ -95,6 +95,7 @@ class Discovery:
     notes: tuple[str, ...] = ()
     explicit: bool = False  # the root came from a configured pid or pid file, not a port
     root_create_time: float | None = None  # tells a new root process from an old one
+    gone: bool = False  # the server is not there: nothing listens, its pid no longer runs
 
     def pids(self, role: Role) -> tuple[int, ...]:
         """Pids with the given role, in discovery order."""
@@ -343,11 +344,19 @@ def combine_samples(
 # --------------------------------------------------------------------------- psutil adapter
 
 
+class Gone(str):
+    """Why the server's processes were not found, when the reason is that it is not there:
+    no process listens on its port, its pid no longer runs or its pid file is gone (a crash
+    or a stop). Still a `str` wherever a reason is one; `Discovery.gone` records it."""
+
+    __slots__ = ()
+
+
 def _describe_psutil_error(exc: psutil.Error, pid: int) -> str:
     if isinstance(exc, psutil.ZombieProcess):
-        return f"pid {pid} is a zombie (exited, not yet reaped)"
+        return Gone(f"pid {pid} is a zombie (exited, not yet reaped)")
     if isinstance(exc, psutil.NoSuchProcess):
-        return f"pid {pid} no longer exists"
+        return Gone(f"pid {pid} no longer exists")
     if isinstance(exc, psutil.AccessDenied):
         return f"access denied reading pid {pid} (run as the server's user or root)"
     return f"pid {pid}: {exc}"
@@ -417,7 +426,15 @@ class PsutilProcessFinder:
         else:
             root = "no url, pid or pid file to find the server's processes from"
         if isinstance(root, str):
-            return Discovery(source, None, (), error=root, notes=tuple(notes), explicit=explicit)
+            return Discovery(
+                source,
+                None,
+                (),
+                error=str(root),
+                notes=tuple(notes),
+                explicit=explicit,
+                gone=isinstance(root, Gone),
+            )
         records, tree_notes = _records_under(root)
         notes.extend(tree_notes)
         if not records:
@@ -425,9 +442,10 @@ class PsutilProcessFinder:
                 source,
                 root,
                 (),
-                error=tree_notes[0] if tree_notes else None,
-                notes=tuple(notes),
+                error=str(tree_notes[0]) if tree_notes else None,
+                notes=tuple(str(note) for note in notes),
                 explicit=explicit,
+                gone=bool(tree_notes) and isinstance(tree_notes[0], Gone),
             )
         created: float | None = None
         with contextlib.suppress(psutil.Error):
@@ -464,7 +482,7 @@ class PsutilProcessFinder:
                     "run as root or as the server's user, and in Kubernetes set "
                     "shareProcessNamespace: true"
                 )
-            return f"no process listens on TCP port {port}"
+            return Gone(f"no process listens on TCP port {port}")
         parents: dict[int, int] = {}
         for pid in pids:
             record = read_record(pid)
@@ -577,7 +595,7 @@ def _read_pid_file(path: Path) -> int | str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
-        return f"pid file {path} does not exist"
+        return Gone(f"pid file {path} does not exist")
     except OSError as exc:
         return f"pid file {path} cannot be read: {exc.strerror or exc}"
     return parse_pid_file(text, path)

@@ -101,11 +101,18 @@ EXEC_INHERITED_VARIABLES = (
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+def inherited_environment(parent: Mapping[str, str]) -> dict[str, str]:
+    """What a command wedgewatch runs for the operator (the `exec` remedy, the `on_bundle`
+    hook) inherits: the few `EXEC_INHERITED_VARIABLES` of `parent`, PATH always."""
+    env = {name: parent[name] for name in EXEC_INHERITED_VARIABLES if name in parent}
+    env.setdefault("PATH", DEFAULT_PATH)
+    return env
+
+
 def exec_environment(request: RestartRequest, parent: Mapping[str, str]) -> dict[str, str]:
     """The whole environment of an `exec` remedy command: the few `EXEC_INHERITED_VARIABLES`
     of `parent` (wedgewatch's environment) plus the event's `WEDGEWATCH_*` variables."""
-    env = {name: parent[name] for name in EXEC_INHERITED_VARIABLES if name in parent}
-    env.setdefault("PATH", DEFAULT_PATH)
+    env = inherited_environment(parent)
     env.update(restart_environment(request))
     return env
 
@@ -375,6 +382,20 @@ async def _run(
         stderr_bytes=OUTPUT_TAIL_BYTES,
         stdout_keep="tail",
     )
+
+
+async def run_operator_command(
+    what: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    timeout_seconds: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> RestartOutcome:
+    """Run an operator's command (no shell, own session, bounded) and describe how it went,
+    in the words of the `exec` remedy: exit 0 is success; a failure carries its stderr's tail."""
+    started = clock()
+    result = await _run(argv, env, timeout_seconds)
+    return _command_outcome(what, argv, result, timeout_seconds, clock() - started)
 
 
 def _status_text(returncode: int) -> str:
