@@ -665,6 +665,7 @@ class Config(BaseModel):
         """The detector's slice of the configuration."""
         return Policy(
             startup_timeout_seconds=self.startup_timeout_seconds,
+            max_engines=self.max_engines,
             **{name: getattr(self, name) for name in THRESHOLD_SETTINGS},
         )
 
