@@ -7,6 +7,7 @@ remedy, a shell script that records the environment it was given.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from test_safety import FAST as SAFETY_FAST
 from wedgewatch_daemon import DaemonProcess
 
 from wedgewatch.core.values import ENV_VALUE_MAX_CHARS, TRUNCATION_MARKER, neutralise
+from wedgewatch.io.notify import Notification, payload
 from wedgewatch.io.restarters import RestartRequest, exec_environment
 from wedgewatch.vllm.signals import MAX_LABEL_CHARS, Exposition, parse, truncate
 
@@ -77,12 +79,15 @@ def test_a_hostile_model_name_never_sticks_the_exec_remedy(
     megabytes into every log line.
     """
     script = _recording_remedy(tmp_path)
-    with ScriptedServer(always(Reply(body=wedged_body(model_name)))) as target:
+    with (
+        ScriptedServer(always(Reply(body=wedged_body(model_name)))) as target,
+        ScriptedServer(always(Reply())) as receiver,
+    ):
         daemon = daemons(
             [
                 "--target", f"t={target.url}", "--remedy", "exec",
                 "--exec-command", str(script), "--max-body-bytes", "64MiB",
-                "--restart-budget", "2", *FAST,
+                "--restart-budget", "2", "--webhook-url", receiver.url, *FAST,
             ]
         )  # fmt: skip
         completed = daemon.wait_for("restart_completed", timeout_seconds=60)
@@ -91,7 +96,10 @@ def test_a_hostile_model_name_never_sticks_the_exec_remedy(
         status = daemon.get("/status").json()["targets"][0]
         assert status["restart_in_progress"] is False
         assert status["last_restart_failure"]["reason"] == "not_replaced"
-        assert daemon.stop() == 0
+        assert daemon.stop() == 0  # delivers the queued webhooks first
+        bodies = [request.body for request in receiver.requests]
+    assert bodies  # the webhooks went out, each of them small
+    assert max(len(body) for body in bodies) < 32_768
     told = (tmp_path / "remedy.sh.calls").read_text().splitlines()[0]
     if expected is not None:
         assert told == expected
@@ -136,6 +144,25 @@ def test_exec_environment_neutralises_every_value() -> None:
     assert env["WEDGEWATCH_REASON"] == "r\\x0d\\x0a"
     assert env["WEDGEWATCH_ENGINE"].startswith("e" * ENV_VALUE_MAX_CHARS + TRUNCATION_MARKER)
     assert all("\x00" not in v and len(v) < ENV_VALUE_MAX_CHARS + 64 for v in env.values())
+
+
+def test_a_webhook_payload_is_bounded_whatever_its_values() -> None:
+    """Every field cut with a marker: a 2 MB reason makes a body of a few KiB."""
+    huge = Notification(
+        event="wedge_detected",
+        target="t" * 100_000,
+        engine="e",
+        model_name="m" * 2_000_000,
+        family="progress_stall",
+        state="wedged",
+        reason="r" * 2_000_000,
+        timestamp=0.0,
+        bundle="/b" * 100_000,
+    )
+    body = payload(huge, version="v", host="h")
+    assert len(json.dumps(body)) < 32_768
+    assert TRUNCATION_MARKER in body["model_name"]
+    assert TRUNCATION_MARKER in body["text"]
 
 
 def test_long_labels_are_cut_but_stay_distinct() -> None:
