@@ -19,7 +19,7 @@ from wedgewatch_daemon import DaemonProcess
 from wedgewatch.core.detect import Policy, Scraped, TargetState, step
 from wedgewatch.core.states import EngineState
 from wedgewatch.lograte import LINES_PER_TARGET_PER_MINUTE, TargetLogLimit
-from wedgewatch.vllm.signals import Exposition, parse
+from wedgewatch.vllm.signals import MAX_SERIES_PER_ENGINE, Exposition, ParseFailure, parse
 
 
 def engines_body(first: int, count: int, *, model: str = "m") -> bytes:
@@ -157,3 +157,17 @@ def test_the_daemon_log_is_bounded_under_a_flapping_target(tmp_path: Path) -> No
     minutes = 1 + int((max(times) - min(times)).total_seconds() // 60)
     assert len(about_t) <= (LINES_PER_TARGET_PER_MINUTE + 1) * minutes
     assert len(about_t) >= LINES_PER_TARGET_PER_MINUTE  # the flood was real
+
+
+def test_an_engine_with_thousands_of_reason_series_is_refused() -> None:
+    """A reading never holds more than MAX_SERIES_PER_ENGINE reasons (they are kept in
+    the detector's memory, the state file and /status)."""
+    extra = "".join(
+        f'vllm:request_success_total{{engine="0",model_name="m",finished_reason="r{n}"}} 0.0\n'
+        for n in range(5000)
+    ).encode()
+    parsed = parse(engines_body(0, 1) + extra)
+    assert isinstance(parsed, ParseFailure)
+    assert f"more than {MAX_SERIES_PER_ENGINE} finished_reason values" in parsed.message
+    few = parse(engines_body(0, 1) + b"".join(extra.splitlines(keepends=True)[:5]))
+    assert isinstance(few, Exposition)

@@ -62,7 +62,8 @@ Decisions, all returned as a `ParseFailure` with a specific message, never raise
   so thousands of engines under the byte cap never become thousands of readings. A label
   value read (`model_name`, `engine`, a reason) longer than `MAX_LABEL_CHARS` is cut with a
   marker and a digest of the whole (`truncate`), so a 2 MB model name never reaches a log
-  line, a webhook or a remedy's environment, and two long names stay two engines.
+  line, a webhook or a remedy's environment, and two long names stay two engines. More
+  than `MAX_SERIES_PER_ENGINE` reason series of one family for one engine is malformed.
 * **Values** are taken as printed, including NaN and +/-Inf; `awake` is the `awake` series
   == 1, and None when that series is NaN (unknown must not read as "sleeping", which
   would silence the detector).
@@ -141,6 +142,8 @@ class ParseFailure:
 
 #: Most engines one body may name (`parse(max_engines=...)`, setting `max_engines`).
 DEFAULT_MAX_ENGINES: Final = 256
+#: Most reason series (`reason`, `finished_reason`) one engine may have in one family.
+MAX_SERIES_PER_ENGINE: Final = 32
 #: Longest label value kept whole; a longer one is `truncate`d (a real model name is < 200).
 MAX_LABEL_CHARS: Final = 256
 #: The opening of `truncate`'s marker; what follows says how much was cut and digests the whole.
@@ -425,13 +428,25 @@ def _record(
     if series is None:
         engine.values[name] = value
     elif name == WAITING_BY_REASON:
-        engine.waiting_by_reason[series] = value
+        _bounded_series(engine.waiting_by_reason, name, series_label, series)[series] = value
     elif name == REQUEST_SUCCESS:
         engine.values[name] = engine.values.get(name, 0.0) + value
-        engine.finished_by_reason[series] = value
+        _bounded_series(engine.finished_by_reason, name, series_label, series)[series] = value
     elif series == "awake":  # SLEEP_STATE; the sleep-level series do not decide `awake`
         engine.values[name] = value
     engine.seen.add(name)
+
+
+def _bounded_series(
+    series_map: dict[str, float], name: str, label: str | None, series: str
+) -> dict[str, float]:
+    """`series_map`, unless `series` would be one more than MAX_SERIES_PER_ENGINE in it."""
+    if series not in series_map and len(series_map) >= MAX_SERIES_PER_ENGINE:
+        raise _Malformed(
+            f"more than {MAX_SERIES_PER_ENGINE} {label} values of {name} for one engine "
+            "(vLLM has a handful)"
+        )
+    return series_map
 
 
 def _reading(key: EngineKey, engine: _Engine) -> EngineReading | ParseFailure:
