@@ -165,6 +165,20 @@ def test_a_directory_owned_by_another_user_is_refused_even_if_not_writable(
 
 
 @needs_root
+def test_a_state_dir_symlink_planted_by_another_user_is_refused(tmp_path: Path) -> None:
+    """A symlink where the state directory should be, made by another user, points anywhere."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    state = tmp_path / "state"
+    state.symlink_to(elsewhere)
+    os.lchown(state, NOBODY, NOBODY)
+    locked = statefile.lock_state_dir(state)
+    assert isinstance(locked, statefile.LockFailed)
+    assert f"symlink created by uid {NOBODY}" in locked.message
+    assert list(elsewhere.iterdir()) == []
+
+
+@needs_root
 def test_the_daemon_refuses_a_world_writable_evidence_dir_of_another_user(
     tmp_path: Path, target: str
 ) -> None:

@@ -7,7 +7,8 @@ write lets that user plant a symlink where wedgewatch will open a file (`lock` -
 - `private_dir(path, what)` makes sure a directory is wedgewatch's: a missing one is
   created 0700 (parents too); an existing one, which wedgewatch may not have created, is
   checked: it must be owned by wedgewatch's user or root, and writable by nobody else
-  unless it is sticky (like `/tmp`: others cannot remove or rename what is not theirs).
+  unless it is sticky (like `/tmp`: others cannot remove or rename what is not theirs);
+  a symlink in its place must be wedgewatch's user's or root's.
   One owned by wedgewatch's user but writable by others (a Kubernetes `emptyDir` is 0777)
   has the group and other write bits removed, which only its owner could do anyway; any
   other unsafe directory is refused with `UnsafePath`, saying what to change.
@@ -51,10 +52,16 @@ def private_dir(path: Path, what: str) -> str | None:
         pass
     else:
         return None
-    info = os.stat(path)  # a symlink to a directory is judged by the directory
+    me = os.geteuid()
+    link = os.lstat(path)
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
+        raise UnsafePath(
+            f"{what} {path} is a symlink created by uid {link.st_uid}, not by wedgewatch's "
+            f"user (uid {me}) or root: it could point anywhere. Remove it"
+        )
+    info = os.stat(path)  # an own symlink to a directory is judged by the directory
     if not stat.S_ISDIR(info.st_mode):
         raise UnsafePath(f"{what} {path} is not a directory")
-    me = os.geteuid()
     mode = stat.S_IMODE(info.st_mode)
     if info.st_uid not in (me, 0):
         raise UnsafePath(
