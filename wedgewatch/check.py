@@ -62,6 +62,7 @@ from wedgewatch.core.restart_policy import (
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState, ScrapeFailureReason
 from wedgewatch.io import http_get
 from wedgewatch.io.atomic import write_atomic
+from wedgewatch.io.private_paths import open_lock_file, private_dir, read_private
 from wedgewatch.io.scrape_rules import ScrapeLimits
 
 if TYPE_CHECKING:
@@ -345,7 +346,7 @@ async def _run_check(
         return report
     path = options.state_file
     try:
-        lock = _lock_beside(path)
+        lock = await _lock_beside(path, options, clock, sleep)
     except OSError as exc:
         _log("error", "state_file_unusable", path=str(path), error=str(exc))
         return CheckReport(
@@ -582,20 +583,41 @@ def _report(
 # The state file.
 
 
-def _lock_beside(path: Path) -> int:
+#: How often a check waiting for the state file's lock tries again.
+LOCK_RETRY_SECONDS = 0.05
+#: Slack on top of a check's own bound (window plus one scrape) when waiting for the lock.
+LOCK_WAIT_MARGIN_SECONDS = 2.0
+
+
+async def _lock_beside(path: Path, options: CheckOptions, clock: Clock, sleep: Sleep) -> int:
     """Take an exclusive lock beside the state file, so overlapping probes take turns.
 
     Returns the lock's file descriptor; closing it releases the lock. Every check ends
-    within its window plus one scrape timeout, so a waiting probe waits a bounded time.
+    within its window plus one scrape timeout, so a probe waits that long (and a margin)
+    at most: a lock held longer is someone else's doing, and the check is UNKNOWN (an
+    OSError) rather than blocked for ever. The directory is created 0700 or checked, and
+    the lock file is 0600 and never opened through a symlink (`io.private_paths`).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    private_dir(path.parent, "the state file's directory")
+    lock = path.with_name(path.name + ".lock")
+    fd = open_lock_file(lock)
+    wait = options.window_seconds + options.limits.timeout_seconds + LOCK_WAIT_MARGIN_SECONDS
+    deadline = clock() + wait
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if clock() >= deadline:
+                    raise TimeoutError(
+                        f"its lock {lock} was held by another process for {wait:g} s, longer "
+                        "than any check lasts; is something else holding it?"
+                    ) from None
+            await sleep(LOCK_RETRY_SECONDS)
+    except BaseException:
         os.close(fd)
         raise
-    return fd
 
 
 @dataclass(frozen=True, slots=True)
@@ -625,7 +647,7 @@ def _load_state_file(
         return kept if kept is not None else _Saved()
 
     try:
-        raw = path.read_bytes()
+        raw = read_private(path)  # never through a symlink, never another user's file
     except FileNotFoundError:
         return _Saved()
     except OSError as exc:

@@ -12,6 +12,8 @@ from typing import Any
 
 import structlog
 
+from wedgewatch.lograte import TargetLogLimit
+
 _configured: list[str] = []  # the level configured, once configure_logging ran
 
 
@@ -34,6 +36,7 @@ def configure_logging(level: str = "info") -> None:
     )
     structlog.configure(
         processors=[
+            TargetLogLimit(),  # a target cannot flood the logs
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             *renderers,

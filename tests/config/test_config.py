@@ -339,16 +339,21 @@ def test_policy_and_scrape_limits_are_narrowed_from_the_config() -> None:
 
 
 def test_the_detector_policy_holds_every_threshold_of_the_table() -> None:
-    """Policy's fields are the threshold table's settings plus the start-up timeout, each
-    narrowed from the Config field of the same name."""
+    """Policy's fields are the threshold table's settings plus the start-up timeout and
+    max_engines, each narrowed from the Config field of the same name, and the vanished
+    engine expiry (a documented constant, not a setting)."""
     assert {f.name for f in dataclasses.fields(Policy)} == {
         *THRESHOLD_SETTINGS,
         "startup_timeout_seconds",
+        "max_engines",
+        "vanished_engine_expiry_seconds",
     }
     values = {name: 1000.0 + i for i, name in enumerate(THRESHOLD_SETTINGS)}
-    policy = load_config(flags={**values, "startup_timeout_seconds": 77.0}).config.policy()
+    flags = {**values, "startup_timeout_seconds": 77.0, "max_engines": 9}
+    policy = load_config(flags=flags).config.policy()
     assert {name: getattr(policy, name) for name in values} == values
     assert policy.startup_timeout_seconds == 77.0
+    assert policy.max_engines == 9
 
 
 @pytest.mark.parametrize(

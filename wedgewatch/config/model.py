@@ -333,8 +333,10 @@ class Config(BaseModel):
     max_engines: int = _setting(
         256,
         "scraping",
-        "Most engines (data-parallel ranks) one body may name; more is a failed scrape "
-        "(`too_many_engines`), so a huge body never becomes thousands of readings.",
+        "Most engines (data-parallel ranks) one target may name, in one body and across "
+        "scrapes (engines gone from `/metrics` count until they expire, 600 s after they "
+        "vanished); more is a failed scrape (`too_many_engines`) and no engine is added, so "
+        "a hostile target never makes wedgewatch grow.",
         ge=1,
     )
 
@@ -687,6 +689,7 @@ class Config(BaseModel):
         """The detector's slice of the configuration."""
         return Policy(
             startup_timeout_seconds=self.startup_timeout_seconds,
+            max_engines=self.max_engines,
             **{name: getattr(self, name) for name in THRESHOLD_SETTINGS},
         )
 

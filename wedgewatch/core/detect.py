@@ -101,6 +101,13 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #       starts at the failure run it vanished in, if any, else at the scrape that lacked it.
 #   U3  The next good scrape judges engines by their readings again with clocks intact, so a
 #       stall that outlasts an outage includes the outage in stalled_seconds.
+#   U4  An engine missing for vanished_engine_expiry_seconds (or twice unreachable_after_seconds
+#       if that is longer, so that it was judged UNREACHABLE first) is forgotten, at any step
+#       that does not show it again (one that does baselines it as reappeared, R1).
+#   U5  A good scrape that would make the engines remembered (U2) and shown more than
+#       policy.max_engines is judged as a failed scrape with reason too_many_engines (U1):
+#       nothing is added, so a target that names new engines on every scrape never grows
+#       the state. A restarted server (T3) starts from its own engines only.
 #
 # K1 (canary, from core.canary: a standing no-token-while-flat stall) on a good scrape: an engine
 #     judged IDLE, or SUSPECT with nothing moved this step, is WEDGED canary_stall, stalled_seconds
@@ -347,8 +354,26 @@ def step(
     if state.last_at is not None and observation.at < state.last_at:
         state = TargetState.initial()  # rule T4
     if isinstance(observation, ScrapeFailed):
-        return _step_failed(state, observation, policy)
-    return _step_scraped(state, observation, policy, canary)
+        return _step_failed(
+            _expire_vanished(state, observation.at, policy, {}), observation, policy
+        )
+    shown = observation.exposition.engines
+    return _step_scraped(
+        _expire_vanished(state, observation.at, policy, shown), observation, policy, canary
+    )
+
+
+def _expire_vanished(
+    state: TargetState, at: float, policy: Policy, shown: Mapping[EngineKey, EngineReading]
+) -> TargetState:
+    """Rule U4: forget engines missing for longer than the expiry (unless back in `shown`)."""
+    expiry = max(policy.vanished_engine_expiry_seconds, 2 * policy.unreachable_after_seconds)
+    kept = tuple(
+        m
+        for m in state.engines
+        if m.missing_since is None or at - m.missing_since < expiry or m.key in shown
+    )
+    return state if len(kept) == len(state.engines) else replace(state, engines=kept)
 
 
 def _step_failed(
@@ -388,6 +413,13 @@ def _step_scraped(
         keys = (
             set(exposition.engines) if restart is not None else set(known) | set(exposition.engines)
         )
+        if len(keys) > policy.max_engines:  # rule U5
+            detail = (
+                f"the target named {len(keys)} engines across scrapes, more than max_engines "
+                f"({policy.max_engines}); new engines are not tracked (a vLLM server has one "
+                "per data-parallel rank: is this an aggregated or hostile target?)"
+            )
+            return _step_failed(state, ScrapeFailed(at, "too_many_engines", detail), policy)
         for key in sorted(keys):
             old = known.get(key)
             reading = exposition.engines.get(key)

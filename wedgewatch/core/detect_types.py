@@ -74,10 +74,19 @@ class Policy:
     startup_timeout_seconds: float | None = None
     deferred_only_after_seconds: float = 600.0
     canary_timeout_seconds: float = 120.0
+    # Bounds on what a target makes the detector remember (rules U4, U5 of core.detect):
+    # engines across scrapes, and how long an engine gone from /metrics is kept.
+    max_engines: int = 256
+    vanished_engine_expiry_seconds: float = 600.0
 
     def __post_init__(self) -> None:
-        """Reject thresholds that are negative, NaN or infinite."""
-        for name in (*THRESHOLD_SETTINGS, "startup_timeout_seconds"):
+        """Reject thresholds that are negative, NaN or infinite, and a bound below 1."""
+        if isinstance(self.max_engines, bool) or not isinstance(self.max_engines, int):
+            raise ValueError(f"Policy.max_engines must be a whole number, got {self.max_engines!r}")
+        if self.max_engines < 1:
+            raise ValueError(f"Policy.max_engines must be >= 1, got {self.max_engines}")
+        names = (*THRESHOLD_SETTINGS, "startup_timeout_seconds", "vanished_engine_expiry_seconds")
+        for name in names:
             value = getattr(self, name)
             if value is None and name == "startup_timeout_seconds":
                 continue

@@ -37,6 +37,7 @@ from wedgewatch.daemon.roles import (
 from wedgewatch.io import canary, evidence, restarters, statefile
 from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.notify import Notification, WebhookNotifier
+from wedgewatch.io.private_paths import private_dir
 from wedgewatch.io.procs import ProcessSelector, PsutilProcessFinder
 from wedgewatch.io.scrape import ScrapeClient, fetch, new_client, new_scrape_client
 from wedgewatch.io.scrape_rules import FetchFailed, ScrapeLimits
@@ -283,6 +284,8 @@ class FileStateStore:
         locked = statefile.lock_state_dir(state_dir)
         if isinstance(locked, statefile.LockFailed):
             raise RuntimeError(locked.message)
+        if locked.note is not None:
+            log.warning("directory_mode_tightened", detail=locked.note)
         self._lock = locked
         self._dir = state_dir
         self._path = statefile.state_path(state_dir)
@@ -372,6 +375,13 @@ def real_deps(
     Takes the state directory's lock: a second wedgewatch on the same `state_dir` is
     refused (it would restart the same server twice).
     """
+    if config.evidence_dir.exists():  # else created 0700 at the first capture
+        try:
+            note = private_dir(config.evidence_dir, "evidence_dir")
+        except OSError as exc:
+            raise RuntimeError(f"refusing evidence_dir: {exc}") from exc
+        if note is not None:
+            log.warning("directory_mode_tightened", detail=note)
     clock = SystemClock()
     finder = PsutilProcessFinder()
     thresholds = thresholds_of(config)

@@ -41,6 +41,7 @@ from starlette.routing import Route
 from wedgewatch.core.probe_policy import ProbeVerdict
 from wedgewatch.core.readiness import ready_verdict
 from wedgewatch.core.states import ACTED_ON
+from wedgewatch.daemon.connections import ConnectionGuard, ConnectionLimits, guarded_protocol
 from wedgewatch.daemon.ownmetrics import render
 from wedgewatch.vllm.signals import EngineReading
 
@@ -237,12 +238,20 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpServer:
-    """Serves an ASGI app on host:port inside the running event loop."""
+    """Serves an ASGI app on host:port inside the running event loop.
 
-    def __init__(self, app: Starlette, host: str, port: int) -> None:
+    Its connections are bounded by `limits` (`daemon.connections`): idle and header
+    timeouts, per peer and in total, the newest connection evicting the oldest idle one,
+    so that silent or half-sent connections never make /health or /probe fail.
+    """
+
+    def __init__(
+        self, app: Starlette, host: str, port: int, limits: ConnectionLimits | None = None
+    ) -> None:
         self._app = app
         self._host = host
         self._port = port
+        self.connections = ConnectionGuard(limits if limits is not None else ConnectionLimits())
         self._socket: socket.socket | None = None
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -273,7 +282,8 @@ class HttpServer:
             lifespan="off",
             server_header=False,
             timeout_graceful_shutdown=2,
-            limit_concurrency=64,
+            http=guarded_protocol(self.connections),
+            limit_concurrency=None,  # the guard bounds connections; uvicorn's bound answers 503
         )
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-server")

@@ -31,6 +31,7 @@ from wedgewatch.core.detect import (
 from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.replacement import ServerIdentity
 from wedgewatch.core.states import CaptureFailureReason, CapturePhase, EngineState
+from wedgewatch.core.values import neutralise
 from wedgewatch.daemon.adapters import run_bundle_hook
 from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import target_ready, target_record, target_snapshot
@@ -405,6 +406,7 @@ class TargetRunner:
             server_pid_explicit=discovery.explicit,
         )
         limit = self.timeouts.restart_seconds
+        started = time.monotonic()
         try:
             async with asyncio.timeout(limit):
                 outcome = await restarter.restart(request)
@@ -414,6 +416,16 @@ class TargetRunner:
                 f"the {config.remedy} remedy did not finish within {limit:g} s",
                 limit,
                 restart_policy.FailureReason.TIMEOUT,
+            )
+        except Exception as exc:  # any failure to run the remedy is a failed attempt
+            # Never left "in progress": whatever the remedy raised (a value it could not
+            # pass on, a bug), the attempt is over, counted and reported as failed.
+            outcome = restart_policy.RestartOutcome(
+                False,
+                f"the {config.remedy} remedy could not be run: "
+                f"{neutralise(f'{type(exc).__name__}: {exc}', 500)}",
+                time.monotonic() - started,
+                restart_policy.FailureReason.REMEDY_ERROR,
             )
         done = core.RestartDone(outcome, listener_of(discovery))
         self.feed(done, clock.monotonic(), clock.wall())

@@ -28,6 +28,7 @@ from wedgewatch.core.retention import StoredBundle, plan_retention
 from wedgewatch.core.states import CapturePhase
 from wedgewatch.core.triage import ProcessStacks, StackRound, parse_pyspy_json
 from wedgewatch.io.atomic import write_atomic
+from wedgewatch.io.private_paths import private_dir
 from wedgewatch.io.procs import ServerProcess
 from wedgewatch.vllm.semantics import Role
 
@@ -114,13 +115,9 @@ def stack_file_stem(process: ServerProcess) -> str:
 
 
 def ensure_private_dir(path: Path) -> None:
-    """Create a directory 0700 (parents too); an existing one keeps its mode."""
-    if path.is_dir():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, _DIR_MODE)
-        os.chmod(path, _DIR_MODE)  # the umask may have taken bits away; set exactly
+    """Create a directory 0700 (parents too); an existing one must not be writable by other
+    users (`io.private_paths.private_dir`; raises `UnsafePath`, an OSError)."""
+    private_dir(path, "evidence_dir")
 
 
 def make_bundle_dir(evidence_dir: Path, name: str) -> Path:

@@ -19,7 +19,9 @@ at once; one worker task per URL delivers in order. Rules:
 
 The payload (`payload()`) is a flat JSON object: `event`, `target`, `engine`,
 `model_name`, `family`, `state`, `reason`, `bundle` (path or null), `wedgewatch_version`,
-`host`, `timestamp` (ISO 8601, UTC) and `text`, a one-line human summary.
+`host`, `timestamp` (ISO 8601, UTC) and `text`, a one-line human summary. It is bounded
+whatever the target said: every value is cut (with a marker, `vllm.signals.truncate`) at
+`FIELD_MAX_CHARS`, `text` at `TEXT_MAX_CHARS`, so a body stays under about 32 KiB.
 """
 
 from __future__ import annotations
@@ -39,11 +41,15 @@ import structlog
 
 from wedgewatch import __version__
 from wedgewatch.core.redact import redact_webhook_url, scrub_text, secret_fragments
+from wedgewatch.vllm.signals import truncate
 
 log = structlog.get_logger("wedgewatch.notify")
 
 #: How many notifications wait per URL before the oldest is dropped.
 QUEUE_SIZE = 100
+#: The longest value of a payload field, and of its `text` (see the module docstring).
+FIELD_MAX_CHARS = 2048
+TEXT_MAX_CHARS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +100,7 @@ def payload(notification: Notification, *, version: str, host: str) -> dict[str,
         text += f": {notification.reason}"
     if notification.bundle:
         text += f" [evidence: {notification.bundle}]"
-    return {
+    body = {
         "event": notification.event,
         "target": notification.target,
         "engine": notification.engine,
@@ -107,6 +113,12 @@ def payload(notification: Notification, *, version: str, host: str) -> dict[str,
         "host": host,
         "timestamp": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "text": text,
+    }
+    return {
+        name: truncate(value, TEXT_MAX_CHARS if name == "text" else FIELD_MAX_CHARS)
+        if isinstance(value, str)
+        else value
+        for name, value in body.items()
     }
 
 

@@ -23,6 +23,7 @@ import psutil
 from wedgewatch.core.redact import redact_url
 from wedgewatch.core.restart_policy import FailureReason, RestartOutcome, seconds_text
 from wedgewatch.core.server_proof import prove_server
+from wedgewatch.core.values import neutralise
 from wedgewatch.io.procs import own_lineage, title_from_cmdline
 from wedgewatch.io.runner import CommandResult, run_command
 
@@ -68,8 +69,9 @@ class Restarter(Protocol):
 
 def restart_environment(request: RestartRequest) -> dict[str, str]:
     """The `WEDGEWATCH_*` variables an `exec` remedy command receives (URL credentials and
-    query masked)."""
-    return {
+    query masked). Every value is `neutralise`d: the target names its models, and a NUL
+    byte (which no environment can hold) or 2 MB (E2BIG) must not stop the remedy."""
+    variables = {
         "WEDGEWATCH_TARGET": request.target,
         "WEDGEWATCH_URL": redact_url(request.url),
         "WEDGEWATCH_ENGINE": request.engine,
@@ -79,6 +81,7 @@ def restart_environment(request: RestartRequest) -> dict[str, str]:
         "WEDGEWATCH_REASON": request.reason,
         "WEDGEWATCH_BUNDLE": "" if request.bundle is None else str(request.bundle),
     }
+    return {name: neutralise(value) for name, value in variables.items()}
 
 
 #: The only variables an `exec` remedy inherits from wedgewatch's environment (when set):

@@ -18,7 +18,9 @@ objects. Rules:
   next `save` replaces it. A failed save is returned as `SaveFailed`, not raised.
 * **One writer.** `lock_state_dir` takes an exclusive `flock` on `<state_dir>/lock`, so a
   second wedgewatch on the same directory (which would restart the same server twice) is
-  refused with the holder's pid. The kernel drops the lock when the holder dies.
+  refused with the holder's pid. The kernel drops the lock when the holder dies. The
+  directory must not be writable by other users, and the lock and state files are never
+  opened through a symlink nor readable by others (`io.private_paths`).
 * **Operator resets.** `request_reset` drops a request file that a running daemon picks up
   with `take_reset_requests` on its next tick and applies with `restart_policy.reset`.
 """
@@ -42,6 +44,7 @@ from wedgewatch import __version__
 from wedgewatch.core.episode_store import EpisodeRecord
 from wedgewatch.core.restart_policy import Phase, PolicyRecord
 from wedgewatch.io.atomic import remove_leftovers, write_atomic
+from wedgewatch.io.private_paths import UnsafePath, open_lock_file, private_dir, read_private
 
 SCHEMA_VERSION = 1
 STATE_FILE_NAME = "state.json"
@@ -225,7 +228,7 @@ def load(path: Path) -> Loaded:
     """Read the state file; never raises for a missing, unreadable or corrupt file."""
     remove_leftovers(path)
     try:
-        data = path.read_bytes()
+        data = read_private(path)  # never through a symlink, never another user's file
     except FileNotFoundError:
         return Loaded(SavedState())
     except OSError as exc:
@@ -268,9 +271,10 @@ def save(path: Path, state: SavedState, timestamp: float) -> Saved | SaveFailed:
 class StateLock:
     """An exclusive lock on a state directory, held until `release` or process exit."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, note: str | None = None) -> None:
         self.path = path
         self._fd: int | None = fd
+        self.note = note  # the state directory's mode was tightened (`private_dir`)
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
@@ -288,11 +292,17 @@ class LockFailed:
 
 
 def lock_state_dir(state_dir: Path) -> StateLock | LockFailed:
-    """Take the exclusive lock of `state_dir` (created 0700 if missing) for this process."""
+    """Take the exclusive lock of `state_dir` for this process.
+
+    The directory is created 0700 if missing, else checked (`io.private_paths`: not
+    writable by other users); the lock file is opened 0600 without following a symlink.
+    """
     path = state_dir / LOCK_FILE_NAME
     try:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        note = private_dir(state_dir, "state_dir")
+        fd = open_lock_file(path)
+    except UnsafePath as exc:
+        return LockFailed(f"refusing state_dir: {exc}")
     except OSError as exc:
         return LockFailed(f"cannot open lock file {path}: {exc.strerror or exc}")
     try:
@@ -313,7 +323,7 @@ def lock_state_dir(state_dir: Path) -> StateLock | LockFailed:
         return LockFailed(f"cannot lock {path}: {exc.strerror or exc}")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return StateLock(path, fd)
+    return StateLock(path, fd, note)
 
 
 # -- operator resets -------------------------------------------------------------------------

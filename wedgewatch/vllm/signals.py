@@ -59,7 +59,11 @@ Decisions, all returned as a `ParseFailure` with a specific message, never raise
   Prometheus text without `vllm:num_requests_running`) is a failure saying which.
 * **Bounded.** A body naming more than `max_engines` engines (default 256; a server has one
   per data-parallel rank) is a failure with reason `too_many_engines`, found while scanning,
-  so thousands of engines under the byte cap never become thousands of readings.
+  so thousands of engines under the byte cap never become thousands of readings. A label
+  value read (`model_name`, `engine`, a reason) longer than `MAX_LABEL_CHARS` is cut with a
+  marker and a digest of the whole (`truncate`), so a 2 MB model name never reaches a log
+  line, a webhook or a remedy's environment, and two long names stay two engines. More
+  than `MAX_SERIES_PER_ENGINE` reason series of one family for one engine is malformed.
 * **Values** are taken as printed, including NaN and +/-Inf; `awake` is the `awake` series
   == 1, and None when that series is NaN (unknown must not read as "sleeping", which
   would silence the detector).
@@ -72,6 +76,7 @@ on the grammar, and a line that parser rejects is malformed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -137,6 +142,25 @@ class ParseFailure:
 
 #: Most engines one body may name (`parse(max_engines=...)`, setting `max_engines`).
 DEFAULT_MAX_ENGINES: Final = 256
+#: Most reason series (`reason`, `finished_reason`) one engine may have in one family.
+MAX_SERIES_PER_ENGINE: Final = 32
+#: Longest label value kept whole; a longer one is `truncate`d (a real model name is < 200).
+MAX_LABEL_CHARS: Final = 256
+#: The opening of `truncate`'s marker; what follows says how much was cut and digests the whole.
+TRUNCATION_MARKER: Final = "…[+"
+
+
+def truncate(text: str, max_chars: int = MAX_LABEL_CHARS) -> str:
+    """`text` if it has at most `max_chars` characters, else its start and a marker saying
+    how many characters were cut, with a digest of the whole so that two long values that
+    share a prefix stay distinct: `aaaa…[+2097000 chars, #1f3a9c2e]`."""
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    if len(text) <= max_chars:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{text[:max_chars]}{TRUNCATION_MARKER}{len(text) - max_chars} chars, #{digest}]"
+
 
 RUNNING: Final = "vllm:num_requests_running"
 WAITING: Final = "vllm:num_requests_waiting"
@@ -391,13 +415,14 @@ def _record(
     model_name = labels.get("model_name")
     if model_name is None:
         raise _Malformed(f"{name} sample has no model_name label")
-    engine_id = (model_name, labels.get("engine", "0"))
+    engine_id = (truncate(model_name), truncate(labels.get("engine", "0")))
     series_label = _SERIES_LABEL.get(name)
     series = None
     if series_label is not None:
         series = labels.get(series_label)
         if series is None:
             raise _Malformed(f"{name} sample has no {series_label} label")
+        series = truncate(series)
     slot = (name, engine_id, series)
     if slot in seen:
         raise _Malformed(f"duplicate {name} sample (its engine and labels were seen earlier)")
@@ -410,13 +435,25 @@ def _record(
     if series is None:
         engine.values[name] = value
     elif name == WAITING_BY_REASON:
-        engine.waiting_by_reason[series] = value
+        _bounded_series(engine.waiting_by_reason, name, series_label, series)[series] = value
     elif name == REQUEST_SUCCESS:
         engine.values[name] = engine.values.get(name, 0.0) + value
-        engine.finished_by_reason[series] = value
+        _bounded_series(engine.finished_by_reason, name, series_label, series)[series] = value
     elif series == "awake":  # SLEEP_STATE; the sleep-level series do not decide `awake`
         engine.values[name] = value
     engine.seen.add(name)
+
+
+def _bounded_series(
+    series_map: dict[str, float], name: str, label: str | None, series: str
+) -> dict[str, float]:
+    """`series_map`, unless `series` would be one more than MAX_SERIES_PER_ENGINE in it."""
+    if series not in series_map and len(series_map) >= MAX_SERIES_PER_ENGINE:
+        raise _Malformed(
+            f"more than {MAX_SERIES_PER_ENGINE} {label} values of {name} for one engine "
+            "(vLLM has a handful)"
+        )
+    return series_map
 
 
 def _reading(key: EngineKey, engine: _Engine) -> EngineReading | ParseFailure:
