@@ -49,6 +49,8 @@ from wedgewatch.core.detect import (
     step,
 )
 from wedgewatch.core.detect_state import dump_state, load_state
+from wedgewatch.core.escape import neutralise
+from wedgewatch.core.redact import redact_text, redact_url, redact_value
 from wedgewatch.core.restart_policy import (
     Phase,
     PolicyEvent,
@@ -163,14 +165,14 @@ class CheckReport:
         if self.restart_policy is not None:
             document["gave_up"] = self.restart_policy.gave_up
             document["restart_policy"] = self.restart_policy.to_json()
-        return document
+        return dict(redact_value(document))
 
     def render_text(self) -> str:
         """A Nagios-style summary line, then one line per engine, then the notes."""
         word = _NAGIOS_WORDS[self.exit_code]
         count = len(self.engines)
         summary = (
-            f"{word}: {self.status.value} - {self.metrics_url}, "
+            f"{word}: {self.status.value} - {redact_url(self.metrics_url)}, "
             f"{count} engine{'s' if count != 1 else ''}, "
             f"{self.scrapes} scrape{'s' if self.scrapes != 1 else ''}"
         )
@@ -185,7 +187,9 @@ class CheckReport:
                 + (f": {verdict.detail}" if verdict.detail else "")
             )
         lines.extend(f"note: {note}" for note in self.notes)
-        return "\n".join(lines)
+        # The target's values are data: secrets masked, no control character reaches the
+        # terminal, one line stays one line (i21b, #21).
+        return "\n".join(neutralise(redact_text(line), newlines=False) for line in lines)
 
 
 def one_shot_policy(policy: Policy, window_seconds: float) -> Policy:

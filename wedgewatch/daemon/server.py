@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from wedgewatch.core.probe_policy import ProbeVerdict
+from wedgewatch.core.redact import redact_value
 from wedgewatch.core.states import ACTED_ON
 from wedgewatch.daemon.ownmetrics import render
 from wedgewatch.vllm.signals import EngineReading
@@ -138,31 +139,34 @@ def probe(target: TargetSnapshot) -> tuple[int, dict[str, Any]]:
     }
     if verdict is not None:
         body["restart_policy"] = verdict.to_json()
-    return (503 if failing else 200), {
-        **body,
-        "engines": [
-            {
-                "model_name": e.model_name,
-                "engine": e.engine,
-                "state": e.state,
-                "family": e.family,
-                "stalled_seconds": _finite(round(e.stalled_seconds, 3)),
-                "reason": e.reason,
-            }
-            for e in target.engines
-        ],
-    }
+    return (503 if failing else 200), redact_value(
+        {
+            **body,
+            "engines": [
+                {
+                    "model_name": e.model_name,
+                    "engine": e.engine,
+                    "state": e.state,
+                    "family": e.family,
+                    "stalled_seconds": _finite(round(e.stalled_seconds, 3)),
+                    "reason": e.reason,
+                }
+                for e in target.engines
+            ],
+        }
+    )
 
 
 def status(snapshot: Snapshot) -> dict[str, Any]:
-    """The full JSON status document: every target and engine."""
-    return {
+    """The full JSON status document: every target and engine (redacted, i21b/#21)."""
+    document = {
         "version": snapshot.version,
         "started": _iso(snapshot.started_timestamp),
         "last_tick": _iso(snapshot.last_tick_timestamp),
         "ticks": snapshot.ticks,
         "targets": [_target_json(t) for t in snapshot.targets.values()],
     }
+    return dict(redact_value(document))
 
 
 def make_app(

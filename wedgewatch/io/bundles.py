@@ -3,7 +3,8 @@
 A bundle is one directory per episode under `evidence_dir`, named
 `<UTC time>_<target>_engine<engine>_<family>`; directories are created 0700 and files 0600
 whatever the umask, and nothing follows a symlink. What goes into a bundle is decided by
-`io.evidence`; command lines are redacted here before they are written.
+`io.evidence`; every file is redacted HERE, by the writer (`bundle_bytes`: JSON and JSON
+lines value by value, text as text, see `wedgewatch.core.redact`), so no caller can forget.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from wedgewatch.core.bundle_facts import bundle_facts, seen_frames
 from wedgewatch.core.known_issues import match_known_issues, shipped_known_issues
-from wedgewatch.core.redact import redact_command_line
+from wedgewatch.core.redact import redact_command_line, redact_text, redact_value
 from wedgewatch.core.retention import StoredBundle, plan_retention
 from wedgewatch.core.states import CapturePhase
 from wedgewatch.core.triage import ProcessStacks, StackRound, parse_pyspy_json
@@ -155,8 +156,45 @@ def json_bytes(value: Any) -> bytes:
     return (json.dumps(json_safe(value), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
+def bundle_bytes(rel: str, data: bytes) -> bytes:
+    """A bundle file's bytes as written: redacted (`.json` as a JSON value, `.jsonl` line by
+    line, anything else as UTF-8 text); bytes that are not UTF-8 text are kept as they are."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+    if rel.endswith(".json"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return redact_text(text).encode()
+        return json_bytes(redact_value(value))
+    if rel.endswith(".jsonl"):
+        return "".join(_redacted_line(line) for line in text.splitlines(keepends=True)).encode()
+    return redact_text(text).encode()
+
+
+def _redacted_line(line: str) -> str:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return redact_text(line)
+    return _json_line(redact_value(value)) if line.strip() else line
+
+
+def write_bundle_file(bundle: Path, rel: str, data: bytes, *, replace: bool = True) -> None:
+    """Write one file of a bundle, redacted (`bundle_bytes`): a new file 0600, or with
+    `replace` an atomic replacement; raises OSError."""
+    path = bundle / rel
+    if replace:
+        write_atomic(path, bundle_bytes(rel, data))
+    else:
+        write_private(path, bundle_bytes(rel, data))
+
+
 def write_round_files(bundle: Path, files: Mapping[str, bytes], replace: bool) -> list[str]:
-    """Write one round's files under `bundle` (directories 0700, files 0600); failures per file.
+    """Write one round's files under `bundle` (directories 0700, files 0600, redacted);
+    failures per file.
 
     Phase 1 creates new files; phase 2 replaces atomically, so completing twice is harmless.
     """
@@ -169,10 +207,7 @@ def write_round_files(bundle: Path, files: Mapping[str, bytes], replace: bool) -
                 if not directory.is_dir():
                     os.mkdir(directory, _DIR_MODE)
                     os.chmod(directory, _DIR_MODE)
-            if replace:
-                write_atomic(path, data)
-            else:
-                write_private(path, data)
+            write_bundle_file(bundle, rel, data, replace=replace)
         except OSError as exc:
             failures.append(f"writing {rel}: {exc.strerror or exc}")
     return failures
@@ -298,7 +333,7 @@ REMEDY_LOG = "remedy.jsonl"
 def note_remedy(bundle: Path, record: Mapping[str, Any]) -> str | None:
     """Append what the daemon did after this bundle (a restart, how the episode ended) to
     `remedy.jsonl` in the bundle (0600); an error message or None. Never raises."""
-    line = (json.dumps(json_safe(record), sort_keys=True, allow_nan=False) + "\n").encode()
+    line = _json_line(redact_value(json_safe(record))).encode()
     try:
         if not (bundle / "summary.json").is_file():
             return f"{bundle}: not an evidence bundle"

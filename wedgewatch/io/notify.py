@@ -19,7 +19,10 @@ at once; one worker task per URL delivers in order. Rules:
 
 The payload (`payload()`) is a flat JSON object: `event`, `target`, `engine`,
 `model_name`, `family`, `state`, `reason`, `bundle` (path or null), `wedgewatch_version`,
-`host`, `timestamp` (ISO 8601, UTC) and `text`, a one-line human summary.
+`host`, `timestamp` (ISO 8601, UTC) and `text`, a one-line human summary. Every value is
+redacted (`core.redact.redact_value`) and neutralised (`core.escape.neutralise`: control
+characters visible, one line, cut at `FIELD_LIMIT`); `text` is escaped for Slack (`&`, `<`,
+`>`), so a model name cannot mention `<!channel>` or smuggle a link.
 """
 
 from __future__ import annotations
@@ -38,7 +41,13 @@ import httpx
 import structlog
 
 from wedgewatch import __version__
-from wedgewatch.core.redact import redact_webhook_url, scrub_text, secret_fragments
+from wedgewatch.core.escape import neutralise, slack_text
+from wedgewatch.core.redact import (
+    redact_value,
+    redact_webhook_url,
+    scrub_text,
+    secret_fragments,
+)
 
 log = structlog.get_logger("wedgewatch.notify")
 
@@ -94,7 +103,7 @@ def payload(notification: Notification, *, version: str, host: str) -> dict[str,
         text += f": {notification.reason}"
     if notification.bundle:
         text += f" [evidence: {notification.bundle}]"
-    return {
+    body = {
         "event": notification.event,
         "target": notification.target,
         "engine": notification.engine,
@@ -108,6 +117,14 @@ def payload(notification: Notification, *, version: str, host: str) -> dict[str,
         "timestamp": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "text": text,
     }
+    safe = {
+        k: neutralise(v, FIELD_LIMIT, newlines=False) if isinstance(v, str) else v
+        for k, v in redact_value(body).items()
+    }
+    return {**safe, "text": slack_text(safe["text"])}
+
+
+FIELD_LIMIT = 2000  # characters of one string field of a webhook body; longer ones are cut
 
 
 def _check_url(url: str) -> str:
