@@ -14,7 +14,7 @@ terminal, a log line, Markdown or Slack text it passes one of these:
 * `md_fence`: a fenced block whose fence is longer than any backtick run in the body, so
   the body cannot close it.
 * `md_text`: plain Markdown text with every character that could start markup escaped
-  (`\\[`, `\\!`, `\\<`, `` \\` ``, ...), so no link, image, HTML or emphasis comes of it.
+  (`\\[`, `\\<`, `\\*`, `` \\` ``, `\\|`), so no link, image, HTML or emphasis comes of it.
 * `slack_text`: Slack's `mrkdwn` rules: `&`, `<` and `>` as `&amp;`, `&lt;` and `&gt;`.
 """
 
@@ -30,7 +30,9 @@ _CONTROL_NO_NEWLINE = re.compile(
     "[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
 )
 _BACKTICKS = re.compile("`+")
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+!|~&])")
+# Enough that no link, image, autolink, HTML, code span, emphasis or table cell comes of a
+# value: `_` (intraword in names) and `(` (harmless without `[`) stay readable.
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|])")
 
 
 def _visible(match: re.Match[str]) -> str:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import calendar
 import contextlib
 import datetime as dt
+import errno
 import json
 import math
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +35,7 @@ from wedgewatch.io.procs import ServerProcess
 from wedgewatch.vllm.semantics import Role
 
 _DIR_MODE = 0o700
+_SUMMARY_LIMIT = 32 * 1024 * 1024
 _FILE_MODE = 0o600
 _NAME_RE = re.compile(r"^(\d{8}T\d{6}Z)_")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -254,6 +257,90 @@ def load_first_round(bundle: Path, summary: Mapping[str, Any]) -> StackRound | N
     return None
 
 
+# -- reading a bundle back as untrusted input (`report`, `bundles`; i21b, #21)
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UntrustedRead(Exception):
+    """Why a bundle file was not read: a symlink, a special file, too large, unreadable."""
+
+
+def _open_inside(bundle: Path, parts: Sequence[str], final_flags: int) -> int:
+    """An fd for `bundle/parts...` opened component by component, never following a symlink
+    below `bundle` (the bundle directory itself is the one the user named)."""
+    fd = os.open(bundle, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for index, part in enumerate(parts):
+            if part in ("", ".", "..") or "/" in part:
+                raise UntrustedRead(f"not a plain name: {part!r}")
+            last = index == len(parts) - 1
+            try:
+                child = os.open(part, final_flags if last else _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(part, fd):
+                    raise UntrustedRead("a symlink (not followed)") from exc
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def read_untrusted(bundle: Path, rel: str, limit: int) -> bytes:
+    """The bytes of `bundle/rel`, read as untrusted input: no symlink anywhere below the
+    bundle is followed, only a regular file is read (a FIFO or a device is refused without
+    blocking), at most `limit` bytes. Raises `UntrustedRead` (why) or OSError
+    (FileNotFoundError for a missing file)."""
+    fd = _open_inside(bundle, rel.split("/"), _READ_FLAGS)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UntrustedRead("not a regular file (not read)")
+        if info.st_size > limit:
+            raise UntrustedRead(f"larger than {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise UntrustedRead(f"larger than {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def list_untrusted(bundle: Path, rel: str) -> list[str]:
+    """The regular files under the directory `bundle/rel` (relative to `bundle`, sorted),
+    without following a symlink; empty when it is missing, a symlink or not a directory."""
+    found: list[str] = []
+    try:
+        fd = _open_inside(bundle, rel.split("/"), _DIR_FLAGS)
+    except (OSError, UntrustedRead):
+        return found
+    try:
+        with os.scandir(fd) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                if entry.is_file(follow_symlinks=False):
+                    found.append(f"{rel}/{entry.name}")
+                elif entry.is_dir(follow_symlinks=False):
+                    found.extend(list_untrusted(bundle, f"{rel}/{entry.name}"))
+    finally:
+        os.close(fd)
+    return found
+
+
 # -- retention
 
 
@@ -283,9 +370,9 @@ def _tree_size(path: Path) -> int:
 
 
 def _is_wedge(path: Path) -> bool:
-    try:
-        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # never blocks on a FIFO, never follows a symlink
+        summary = json.loads(read_untrusted(path, "summary.json", _SUMMARY_LIMIT))
+    except (OSError, ValueError, UntrustedRead):
         return False
     return isinstance(summary, dict) and summary.get("verdict") == CapturePhase.WEDGED
 

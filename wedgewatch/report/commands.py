@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from wedgewatch.core.redact import redact_text
+from wedgewatch.io.atomic import write_atomic
 from wedgewatch.report.chart import INSTALL_HINT, timeline_svg
 from wedgewatch.report.model import BundleRow, list_bundles, newest_bundle, read_bundle
 from wedgewatch.report.render import render_html, render_markdown, render_upstream
@@ -119,9 +120,10 @@ def write_report(bundle: Path, output: Path | None = None, *, upstream: bool = F
 
 
 def _write(path: Path, text: str) -> None:
-    """Write a report file 0600 (it describes a private bundle), replacing an older one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    """Write a report file 0600 (it describes a private bundle), replacing an older one.
+
+    The writer redacts (i21b, #21): the text passes `redact_text` once more, whatever put it
+    there. The temporary file is always a new one (`io.atomic.write_atomic`: `O_EXCL`, 0600,
+    renamed over `path`, which is replaced and never followed if it is a symlink).
+    """
+    write_atomic(path, redact_text(text).encode())
