@@ -70,7 +70,7 @@ _MAYBE_SECRET = re.compile(r"(?i)key|token|secret|pass|pwd|cred|auth|sig|bearer|
 _PARAM = re.compile(r"(^|[&;?#])([^=&;#?]+)=([^&;#]*)")
 _QUOTED_PAIR = re.compile(
     r"""(?P<q>["'])(?P<k>[^"'\\\n]{1,80})(?P=q)(?P<sep>\s*:\s*)"""
-    r"""(?P<v>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s,}\]]+)"""
+    r"""(?P<v>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s,{}\[\]"']+)"""
 )
 _TEXT_ASSIGNMENT = re.compile(
     r"""(?<![\w.-])([A-Za-z_][A-Za-z0-9_.-]{0,80})="""
@@ -174,6 +174,14 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
 
 
+def _url_in_text(url: str) -> str:
+    """A URL found in text: redacted, and its userinfo masked whole unless it is already
+    redacted (`user:***`, as `redact_url` shows a target)."""
+    shown = redact_url(url)
+    authority = url.partition("://")[2].partition("/")[0]
+    return shown if authority.rpartition("@")[0].endswith(":" + MASK) else _mask_userinfo(shown)
+
+
 def _mask_userinfo(url: str) -> str:
     """`scheme://anything@host/...` -> `scheme://***@host/...` (in text, user names go too)."""
     scheme, sep, rest = url.partition("://")
@@ -253,7 +261,7 @@ def _redact_short(text: str) -> str:
 
 def _redact(text: str) -> str:
     if "://" in text:
-        text = _URL_IN_TEXT.sub(lambda m: _mask_userinfo(redact_url(m.group(0))), text)
+        text = _URL_IN_TEXT.sub(lambda m: _url_in_text(m.group(0)), text)
     if ":" in text and ("'" in text or '"' in text):
         text = _mask_quoted_pairs(text)
     if "-" in text:
