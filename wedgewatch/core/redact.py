@@ -70,14 +70,15 @@ _MAYBE_SECRET = re.compile(r"(?i)key|token|secret|pass|pwd|cred|auth|sig|bearer|
 _PARAM = re.compile(r"(^|[&;?#])([^=&;#?]+)=([^&;#]*)")
 _QUOTED_PAIR = re.compile(
     r"""(?P<q>["'])(?P<k>[^"'\\\n]{1,80})(?P=q)(?P<sep>\s*:\s*)"""
-    r"""(?P<v>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s,{}\[\]"']+)"""
+    r"""(?P<v>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s,{}\[\]"'`<>)]+)"""
 )
 _TEXT_ASSIGNMENT = re.compile(
     r"""(?<![\w.-])([A-Za-z_][A-Za-z0-9_.-]{0,80})="""
-    r"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|[^\s&;,#?'"]+)"""
+    r"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|[^\s&;,#?'"`<>)\]}]+)"""
 )
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/=-]{6,})")
 _WORD = re.compile(r"\S+")
+_CLOSERS = frozenset("`'\")]}>,;")
 
 
 def is_secret_key(name: str) -> bool:
@@ -216,8 +217,12 @@ def _mask_flag_values(text: str) -> str:
             and "\n" not in text[words[last].end() : words[last + 1].start()]
         ):
             last += 1
-        if words[last].end() > start:
-            spans.append((start, words[last].end()))
+        # A closing quote, backtick or bracket of the markup around the value stays.
+        end = words[last].end()
+        while end - 1 > start and text[end - 1] in _CLOSERS:
+            end -= 1
+        if end > start and text[start:end] != MASK:
+            spans.append((start, end))
         index = last + 1
     for start, end in reversed(spans):
         text = text[:start] + MASK + text[end:]

@@ -6,6 +6,7 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
+from wedgewatch.core.escape import neutralise
 from wedgewatch.core.redact import redact_text
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.report.chart import INSTALL_HINT, timeline_svg
@@ -39,15 +40,15 @@ def format_bundles(rows: list[BundleRow]) -> str:
         "size",
         "bundle",
     )
-    table = [head]
+    table: list[tuple[str, ...]] = [head]
     for r in rows:
         when = (
             dt.datetime.fromtimestamp(r.created_timestamp, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
             if r.created_timestamp is not None
             else "?"
         )
-        table.append(
-            (
+        table.append(  # a bundle's values are the target's data: no control character (#21)
+            _terminal(
                 when,
                 r.target,
                 r.engine,
@@ -65,6 +66,10 @@ def format_bundles(rows: list[BundleRow]) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
         for row in table
     )
+
+
+def _terminal(*cells: str) -> tuple[str, ...]:
+    return tuple(neutralise(cell, 200, newlines=False) for cell in cells)
 
 
 def bundle_rows(evidence_dir: Path) -> list[BundleRow]:
@@ -95,7 +100,7 @@ def write_report(bundle: Path, output: Path | None = None, *, upstream: bool = F
     body (`upstream-issue.md`) instead.
     """
     model = read_bundle(bundle)
-    notes = [f"missing or corrupt: {p}" for p in model.problems]
+    notes = [f"missing or corrupt: {neutralise(p, 400, newlines=False)}" for p in model.problems]
     if output is None:
         directory, stem = bundle, None
     elif output.suffix in (".html", ".md"):

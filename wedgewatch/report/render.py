@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from wedgewatch import __version__
-from wedgewatch.core.escape import md_fence, md_inline, md_text
+from wedgewatch.core.escape import md_fence, md_inline, md_text, neutralise
 from wedgewatch.core.redact import redact_argv, redact_env
 from wedgewatch.core.states import CapturePhase
 from wedgewatch.report.chart import INSTALL_HINT
@@ -101,7 +101,8 @@ mark{background:#fff59d}.muted{color:#757575}.chart{background:#fff;border:1px s
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value))
+    """HTML-escaped, control characters visible (a bundle's strings are data; #21)."""
+    return html.escape(neutralise(str(value), 1_000_000))
 
 
 def _table(rows: Sequence[Sequence[object]], head: Sequence[str] | None = None) -> str:
