@@ -535,8 +535,9 @@ def _load_state_file(
         return fresh("does not hold a JSON object")
     if data.get("version") not in _READABLE_VERSIONS:
         return fresh(f"has version {data.get('version')!r}, expected {STATE_FILE_VERSION}")
-    if data.get("metrics_url") != options.metrics_url:
-        return fresh(f"belongs to {data.get('metrics_url')!r}, not {options.metrics_url}")
+    if data.get("metrics_url") not in (redact_url(options.metrics_url), options.metrics_url):
+        shown = redact_url(options.metrics_url)
+        return fresh(f"belongs to {redact_url(str(data.get('metrics_url')))!r}, not {shown}")
     kept = _Saved()
     if options.restart is not None:
         restart = _policy_from_json(data.get("restart_policy"), options.restart, now, timestamp)
@@ -621,7 +622,7 @@ def _save_state_file(
     """Write the state atomically (io.atomic.write_atomic: temporary file, fsync, rename)."""
     payload: dict[str, Any] = {
         "version": STATE_FILE_VERSION,
-        "metrics_url": options.metrics_url,
+        "metrics_url": redact_url(options.metrics_url),  # no credential on disk (#21)
         "saved_timestamp": timestamp,
         "detector": dump_state(saved.detector),
     }

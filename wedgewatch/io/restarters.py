@@ -20,7 +20,7 @@ from typing import Protocol
 
 import psutil
 
-from wedgewatch.core.redact import redact_url
+from wedgewatch.core.redact import redact_text, redact_url
 from wedgewatch.core.restart_policy import FailureReason, RestartOutcome, seconds_text
 from wedgewatch.core.server_proof import prove_server
 from wedgewatch.io.procs import own_lineage, title_from_cmdline
@@ -68,7 +68,7 @@ class Restarter(Protocol):
 
 def restart_environment(request: RestartRequest) -> dict[str, str]:
     """The `WEDGEWATCH_*` variables an `exec` remedy command receives (URL credentials and
-    query masked)."""
+    query masked; every value redacted by value, #21)."""
     return {
         "WEDGEWATCH_TARGET": request.target,
         "WEDGEWATCH_URL": redact_url(request.url),
@@ -78,7 +78,7 @@ def restart_environment(request: RestartRequest) -> dict[str, str]:
         "WEDGEWATCH_STATE": request.state,
         "WEDGEWATCH_REASON": request.reason,
         "WEDGEWATCH_BUNDLE": "" if request.bundle is None else str(request.bundle),
-    }
+    } | {"WEDGEWATCH_MODEL_NAME": redact_text(request.model_name)}  # i21b: a target's value
 
 
 #: The only variables an `exec` remedy inherits from wedgewatch's environment (when set):
