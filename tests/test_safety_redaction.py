@@ -263,3 +263,22 @@ def test_log_lines_of_a_real_process_are_redacted_and_neutralised(tmp_path: Path
     assert b"\x1b" not in err
     assert len(err) < 100_000
     assert b"***" in err
+
+
+def test_the_check_command_prints_no_url_secret_on_its_first_line() -> None:
+    """`wedgewatch check` (a real process) against a refused port: the URL is redacted."""
+    url = f"http://{S}@127.0.0.1:1/metrics?apikey={S}&pwd={S}"
+    done = subprocess.run(
+        [sys.executable, "-m", "wedgewatch", "check", url, "--for", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")},
+    )
+    assert done.returncode != 0
+    first = done.stdout.splitlines()[0]
+    assert first.startswith(
+        "CRITICAL: unreachable - http://***@127.0.0.1:1/metrics?apikey=***&pwd=***,"
+    )
+    assert S not in done.stdout + done.stderr

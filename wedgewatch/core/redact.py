@@ -178,6 +178,9 @@ def redact_url(url: str) -> str:
 def _url_in_text(url: str) -> str:
     """A URL found in text: redacted, and its userinfo masked whole unless it is already
     redacted (`user:***`, as `redact_url` shows a target)."""
+    body = url.rstrip(",.;:!?)]}")  # the sentence's punctuation is not the URL's
+    if body != url:
+        return _url_in_text(body) + url[len(body) :]
     shown = redact_url(url)
     authority = url.partition("://")[2].partition("/")[0]
     return shown if authority.rpartition("@")[0].endswith(":" + MASK) else _mask_userinfo(shown)

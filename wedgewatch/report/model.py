@@ -199,7 +199,9 @@ def read_bundle(
     """Read a bundle directory into a model (`summary` overrides the file, for the capture)."""
     files = load_files(path)
     if summary is not None:
-        files["summary.json"] = json.dumps(summary, default=str).encode()
+        files["summary.json"] = bundle_bytes(
+            "summary.json", json.dumps(summary, default=str).encode()
+        )
     if not path.is_dir():
         files = {}
     model = build_model(path.name, str(path), files, issues)
