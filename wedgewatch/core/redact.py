@@ -78,9 +78,15 @@ _TEXT_ASSIGNMENT = re.compile(
 )
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/=-]{6,})")
 _WORD = re.compile(r"\S+")
+# A word that may be a secret flag (the full rule is `is_secret_flag`): a cheap first look.
+_FLAG_HINT = re.compile(
+    r"(?i)(?<!\S)['\"]?--?[a-z0-9_-]*(?:key|token|secret|password|passwd|pwd|credentials?)"
+    r"(?=[=\s'\"]|$)"
+)
 _CLOSERS = frozenset("`'\")]}>,;")
 
 
+@functools.lru_cache(maxsize=4096)  # the same label and key names come again and again
 def is_secret_key(name: str) -> bool:
     """Whether a key, parameter or variable name looks like it holds a secret (`apiKey`,
     `secret_access_key`, `HF_TOKEN`, `pwd`; not `max_tokens`, `ssl_keyfile`)."""
@@ -272,7 +278,7 @@ def _redact(text: str) -> str:
         text = _URL_IN_TEXT.sub(lambda m: _url_in_text(m.group(0)), text)
     if ":" in text and ("'" in text or '"' in text):
         text = _mask_quoted_pairs(text)
-    if "-" in text:
+    if "-" in text and _FLAG_HINT.search(text):
         text = _mask_flag_values(text)
     if "=" in text:
         text = _mask_assignments(text)
