@@ -139,26 +139,24 @@ def probe(target: TargetSnapshot) -> tuple[int, dict[str, Any]]:
     }
     if verdict is not None:
         body["restart_policy"] = verdict.to_json()
-    return (503 if failing else 200), redact_value(
-        {
-            **body,
-            "engines": [
-                {
-                    "model_name": e.model_name,
-                    "engine": e.engine,
-                    "state": e.state,
-                    "family": e.family,
-                    "stalled_seconds": _finite(round(e.stalled_seconds, 3)),
-                    "reason": e.reason,
-                }
-                for e in target.engines
-            ],
-        }
-    )
+    return (503 if failing else 200), {
+        **body,
+        "engines": [
+            {
+                "model_name": e.model_name,
+                "engine": e.engine,
+                "state": e.state,
+                "family": e.family,
+                "stalled_seconds": _finite(round(e.stalled_seconds, 3)),
+                "reason": e.reason,
+            }
+            for e in target.engines
+        ],
+    }
 
 
 def status(snapshot: Snapshot) -> dict[str, Any]:
-    """The full JSON status document: every target and engine (redacted, i21b/#21)."""
+    """The full JSON status document: every target and engine (redacted, #21)."""
     document = {
         "version": snapshot.version,
         "started": _iso(snapshot.started_timestamp),
@@ -200,6 +198,7 @@ def make_app(
         else:
             target = targets[name]
         code, body = probe(target)
+        body = redact_value(body)  # what leaves the process is redacted (#21)
         response = JSONResponse(body, status_code=code, headers=_NO_STORE)
         if code == 503 and on_probe_failed is not None:
             on_probe_failed(target.name)

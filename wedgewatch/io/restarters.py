@@ -73,12 +73,12 @@ def restart_environment(request: RestartRequest) -> dict[str, str]:
         "WEDGEWATCH_TARGET": request.target,
         "WEDGEWATCH_URL": redact_url(request.url),
         "WEDGEWATCH_ENGINE": request.engine,
-        "WEDGEWATCH_MODEL_NAME": request.model_name,
+        "WEDGEWATCH_MODEL_NAME": redact_text(request.model_name),  # the target's value (#21)
         "WEDGEWATCH_FAMILY": request.family,
         "WEDGEWATCH_STATE": request.state,
         "WEDGEWATCH_REASON": request.reason,
         "WEDGEWATCH_BUNDLE": "" if request.bundle is None else str(request.bundle),
-    } | {"WEDGEWATCH_MODEL_NAME": redact_text(request.model_name)}  # i21b: a target's value
+    }
 
 
 #: The only variables an `exec` remedy inherits from wedgewatch's environment (when set):
