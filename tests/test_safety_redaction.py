@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 from wedgewatch.check import CheckReport, Status
 from wedgewatch.core.escape import clip, md_fence, md_inline, md_text, neutralise
@@ -27,6 +29,7 @@ from wedgewatch.core.redact import (
     redact_value,
 )
 from wedgewatch.core.triage import ProcessStacks, StackRound, triage
+from wedgewatch.daemon.server import EngineSnapshot, HttpServer, Snapshot, TargetSnapshot, make_app
 from wedgewatch.io.bundles import bundle_bytes, note_remedy, write_round_files
 from wedgewatch.io.notify import Notification, payload
 from wedgewatch.vllm.semantics import Role
@@ -282,3 +285,53 @@ def test_the_check_command_prints_no_url_secret_on_its_first_line() -> None:
         "CRITICAL: unreachable - http://***@127.0.0.1:1/metrics?apikey=***&pwd=***,"
     )
     assert S not in done.stdout + done.stderr
+
+
+async def test_status_and_probe_served_over_http_carry_no_secret() -> None:
+    """The daemon's own server (real, on loopback): `/status` and `/probe` are redacted where
+    they are served, whatever the snapshot holds (a model name or reason with a secret)."""
+    engine = EngineSnapshot(
+        model_name=f"m http://{S}@h/",
+        engine="0",
+        state="wedged",
+        family="deferred_stall",
+        since_timestamp=1.0,
+        stalled_seconds=30.0,
+        last_progress_timestamp=None,
+        reason=f"--api-key {S}",
+        missing=False,
+        reading=None,
+    )
+    target = TargetSnapshot(
+        name="t",
+        url=f"http://127.0.0.1:1/metrics?apiKey={S}",
+        state="wedged",
+        reason=f"GET http://{S}@127.0.0.1:1/metrics failed",
+        up=True,
+        last_scrape_timestamp=1.0,
+        last_scrape_error=f"HF_TOKEN={S}",
+        engines=(engine,),
+        remedy="none",
+        restarts=0,
+        restart_budget_remaining=1,
+        gave_up=False,
+        restart_in_progress=False,
+        next_restart_allowed_timestamp=None,
+        last_bundle=None,
+    )
+    snapshot = Snapshot("v", 0.0, 1.0, 15.0, last_tick_at=0.0, targets={"t": target})
+    server = HttpServer(
+        make_app(lambda: snapshot, CollectorRegistry(), lambda: 0.0), "127.0.0.1", 0
+    )
+    await server.start()
+    host, port = server.address
+    try:
+        async with httpx.AsyncClient() as client:
+            status = await client.get(f"http://{host}:{port}/status")
+            probe = await client.get(f"http://{host}:{port}/probe")
+    finally:
+        await server.stop()
+    assert probe.status_code == 503
+    for response in (status, probe):
+        assert S not in response.text
+        assert MASK in response.text
