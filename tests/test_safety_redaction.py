@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -29,7 +30,7 @@ from wedgewatch.core.redact import (
     redact_value,
 )
 from wedgewatch.core.triage import ProcessStacks, StackRound, triage
-from wedgewatch.daemon.server import EngineSnapshot, HttpServer, Snapshot, TargetSnapshot, make_app
+from wedgewatch.daemon.server import EngineSnapshot, Snapshot, TargetSnapshot, make_app
 from wedgewatch.io.bundles import bundle_bytes, note_remedy, write_round_files
 from wedgewatch.io.notify import Notification, payload
 from wedgewatch.vllm.semantics import Role
@@ -287,51 +288,28 @@ def test_the_check_command_prints_no_url_secret_on_its_first_line() -> None:
     assert S not in done.stdout + done.stderr
 
 
-async def test_status_and_probe_served_over_http_carry_no_secret() -> None:
-    """The daemon's own server (real, on loopback): `/status` and `/probe` are redacted where
-    they are served, whatever the snapshot holds (a model name or reason with a secret)."""
-    engine = EngineSnapshot(
-        model_name=f"m http://{S}@h/",
-        engine="0",
-        state="wedged",
-        family="deferred_stall",
-        since_timestamp=1.0,
-        stalled_seconds=30.0,
-        last_progress_timestamp=None,
-        reason=f"--api-key {S}",
-        missing=False,
-        reading=None,
-    )
-    target = TargetSnapshot(
-        name="t",
-        url=f"http://127.0.0.1:1/metrics?apiKey={S}",
-        state="wedged",
-        reason=f"GET http://{S}@127.0.0.1:1/metrics failed",
-        up=True,
-        last_scrape_timestamp=1.0,
-        last_scrape_error=f"HF_TOKEN={S}",
-        engines=(engine,),
-        remedy="none",
-        restarts=0,
-        restart_budget_remaining=1,
-        gave_up=False,
-        restart_in_progress=False,
-        next_restart_allowed_timestamp=None,
-        last_bundle=None,
-    )
-    snapshot = Snapshot("v", 0.0, 1.0, 15.0, last_tick_at=0.0, targets={"t": target})
-    server = HttpServer(
-        make_app(lambda: snapshot, CollectorRegistry(), lambda: 0.0), "127.0.0.1", 0
-    )
-    await server.start()
-    host, port = server.address
-    try:
-        async with httpx.AsyncClient() as client:
-            status = await client.get(f"http://{host}:{port}/status")
-            probe = await client.get(f"http://{host}:{port}/probe")
-    finally:
-        await server.stop()
-    assert probe.status_code == 503
-    for response in (status, probe):
+async def test_status_and_probe_as_served_carry_no_secret() -> None:
+    """The daemon's own app: `/status` and `/probe` are redacted where they are served,
+    whatever the snapshot holds (a model name, a reason, a scrape error with a secret)."""
+    engine: dict[str, Any] = {
+        "model_name": f"m http://{S}@h/", "engine": "0", "state": "wedged",
+        "family": "deferred_stall", "since_timestamp": 1.0, "stalled_seconds": 30.0,
+        "last_progress_timestamp": None, "reason": f"--api-key {S}", "missing": False,
+        "reading": None,
+    }  # fmt: skip
+    target: dict[str, Any] = {
+        "name": "t", "url": f"http://127.0.0.1:1/metrics?apiKey={S}", "state": "wedged",
+        "reason": f"GET http://{S}@127.0.0.1:1/metrics failed", "up": True,
+        "last_scrape_timestamp": 1.0, "last_scrape_error": f"HF_TOKEN={S}",
+        "engines": (EngineSnapshot(**engine),), "remedy": "none", "restarts": 0,
+        "restart_budget_remaining": 1, "gave_up": False, "restart_in_progress": False,
+        "next_restart_allowed_timestamp": None, "last_bundle": None,
+    }  # fmt: skip
+    snapshot = Snapshot("v", 0.0, 1.0, 15.0, 0.0, targets={"t": TargetSnapshot(**target)})
+    app = make_app(lambda: snapshot, CollectorRegistry(), lambda: 0.0)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://w") as c:
+        responses = [await c.get("/status"), await c.get("/probe")]
+    assert responses[1].status_code == 503
+    for response in responses:
         assert S not in response.text
         assert MASK in response.text
