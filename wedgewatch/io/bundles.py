@@ -171,6 +171,8 @@ def bundle_bytes(rel: str, data: bytes) -> bytes:
             value = json.loads(text)
         except ValueError:
             return redact_text(text).encode()
+        if "\n" not in text.strip():  # compact stays compact (py-spy's dumps)
+            return _json_line(redact_value(value)).encode()
         return json_bytes(redact_value(value))
     if rel.endswith(".jsonl"):
         return "".join(_redacted_line(line) for line in text.splitlines(keepends=True)).encode()
