@@ -170,6 +170,8 @@ def test_no_planted_secret_appears_anywhere_wedgewatch_writes(
     # Terminals and logs get no escape character; Slack text no mention or link.
     for place in ("daemon log", "check stdout", "bundles stdout", "report stderr"):
         assert b"\x1b" not in outputs[place], place
+    for place, data in outputs.items():  # every file, too: safe to `cat`
+        assert not place.startswith("file ") or b"\x1b" not in data, place
     texts = [json.loads(body)["text"] for body in webhooks]
     assert not any("<" in text for text in texts), texts
     assert any("&lt;!channel&gt;" in text for text in texts), texts  # the model name's

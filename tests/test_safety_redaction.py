@@ -138,7 +138,9 @@ def test_the_bundle_writer_redacts_every_file_it_writes(tmp_path: Path) -> None:
     """Whatever a caller hands the bundle writer, no planted secret reaches the disk."""
     files = {
         "summary.json": json.dumps({"title": f"vllm --api-key {S}", "token": S}).encode(),
-        "pyspy/api_server-1.txt": f"Process 1: vllm --chat-template a\nb --api-key {S}\n".encode(),
+        "pyspy/api_server-1.txt": (
+            f"Process 1: vllm \x1b[2J --chat-template a\nb --api-key {S}\n".encode()
+        ),
         "pyspy/api_server-1.json": json.dumps([{"locals": {"api_key": S}}]).encode(),
         "history.jsonl": (json.dumps({"url": f"http://{S}@h/"}) + "\n").encode(),
         "nvidia-smi.txt": f"HF_TOKEN={S}\n".encode(),
@@ -151,6 +153,7 @@ def test_the_bundle_writer_redacts_every_file_it_writes(tmp_path: Path) -> None:
         if path.is_file():
             data = path.read_bytes()
             assert S.encode() not in data, path
+            assert b"\x1b" not in data, path  # safe to `cat`
             assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert json.loads((bundle / "summary.json").read_text())["token"] == MASK
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from wedgewatch.core.bundle_facts import bundle_facts, seen_frames
+from wedgewatch.core.escape import neutralise
 from wedgewatch.core.known_issues import match_known_issues, shipped_known_issues
 from wedgewatch.core.redact import redact_command_line, redact_text, redact_value
 from wedgewatch.core.retention import StoredBundle, plan_retention
@@ -161,7 +162,8 @@ def json_bytes(value: Any) -> bytes:
 
 def bundle_bytes(rel: str, data: bytes) -> bytes:
     """A bundle file's bytes as written: redacted (`.json` as a JSON value, `.jsonl` line by
-    line, anything else as UTF-8 text); bytes that are not UTF-8 text are kept as they are."""
+    line, anything else as UTF-8 text, whose control characters but newline and tab become
+    visible escapes); bytes that are not UTF-8 text are kept as they are."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -170,20 +172,27 @@ def bundle_bytes(rel: str, data: bytes) -> bytes:
         try:
             value = json.loads(text)
         except ValueError:
-            return redact_text(text).encode()
+            return _text(text).encode()
         if "\n" not in text.strip():  # compact stays compact (py-spy's dumps)
             return _json_line(redact_value(value)).encode()
         return json_bytes(redact_value(value))
     if rel.endswith(".jsonl"):
         return "".join(_redacted_line(line) for line in text.splitlines(keepends=True)).encode()
-    return redact_text(text).encode()
+    # Text files are read with `cat` and `less`: no escape sequence from the target in them.
+    return _text(text).encode()
+
+
+def _text(text: str) -> str:
+    """Text redacted, its control characters but newline and tab visible, nothing cut."""
+    shown = redact_text(text)
+    return neutralise(shown, len(shown))
 
 
 def _redacted_line(line: str) -> str:
     try:
         value = json.loads(line)
     except ValueError:
-        return redact_text(line)
+        return _text(line)
     return _json_line(redact_value(value)) if line.strip() else line
 
 
