@@ -16,9 +16,9 @@ from scripted_http import Reply, ScriptedServer, always
 from test_safety import FAST as SAFETY_FAST
 from wedgewatch_daemon import DaemonProcess
 
-from wedgewatch.core.values import ENV_VALUE_MAX_CHARS, TRUNCATION_MARKER, neutralise
+from wedgewatch.core.escape import TRUNCATION_MARKER, neutralise
 from wedgewatch.io.notify import Notification, payload
-from wedgewatch.io.restarters import RestartRequest, exec_environment
+from wedgewatch.io.restarters import ENV_VALUE_MAX_CHARS, RestartRequest, exec_environment
 from wedgewatch.vllm.signals import MAX_LABEL_CHARS, Exposition, parse, truncate
 
 pytestmark = pytest.mark.slow

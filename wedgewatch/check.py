@@ -49,6 +49,8 @@ from wedgewatch.core.detect import (
     step,
 )
 from wedgewatch.core.detect_state import dump_state, load_state
+from wedgewatch.core.escape import neutralise
+from wedgewatch.core.redact import redact_text, redact_url, redact_value
 from wedgewatch.core.restart_policy import (
     Phase,
     PolicyEvent,
@@ -189,7 +191,7 @@ class CheckReport:
         if self.restart_policy is not None:
             document["gave_up"] = self.restart_policy.gave_up
             document["restart_policy"] = self.restart_policy.to_json()
-        return document
+        return dict(redact_value(document))
 
     def render_text(self) -> str:
         """A Nagios-style summary line with the perfdata after `|`, one line per engine, notes.
@@ -200,7 +202,7 @@ class CheckReport:
         word = _NAGIOS_WORDS[self.exit_code]
         count = len(self.engines)
         summary = (
-            f"{word}: {self.status.value} - {self.metrics_url}, "
+            f"{word}: {self.status.value} - {redact_url(self.metrics_url)}, "
             f"{count} engine{'s' if count != 1 else ''}, "
             f"{self.scrapes} scrape{'s' if self.scrapes != 1 else ''}"
         )
@@ -218,7 +220,10 @@ class CheckReport:
                 + (f": {verdict.detail}" if verdict.detail else "")
             )
         lines.extend(f"note: {note}" for note in self.notes)
-        text = "\n".join(lines).replace("|", "\u00a6")
+        # The target's values are data: secrets masked, no control character reaches the
+        # terminal, one line stays one line (#21).
+        text = "\n".join(neutralise(redact_text(line), newlines=False) for line in lines)
+        text = text.replace("|", "\u00a6")
         perfdata = nagios.render_perfdata(self.perfdata())
         if not perfdata:
             return text
@@ -660,8 +665,9 @@ def _load_state_file(
         return fresh("does not hold a JSON object")
     if data.get("version") not in _READABLE_VERSIONS:
         return fresh(f"has version {data.get('version')!r}, expected {STATE_FILE_VERSION}")
-    if data.get("metrics_url") != options.metrics_url:
-        return fresh(f"belongs to {data.get('metrics_url')!r}, not {options.metrics_url}")
+    if data.get("metrics_url") not in (redact_url(options.metrics_url), options.metrics_url):
+        shown = redact_url(options.metrics_url)
+        return fresh(f"belongs to {redact_url(str(data.get('metrics_url')))!r}, not {shown}")
     kept = _Saved()
     if options.restart is not None:
         restart = _policy_from_json(data.get("restart_policy"), options.restart, now, timestamp)
@@ -746,7 +752,7 @@ def _save_state_file(
     """Write the state atomically (io.atomic.write_atomic: temporary file, fsync, rename)."""
     payload: dict[str, Any] = {
         "version": STATE_FILE_VERSION,
-        "metrics_url": options.metrics_url,
+        "metrics_url": redact_url(options.metrics_url),  # no credential on disk (#21)
         "saved_timestamp": timestamp,
         "detector": dump_state(saved.detector),
     }

@@ -2,6 +2,11 @@
 
 A module of its own so that the probe path (`wedgewatch check`) can configure logging only
 when it has something to log: importing structlog costs more than the rest of a probe.
+
+Every line passes `safe_fields` before it is rendered, whoever logs it: secrets redacted
+(`wedgewatch.core.redact.redact_value`), control characters and escape sequences made
+visible and long strings cut (`wedgewatch.core.escape.neutralise`), so a value from the
+target cannot forge a line, drive a terminal or flood the log with one field.
 """
 
 from __future__ import annotations
@@ -12,7 +17,11 @@ from typing import Any
 
 import structlog
 
+from wedgewatch.core.escape import neutralise
+from wedgewatch.core.redact import redact_value
 from wedgewatch.lograte import TargetLogLimit
+
+FIELD_LIMIT = 2000  # characters of one string field of a log line; longer ones are cut
 
 _configured: list[str] = []  # the level configured, once configure_logging ran
 
@@ -23,6 +32,27 @@ def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
     return structlog.PrintLogger(file=sys.stderr)
 
 
+def _safe(value: Any, newlines: bool = False) -> Any:
+    if isinstance(value, str):
+        return neutralise(value, FIELD_LIMIT, newlines=newlines)
+    if isinstance(value, dict):
+        return {str(k): _safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_safe(v) for v in value]
+    if isinstance(value, int | float | bool) or value is None:
+        return value
+    return neutralise(str(value), FIELD_LIMIT, newlines=newlines)
+
+
+def safe_fields(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """A structlog processor: every field of the line redacted, neutralised and bounded (one
+    line per event: a newline shows as `\\x0a`, but in a traceback)."""
+    return {
+        key: _safe(value, newlines=key == "exception")
+        for key, value in redact_value(event_dict).items()
+    }
+
+
 def configure_logging(level: str = "info") -> None:
     """structlog to stderr: a console renderer on a terminal, JSON lines otherwise.
 
@@ -30,9 +60,13 @@ def configure_logging(level: str = "info") -> None:
     console renderer prints it itself).
     """
     renderers: list[Any] = (
-        [structlog.dev.ConsoleRenderer()]
+        [structlog.processors.format_exc_info, safe_fields, structlog.dev.ConsoleRenderer()]
         if sys.stderr.isatty()
-        else [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+        else [
+            structlog.processors.format_exc_info,
+            safe_fields,
+            structlog.processors.JSONRenderer(),
+        ]
     )
     structlog.configure(
         processors=[

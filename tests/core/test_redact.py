@@ -24,7 +24,9 @@ def test_argv_masks_secret_flag_values_only() -> None:
         "vllm", "serve", "m", "--api-key", "***", "--hf-token=***",
         "--max-num-batched-tokens", "4096", "--ssl-keyfile", "/k.pem",
     ]  # fmt: skip
-    assert redact_command_line("x --db-password pw y") == "x --db-password *** y"
+    # In a title (words joined by spaces) a value may hold spaces: masked to the next -flag.
+    assert redact_command_line("x --db-password pw y") == "x --db-password ***"
+    assert redact_command_line("x --db-password pw y --port 1") == "x --db-password *** --port 1"
 
 
 @pytest.mark.parametrize(
@@ -50,7 +52,8 @@ def test_env_names(name: str, secret: bool) -> None:
         ("https://user:pw@hooks.example/x?token=abc&a=1",
          "https://user:***@hooks.example/x?token=***&a=1"),
         ("https://hooks.example/x?api_key=k&sig=s", "https://hooks.example/x?api_key=***&sig=***"),
-        ("https://user@hooks.example/x", "https://user@hooks.example/x"),
+        # userinfo without a password may be a token (`http://TOKEN@host`): masked whole
+        ("https://user@hooks.example/x", "https://***@hooks.example/x"),
         ("http://127.0.0.1:8000/metrics", "http://127.0.0.1:8000/metrics"),
         ("not a url", "not a url"),
     ],

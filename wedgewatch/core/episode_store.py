@@ -16,6 +16,7 @@ from wedgewatch.core import restart_policy
 from wedgewatch.core.detect import TargetState
 from wedgewatch.core.detect_state import dump_state, load_state
 from wedgewatch.core.episode import Episode, EpisodeState, Rules
+from wedgewatch.core.redact import redact_url
 from wedgewatch.vllm.signals import EngineKey
 
 # A saved detector state is trusted only when the monotonic clock kept running between the
@@ -101,7 +102,12 @@ def restored(
 
 def saved_detector(detector: TargetState, url: str, at: float, timestamp: float) -> dict[str, Any]:
     """The detector state as the state file keeps it, with what `restored` checks it by."""
-    return {"url": url, "saved_at": at, "saved_timestamp": timestamp, "state": dump_state(detector)}
+    return {
+        "url": redact_url(url),  # a file on disk keeps no credential (#21): the shown form
+        "saved_at": at,
+        "saved_timestamp": timestamp,
+        "state": dump_state(detector),
+    }
 
 
 def trusted_detector(
@@ -111,7 +117,7 @@ def trusted_detector(
     if saved is None:
         return None, None
     try:
-        if saved.get("url") != url:
+        if saved.get("url") not in (redact_url(url), url):  # url: a file from before #21
             return None, None  # the name now points at another server
         if not same_boot(float(saved["saved_at"]), float(saved["saved_timestamp"]), at, timestamp):
             return None, None  # another boot: monotonic instants mean nothing now

@@ -1,22 +1,37 @@
-"""Redaction of secrets in what wedgewatch writes or prints. Pure; one function per concern.
+"""Redaction of secrets in what wedgewatch writes or prints. Pure; one place.
 
-One place decides what looks secret, so evidence bundles, reports, log lines, `/status`
-and `config show` agree:
+One place decides what looks secret, so evidence bundles, reports, log lines, `/status`,
+webhooks, CLI output and `config show` agree. Redaction is by NAME and by VALUE:
 
-* command lines (`redact_argv`, `redact_command_line`): the value of any flag whose last
-  word is `key`, `token`, `secret`, `password`, `passwd` or `credential(s)` (`--api-key X`,
-  `--hf-token=X`; `--max-num-batched-tokens` is left alone), secret-looking `NAME=value`
-  assignments (`HF_TOKEN=X`) and the credentials of URLs in arguments;
+* free text (`redact_text`), the pass every writer applies to every string it writes:
+  - URLs anywhere in the text: their userinfo (`http://***@host`, token-only or not)
+    and the values of secret-looking query and fragment keys
+    (`?apikey=***`, `?apiKey=***`, `?pwd=***`, `#token=***`);
+  - JSON (or Python dict) values under secret-looking keys (`"secret_access_key": "***"`,
+    also inside a `--kv-transfer-config` value);
+  - the value of a secret flag (`--api-key X`, `--hf-token=X`), even across a line break,
+    and every following word on that line up to the next `-flag` (a value with spaces);
+  - secret-looking `NAME=value` assignments (`HF_TOKEN=X`, `secret_access_key=X`);
+  - `Bearer X` credentials;
+* structured values (`redact_value`): mappings lose the values of secret-looking keys,
+  lists of strings are read as argument vectors (`redact_argv`), every string goes through
+  `redact_text`;
+* command lines (`redact_argv`, `redact_command_line`): as above, an argument vector
+  masks exactly the word after a secret flag, whatever spaces it holds;
 * environment variables (`redact_env`): the value of any name containing `TOKEN`, `KEY`,
-  `SECRET`, `PASSWORD`, `PASSWD`, `CREDENTIAL` or `AUTH` (`HF_TOKEN`, `AWS_SECRET_ACCESS_KEY`);
-* URLs (`redact_url`, for target and other URLs): the password of `user:password@host` and
-  the value of secret-looking query parameters (`?token=...`, `&api_key=...`);
+  `SECRET`, `PASSWORD`, `PASSWD`, `CREDENTIAL` or `AUTH`, and every other value by value
+  (a `VLLM_*` URL with a password);
+* URLs (`redact_url`): the userinfo secret and secret-looking query and fragment values;
 * webhook URLs (`redact_webhook_url`): everything after the host, because Slack, Discord
   and Teams put the secret in the path: `https://hooks.slack.com/***`;
-* free text (`secret_fragments` + `scrub_text`): the secret parts of configured URLs
-  wherever a library's message or a detail embeds them; the last line of defence.
+* configured secrets (`secret_fragments` + `scrub_text`): the secret parts of configured
+  URLs wherever a library's message or a detail embeds them.
 
-The mask is always `***`.
+A secret-looking key or flag is one whose last word (split at `-`, `_`, `.` and camelCase)
+ends in `key`, `token`, `secret`, `password`, `passwd`, `pwd` or `credential(s)`, or is
+`auth`, `authorization`, `pass`, `sig` or `signature`, or any of whose words contains
+`secret` or `password` (`secret_access_key`, `apiKey`, `HF_TOKEN`; not `max_tokens` or
+`ssl_keyfile`). The mask is always `***`.
 """
 
 from __future__ import annotations
@@ -24,21 +39,66 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 MASK = "***"
 
-# A flag whose last word names a secret: --api-key, --hf-token, --db-password (not
+# A flag whose last word names a secret: --api-key, --apikey, --hf-token, --db-password (not
 # --max-num-batched-tokens or --ssl-keyfile, whose values are not secrets).
 _SECRET_FLAG = re.compile(
-    r"(?i)^--?(?:[a-z0-9]+[-_])*(?:key|token|secret|password|passwd|credentials?)(?==|$)"
+    r"(?i)^--?(?:[a-z0-9]+[-_])*[a-z0-9]*(?:key|token|secret|password|passwd|pwd|credentials?)"
+    r"(?==|$)"
 )
 _SECRET_ENV_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
-_SECRET_PARAM = re.compile(
-    r"(?i)(?:^|[-_])(?:key|token|secret|password|passwd|credentials?|signature|sig|auth)$"
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+_KEY_WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+_SECRET_ENDINGS = (
+    "key",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "pwd",
+    "credential",
+    "credentials",
 )
+_SECRET_WORDS = frozenset({"auth", "authorization", "pass", "sig", "signature"})
+# Nothing in a text can be secret-looking without one of these (a cheap first look).
+_MAYBE_SECRET = re.compile(r"(?i)key|token|secret|pass|pwd|cred|auth|sig|bearer|@")
+_PARAM = re.compile(r"(^|[&;?#])([^=&;#?]+)=([^&;#]*)")
+_QUOTED_PAIR = re.compile(
+    r"""(?P<q>["'])(?P<k>[^"'\\\n]{1,80})(?P=q)(?P<sep>\s*:\s*)"""
+    r"""(?P<v>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s,{}\[\]"'`<>)]+)"""
+)
+_TEXT_ASSIGNMENT = re.compile(
+    r"""(?<![\w.-])([A-Za-z_][A-Za-z0-9_.-]{0,80})="""
+    r"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|[^\s&;,#?'"`<>)\]}]+)"""
+)
+_BEARER = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/=-]{6,})")
+_WORD = re.compile(r"\S+")
+# A word that may be a secret flag (the full rule is `is_secret_flag`): a cheap first look.
+_FLAG_HINT = re.compile(
+    r"(?i)(?<!\S)['\"]?--?[a-z0-9_-]*(?:key|token|secret|password|passwd|pwd|credentials?)"
+    r"(?=[=\s'\"]|$)"
+)
+_CLOSERS = frozenset("`'\")]}>,;")
+
+
+@functools.lru_cache(maxsize=4096)  # the same label and key names come again and again
+def is_secret_key(name: str) -> bool:
+    """Whether a key, parameter or variable name looks like it holds a secret (`apiKey`,
+    `secret_access_key`, `HF_TOKEN`, `pwd`; not `max_tokens`, `ssl_keyfile`)."""
+    words = [w.lower() for w in _KEY_WORDS.findall(name)]
+    if not words:
+        return False
+    last = words[-1]
+    return (
+        last.endswith(_SECRET_ENDINGS)
+        or last in _SECRET_WORDS
+        or any("secret" in w or "password" in w for w in words)
+    )
 
 
 def is_secret_flag(word: str) -> bool:
@@ -47,9 +107,9 @@ def is_secret_flag(word: str) -> bool:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """An argument vector with secret values masked: `--api-key X` -> `--api-key ***`,
-    `--hf-token=X` -> `--hf-token=***`, `HF_TOKEN=X` -> `HF_TOKEN=***`, and
-    `https://user:pw@host` -> `https://***@host`."""
+    """An argument vector with secret values masked: `--api-key X` -> `--api-key ***` (the
+    whole next word, spaces and all), `--hf-token=X` -> `--hf-token=***`, and every other
+    word through `redact_text` (`HF_TOKEN=X`, URL credentials, JSON secrets)."""
     out: list[str] = []
     mask_next = False
     for word in argv:
@@ -63,31 +123,14 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
             out.append(word)
             mask_next = True
         else:
-            out.append(_redact_word(word))
+            out.append(redact_text(word))
     return out
 
 
-def _redact_word(word: str) -> str:
-    """One argument on its own: a `NAME=value` assignment or a URL with credentials."""
-    assignment = _ASSIGNMENT.match(word)
-    if assignment and is_secret_env_name(assignment.group(1)):
-        return f"{assignment.group(1)}={MASK}"
-    if "://" in word and "@" in word:
-        return _URL_IN_TEXT.sub(lambda m: _mask_userinfo(m.group(0)), word)
-    return word
-
-
-def _mask_userinfo(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    authority, slash, tail = rest.partition("/")
-    if "@" not in authority:
-        return url
-    return f"{scheme}{sep}{MASK}@{authority.rsplit('@', 1)[1]}{slash}{tail}"
-
-
 def redact_command_line(line: str) -> str:
-    """A command line (words separated by spaces) with secret-looking flag values masked."""
-    return " ".join(redact_argv(line.split(" ")))
+    """A command line (a process title: words joined by spaces) with secrets masked; see
+    `redact_text` (a secret flag's value runs to the next `-flag` or the end of the line)."""
+    return redact_text(line)
 
 
 def is_secret_env_name(name: str) -> bool:
@@ -97,34 +140,177 @@ def is_secret_env_name(name: str) -> bool:
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Environment variables with the values of secret-looking names masked (sorted by name)."""
-    return {k: (MASK if is_secret_env_name(k) else v) for k, v in sorted(env.items())}
+    """Environment variables (sorted by name) with the values of secret-looking names masked,
+    and every other value redacted by value (`VLLM_X=http://u:***@host`)."""
+    return {k: (MASK if is_secret_env_name(k) else redact_text(v)) for k, v in sorted(env.items())}
+
+
+def _mask_params(text: str) -> str:
+    """`a=1&token=x` -> `a=1&token=***` (query or fragment parameters; the rest unchanged)."""
+
+    def one(m: re.Match[str]) -> str:
+        if is_secret_key(unquote(m.group(2))) and m.group(3):
+            return f"{m.group(1)}{m.group(2)}={MASK}"
+        return m.group(0)
+
+    return _PARAM.sub(one, text)
 
 
 @functools.lru_cache(maxsize=4096)  # pure, and asked on every scrape
 def redact_url(url: str) -> str:
-    """A URL without its password and with secret-looking query values masked.
+    """A URL without its userinfo secret and with secret-looking query and fragment values
+    masked.
 
-    `https://user:pw@hooks.example/x?token=abc&a=1` -> `https://user:***@hooks.example/x?token=***&a=1`.
+    `https://user:pw@h/x?token=abc&a=1#apiKey=k` -> `https://user:***@h/x?token=***&a=1#apiKey=***`;
+    a token-only userinfo is masked whole: `http://TOKEN@h` -> `http://***@h`.
     Text that is not a URL comes back unchanged.
     """
     try:
         parts = urlsplit(url)
     except ValueError:
-        return url
+        return _mask_params(url) if "=" in url else url
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, _, host = netloc.rpartition("@")
         user, colon, _password = userinfo.partition(":")
-        netloc = f"{user}:{MASK}@{host}" if colon else f"{user}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(_SECRET_PARAM.search(k) for k, _ in pairs):
-            query = urlencode(
-                [(k, MASK if _SECRET_PARAM.search(k) else v) for k, v in pairs], safe="*"
+        netloc = f"{user}:{MASK}@{host}" if colon and user else f"{MASK}@{host}"
+    query = _mask_params(parts.query) if parts.query else ""
+    fragment = _mask_params(parts.fragment) if "=" in parts.fragment else parts.fragment
+    if (netloc, query, fragment) == (parts.netloc, parts.query, parts.fragment):
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+
+
+def _url_in_text(url: str) -> str:
+    """A URL found in text: redacted, and its userinfo masked whole unless it is already
+    redacted (`user:***`, as `redact_url` shows a target)."""
+    body = url.rstrip(",.;:!?)]}")  # the sentence's punctuation is not the URL's
+    if body != url:
+        return _url_in_text(body) + url[len(body) :]
+    shown = redact_url(url)
+    authority = url.partition("://")[2].partition("/")[0]
+    return shown if authority.rpartition("@")[0].endswith(":" + MASK) else _mask_userinfo(shown)
+
+
+def _mask_userinfo(url: str) -> str:
+    """`scheme://anything@host/...` -> `scheme://***@host/...` (in text, user names go too)."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, tail = rest.partition("/")
+    if "@" not in authority:
+        return url
+    return f"{scheme}{sep}{MASK}@{authority.rsplit('@', 1)[1]}{slash}{tail}"
+
+
+def _mask_flag_values(text: str) -> str:
+    """The values of secret flags in free text: the next word (even on the next line), and
+    the words after it on its line up to the next `-flag` (a value with spaces)."""
+    words = list(_WORD.finditer(text))
+    spans: list[tuple[int, int]] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        bare = word.group(0).lstrip("'\"")
+        if not is_secret_flag(bare.split("=", 1)[0]):
+            index += 1
+            continue
+        if "=" in bare:
+            start = word.start() + (len(word.group(0)) - len(bare)) + bare.index("=") + 1
+            last = index
+        elif index + 1 < len(words):
+            start, last = words[index + 1].start(), index + 1
+        else:
+            break
+        while (
+            last + 1 < len(words)
+            and not words[last + 1].group(0).startswith("-")
+            and "\n" not in text[words[last].end() : words[last + 1].start()]
+        ):
+            last += 1
+        # A closing quote, backtick or bracket of the markup around the value stays.
+        end = words[last].end()
+        while end - 1 > start and text[end - 1] in _CLOSERS:
+            end -= 1
+        if end > start and text[start:end] != MASK:
+            spans.append((start, end))
+        index = last + 1
+    for start, end in reversed(spans):
+        text = text[:start] + MASK + text[end:]
+    return text
+
+
+def _mask_quoted_pairs(text: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        if not is_secret_key(m.group("k")):
+            return m.group(0)
+        value = m.group("v")
+        quote = value[0] if value[0] in "\"'" else ""
+        return f"{m.group('q')}{m.group('k')}{m.group('q')}{m.group('sep')}{quote}{MASK}{quote}"
+
+    return _QUOTED_PAIR.sub(one, text)
+
+
+def _mask_assignments(text: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if is_secret_key(name) or (is_secret_env_name(name) and name.isupper()):
+            quote = m.group(2)[0] if m.group(2)[0] in "\"'" else ""
+            return f"{name}={quote}{MASK}{quote}"
+        return m.group(0)
+
+    return _TEXT_ASSIGNMENT.sub(one, text)
+
+
+def redact_text(text: str) -> str:
+    """Free text with every secret-looking value masked (see the module's docstring): URLs,
+    JSON values under secret keys, secret flags' values, assignments, bearer tokens."""
+    if not _MAYBE_SECRET.search(text):
+        return text
+    return _redact_short(text) if len(text) <= 512 else _redact(text)
+
+
+@functools.lru_cache(maxsize=8192)  # the same labels, titles and details come again and again
+def _redact_short(text: str) -> str:
+    return _redact(text)
+
+
+def _redact(text: str) -> str:
+    if "://" in text:
+        text = _URL_IN_TEXT.sub(lambda m: _url_in_text(m.group(0)), text)
+    if ":" in text and ("'" in text or '"' in text):
+        text = _mask_quoted_pairs(text)
+    if "-" in text and _FLAG_HINT.search(text):
+        text = _mask_flag_values(text)
+    if "=" in text:
+        text = _mask_assignments(text)
+    return _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
+
+
+def redact_value(value: Any) -> Any:
+    """A JSON-like value with every secret masked: mappings lose the values under
+    secret-looking keys, lists of strings are read as argument vectors, strings go through
+    `redact_text`. Numbers, booleans and None are kept (unless under a secret key)."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, Mapping):
+        return {
+            k: (
+                MASK
+                if isinstance(k, str) and is_secret_key(k) and _is_filled_scalar(v)
+                else redact_value(v)
             )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        if value and all(isinstance(v, str) for v in value):
+            return redact_argv(value)
+        return [redact_value(v) for v in value]
+    return value
+
+
+def _is_filled_scalar(value: Any) -> bool:
+    if isinstance(value, bool) or value is None:
+        return False
+    return isinstance(value, str | int | float) and value != ""
 
 
 def redact_webhook_url(url: str) -> str:

@@ -40,6 +40,7 @@ from starlette.routing import Route
 
 from wedgewatch.core.probe_policy import ProbeVerdict
 from wedgewatch.core.readiness import ready_verdict
+from wedgewatch.core.redact import redact_value
 from wedgewatch.core.states import ACTED_ON
 from wedgewatch.daemon.connections import ConnectionGuard, ConnectionLimits, guarded_protocol
 from wedgewatch.daemon.ownmetrics import render
@@ -169,14 +170,15 @@ def ready(target: TargetSnapshot) -> tuple[int, dict[str, Any]]:
 
 
 def status(snapshot: Snapshot) -> dict[str, Any]:
-    """The full JSON status document: every target and engine."""
-    return {
+    """The full JSON status document: every target and engine (redacted, #21)."""
+    document = {
         "version": snapshot.version,
         "started": _iso(snapshot.started_timestamp),
         "last_tick": _iso(snapshot.last_tick_timestamp),
         "ticks": snapshot.ticks,
         "targets": [_target_json(t) for t in snapshot.targets.values()],
     }
+    return dict(redact_value(document))
 
 
 def make_app(
@@ -199,6 +201,7 @@ def make_app(
         if isinstance(target, Response):
             return target
         code, body = probe(target)
+        body = redact_value(body)  # what leaves the process is redacted (#21)
         response = JSONResponse(body, status_code=code, headers=_NO_STORE)
         if code == 503 and on_probe_failed is not None:
             on_probe_failed(target.name)
@@ -209,6 +212,7 @@ def make_app(
         if isinstance(target, Response):
             return target
         code, body = ready(target)
+        body = redact_value(body)  # what leaves the process is redacted (#21)
         return JSONResponse(body, status_code=code, headers=_NO_STORE)
 
     async def metrics_endpoint(request: Request) -> Response:

@@ -28,10 +28,10 @@ from wedgewatch.core.detect import (
     ScrapeFailed,
     TargetState,
 )
+from wedgewatch.core.escape import neutralise
 from wedgewatch.core.probe_policy import ServerMark
 from wedgewatch.core.replacement import ServerIdentity
 from wedgewatch.core.states import CaptureFailureReason, CapturePhase, EngineState
-from wedgewatch.core.values import neutralise
 from wedgewatch.daemon.adapters import run_bundle_hook
 from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import target_ready, target_record, target_snapshot

@@ -3,7 +3,8 @@
 A bundle is one directory per episode under `evidence_dir`, named
 `<UTC time>_<target>_engine<engine>_<family>`; directories are created 0700 and files 0600
 whatever the umask, and nothing follows a symlink. What goes into a bundle is decided by
-`io.evidence`; command lines are redacted here before they are written.
+`io.evidence`; every file is redacted HERE, by the writer (`bundle_bytes`: JSON and JSON
+lines value by value, text as text, see `wedgewatch.core.redact`), so no caller can forget.
 """
 
 from __future__ import annotations
@@ -11,19 +12,22 @@ from __future__ import annotations
 import calendar
 import contextlib
 import datetime as dt
+import errno
 import json
 import math
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from wedgewatch.core.bundle_facts import bundle_facts, seen_frames
+from wedgewatch.core.escape import neutralise
 from wedgewatch.core.known_issues import match_known_issues, shipped_known_issues
-from wedgewatch.core.redact import redact_command_line
+from wedgewatch.core.redact import redact_command_line, redact_text, redact_value
 from wedgewatch.core.retention import StoredBundle, plan_retention
 from wedgewatch.core.states import CapturePhase
 from wedgewatch.core.triage import ProcessStacks, StackRound, parse_pyspy_json
@@ -33,6 +37,7 @@ from wedgewatch.io.procs import ServerProcess
 from wedgewatch.vllm.semantics import Role
 
 _DIR_MODE = 0o700
+_SUMMARY_LIMIT = 32 * 1024 * 1024
 _FILE_MODE = 0o600
 _NAME_RE = re.compile(r"^(\d{8}T\d{6}Z)_")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -152,8 +157,55 @@ def json_bytes(value: Any) -> bytes:
     return (json.dumps(json_safe(value), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
+def bundle_bytes(rel: str, data: bytes) -> bytes:
+    """A bundle file's bytes as written: redacted (`.json` as a JSON value, `.jsonl` line by
+    line, anything else as UTF-8 text, whose control characters but newline and tab become
+    visible escapes); bytes that are not UTF-8 text are kept as they are."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+    if rel.endswith(".json"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return _text(text).encode()
+        if "\n" not in text.strip():  # compact stays compact (py-spy's dumps)
+            return _json_line(redact_value(value)).encode()
+        return json_bytes(redact_value(value))
+    if rel.endswith(".jsonl"):
+        return "".join(_redacted_line(line) for line in text.splitlines(keepends=True)).encode()
+    # Text files are read with `cat` and `less`: no escape sequence from the target in them.
+    return _text(text).encode()
+
+
+def _text(text: str) -> str:
+    """Text redacted, its control characters but newline and tab visible, nothing cut."""
+    shown = redact_text(text)
+    return neutralise(shown, len(shown))
+
+
+def _redacted_line(line: str) -> str:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return _text(line)
+    return _json_line(redact_value(value)) if line.strip() else line
+
+
+def write_bundle_file(bundle: Path, rel: str, data: bytes, *, replace: bool = True) -> None:
+    """Write one file of a bundle, redacted (`bundle_bytes`): a new file 0600, or with
+    `replace` an atomic replacement; raises OSError."""
+    path = bundle / rel
+    if replace:
+        write_atomic(path, bundle_bytes(rel, data))
+    else:
+        write_private(path, bundle_bytes(rel, data))
+
+
 def write_round_files(bundle: Path, files: Mapping[str, bytes], replace: bool) -> list[str]:
-    """Write one round's files under `bundle` (directories 0700, files 0600); failures per file.
+    """Write one round's files under `bundle` (directories 0700, files 0600, redacted);
+    failures per file.
 
     Phase 1 creates new files; phase 2 replaces atomically, so completing twice is harmless.
     """
@@ -166,10 +218,7 @@ def write_round_files(bundle: Path, files: Mapping[str, bytes], replace: bool) -
                 if not directory.is_dir():
                     os.mkdir(directory, _DIR_MODE)
                     os.chmod(directory, _DIR_MODE)
-            if replace:
-                write_atomic(path, data)
-            else:
-                write_private(path, data)
+            write_bundle_file(bundle, rel, data, replace=replace)
         except OSError as exc:
             failures.append(f"writing {rel}: {exc.strerror or exc}")
     return failures
@@ -216,6 +265,90 @@ def load_first_round(bundle: Path, summary: Mapping[str, Any]) -> StackRound | N
     return None
 
 
+# -- reading a bundle back as untrusted input (`report`, `bundles`; i21b, #21)
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UntrustedRead(Exception):
+    """Why a bundle file was not read: a symlink, a special file, too large, unreadable."""
+
+
+def _open_inside(bundle: Path, parts: Sequence[str], final_flags: int) -> int:
+    """An fd for `bundle/parts...` opened component by component, never following a symlink
+    below `bundle` (the bundle directory itself is the one the user named)."""
+    fd = os.open(bundle, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for index, part in enumerate(parts):
+            if part in ("", ".", "..") or "/" in part:
+                raise UntrustedRead(f"not a plain name: {part!r}")
+            last = index == len(parts) - 1
+            try:
+                child = os.open(part, final_flags if last else _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(part, fd):
+                    raise UntrustedRead("a symlink (not followed)") from exc
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def read_untrusted(bundle: Path, rel: str, limit: int) -> bytes:
+    """The bytes of `bundle/rel`, read as untrusted input: no symlink anywhere below the
+    bundle is followed, only a regular file is read (a FIFO or a device is refused without
+    blocking), at most `limit` bytes. Raises `UntrustedRead` (why) or OSError
+    (FileNotFoundError for a missing file)."""
+    fd = _open_inside(bundle, rel.split("/"), _READ_FLAGS)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UntrustedRead("not a regular file (not read)")
+        if info.st_size > limit:
+            raise UntrustedRead(f"larger than {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise UntrustedRead(f"larger than {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def list_untrusted(bundle: Path, rel: str) -> list[str]:
+    """The regular files under the directory `bundle/rel` (relative to `bundle`, sorted),
+    without following a symlink; empty when it is missing, a symlink or not a directory."""
+    found: list[str] = []
+    try:
+        fd = _open_inside(bundle, rel.split("/"), _DIR_FLAGS)
+    except (OSError, UntrustedRead):
+        return found
+    try:
+        with os.scandir(fd) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                if entry.is_file(follow_symlinks=False):
+                    found.append(f"{rel}/{entry.name}")
+                elif entry.is_dir(follow_symlinks=False):
+                    found.extend(list_untrusted(bundle, f"{rel}/{entry.name}"))
+    finally:
+        os.close(fd)
+    return found
+
+
 # -- retention
 
 
@@ -245,9 +378,9 @@ def _tree_size(path: Path) -> int:
 
 
 def _is_wedge(path: Path) -> bool:
-    try:
-        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # never blocks on a FIFO, never follows a symlink
+        summary = json.loads(read_untrusted(path, "summary.json", _SUMMARY_LIMIT))
+    except (OSError, ValueError, UntrustedRead):
         return False
     return isinstance(summary, dict) and summary.get("verdict") == CapturePhase.WEDGED
 
@@ -295,7 +428,7 @@ REMEDY_LOG = "remedy.jsonl"
 def note_remedy(bundle: Path, record: Mapping[str, Any]) -> str | None:
     """Append what the daemon did after this bundle (a restart, how the episode ended) to
     `remedy.jsonl` in the bundle (0600); an error message or None. Never raises."""
-    line = (json.dumps(json_safe(record), sort_keys=True, allow_nan=False) + "\n").encode()
+    line = _json_line(redact_value(json_safe(record))).encode()
     try:
         if not (bundle / "summary.json").is_file():
             return f"{bundle}: not an evidence bundle"

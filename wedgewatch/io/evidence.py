@@ -45,7 +45,6 @@ from wedgewatch.core.triage import (
     TriageKind,
     triage,
 )
-from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.build_capture import capture_build
 from wedgewatch.io.bundles import (
     apply_retention,
@@ -58,6 +57,7 @@ from wedgewatch.io.bundles import (
     redact_pyspy_text,
     redact_title,
     stack_file_stem,
+    write_bundle_file,
     write_round_files,
 )
 from wedgewatch.io.nvidia_smi import nvidia_smi
@@ -583,7 +583,7 @@ def resolve_bundle(bundle: Path, deps: EvidenceDeps, note: str = "episode resolv
             resolved_timestamp=deps.wall_clock(),
             resolved_at=deps.monotonic(),
         )
-        write_atomic(bundle / "summary.json", json_bytes(summary))
+        write_bundle_file(bundle, "summary.json", json_bytes(summary))
     except (OSError, ValueError) as exc:
         return f"{bundle}: cannot mark resolved: {exc}"
     return None
@@ -698,7 +698,7 @@ async def _write_files(
 
 async def _write_summary(bundle: Path, summary: Mapping[str, Any]) -> list[str]:
     try:
-        await asyncio.to_thread(write_atomic, bundle / "summary.json", json_bytes(summary))
+        await asyncio.to_thread(write_bundle_file, bundle, "summary.json", json_bytes(summary))
     except OSError as exc:
         return [f"writing summary.json: {exc.strerror or exc}"]
     return []

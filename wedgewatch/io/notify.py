@@ -19,9 +19,12 @@ at once; one worker task per URL delivers in order. Rules:
 
 The payload (`payload()`) is a flat JSON object: `event`, `target`, `engine`,
 `model_name`, `family`, `state`, `reason`, `bundle` (path or null), `wedgewatch_version`,
-`host`, `timestamp` (ISO 8601, UTC) and `text`, a one-line human summary. It is bounded
-whatever the target said: every value is cut (with a marker, `vllm.signals.truncate`) at
-`FIELD_MAX_CHARS`, `text` at `TEXT_MAX_CHARS`, so a body stays under about 32 KiB.
+`host`, `timestamp` (ISO 8601, UTC) and `text`, a one-line human summary. Every value is
+redacted (`core.redact.redact_value`) and neutralised (`core.escape.neutralise`: control
+characters visible, one line), and bounded whatever the target said: each value is cut
+(with `vllm.signals.truncate`'s marker) at `FIELD_MAX_CHARS`, `text` at `TEXT_MAX_CHARS`, so
+a body stays under about 32 KiB. `text` is escaped for Slack (`&`, `<`, `>`), so a model
+name cannot mention `<!channel>` or smuggle a link.
 """
 
 from __future__ import annotations
@@ -40,8 +43,13 @@ import httpx
 import structlog
 
 from wedgewatch import __version__
-from wedgewatch.core.redact import redact_webhook_url, scrub_text, secret_fragments
-from wedgewatch.vllm.signals import truncate
+from wedgewatch.core.escape import neutralise, slack_text
+from wedgewatch.core.redact import (
+    redact_value,
+    redact_webhook_url,
+    scrub_text,
+    secret_fragments,
+)
 
 log = structlog.get_logger("wedgewatch.notify")
 
@@ -114,12 +122,15 @@ def payload(notification: Notification, *, version: str, host: str) -> dict[str,
         "timestamp": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "text": text,
     }
-    return {
-        name: truncate(value, TEXT_MAX_CHARS if name == "text" else FIELD_MAX_CHARS)
+    safe = {
+        name: neutralise(
+            value, TEXT_MAX_CHARS if name == "text" else FIELD_MAX_CHARS, newlines=False
+        )
         if isinstance(value, str)
         else value
-        for name, value in body.items()
+        for name, value in redact_value(body).items()
     }
+    return {**safe, "text": slack_text(safe["text"])}
 
 
 def _check_url(url: str) -> str:

@@ -20,10 +20,10 @@ from typing import Protocol
 
 import psutil
 
-from wedgewatch.core.redact import redact_url
+from wedgewatch.core.escape import neutralise
+from wedgewatch.core.redact import redact_text, redact_url
 from wedgewatch.core.restart_policy import FailureReason, RestartOutcome, seconds_text
 from wedgewatch.core.server_proof import prove_server
-from wedgewatch.core.values import neutralise
 from wedgewatch.io.procs import own_lineage, title_from_cmdline
 from wedgewatch.io.runner import CommandResult, run_command
 
@@ -67,21 +67,29 @@ class Restarter(Protocol):
         ...
 
 
+#: Bound of one `WEDGEWATCH_*` value given to an `exec` remedy (Linux allows 128 KiB).
+ENV_VALUE_MAX_CHARS = 4096
+
+
 def restart_environment(request: RestartRequest) -> dict[str, str]:
     """The `WEDGEWATCH_*` variables an `exec` remedy command receives (URL credentials and
-    query masked). Every value is `neutralise`d: the target names its models, and a NUL
-    byte (which no environment can hold) or 2 MB (E2BIG) must not stop the remedy."""
+    query masked, the model name redacted by value). Every value is `neutralise`d: the target
+    names its models, and a NUL byte (which no environment can hold) or 2 MB (E2BIG) must
+    not stop the remedy (#21)."""
     variables = {
         "WEDGEWATCH_TARGET": request.target,
         "WEDGEWATCH_URL": redact_url(request.url),
         "WEDGEWATCH_ENGINE": request.engine,
-        "WEDGEWATCH_MODEL_NAME": request.model_name,
+        "WEDGEWATCH_MODEL_NAME": redact_text(request.model_name),  # the target's value (#21)
         "WEDGEWATCH_FAMILY": request.family,
         "WEDGEWATCH_STATE": request.state,
         "WEDGEWATCH_REASON": request.reason,
         "WEDGEWATCH_BUNDLE": "" if request.bundle is None else str(request.bundle),
     }
-    return {name: neutralise(value) for name, value in variables.items()}
+    return {
+        name: neutralise(value, ENV_VALUE_MAX_CHARS, newlines=False)
+        for name, value in variables.items()
+    }
 
 
 #: The only variables an `exec` remedy inherits from wedgewatch's environment (when set):

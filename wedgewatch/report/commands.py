@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from wedgewatch.core.escape import neutralise
+from wedgewatch.core.redact import redact_text
+from wedgewatch.io.atomic import write_atomic
 from wedgewatch.report.chart import INSTALL_HINT, timeline_svg
 from wedgewatch.report.model import BundleRow, list_bundles, newest_bundle, read_bundle
 from wedgewatch.report.render import human_bytes, render_html, render_markdown, render_upstream
@@ -30,15 +32,15 @@ def format_bundles(rows: list[BundleRow]) -> str:
         "size",
         "bundle",
     )
-    table = [head]
+    table: list[tuple[str, ...]] = [head]
     for r in rows:
         when = (
             dt.datetime.fromtimestamp(r.created_timestamp, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
             if r.created_timestamp is not None
             else "?"
         )
-        table.append(
-            (
+        table.append(  # a bundle's values are the target's data: no control character (#21)
+            _terminal(
                 when,
                 r.target,
                 r.engine,
@@ -56,6 +58,10 @@ def format_bundles(rows: list[BundleRow]) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
         for row in table
     )
+
+
+def _terminal(*cells: str) -> tuple[str, ...]:
+    return tuple(neutralise(cell, 200, newlines=False) for cell in cells)
 
 
 def bundle_rows(evidence_dir: Path) -> list[BundleRow]:
@@ -86,7 +92,7 @@ def write_report(bundle: Path, output: Path | None = None, *, upstream: bool = F
     body (`upstream-issue.md`) instead.
     """
     model = read_bundle(bundle)
-    notes = [f"missing or corrupt: {p}" for p in model.problems]
+    notes = [f"missing or corrupt: {neutralise(p, 400, newlines=False)}" for p in model.problems]
     if output is None:
         directory, stem = bundle, None
     elif output.suffix in (".html", ".md"):
@@ -111,9 +117,10 @@ def write_report(bundle: Path, output: Path | None = None, *, upstream: bool = F
 
 
 def _write(path: Path, text: str) -> None:
-    """Write a report file 0600 (it describes a private bundle), replacing an older one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    """Write a report file 0600 (it describes a private bundle), replacing an older one.
+
+    The writer redacts (i21b, #21): the text passes `redact_text` once more, whatever put it
+    there. The temporary file is always a new one (`io.atomic.write_atomic`: `O_EXCL`, 0600,
+    renamed over `path`, which is replaced and never followed if it is a symlink).
+    """
+    write_atomic(path, redact_text(text).encode())

@@ -10,7 +10,6 @@ adds a line to `problems`, and the rest of the report still renders.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,7 +33,13 @@ from wedgewatch.core.triage import (
     _python_frames,
     parse_pyspy_json,
 )
-from wedgewatch.io.bundles import scan_bundles
+from wedgewatch.io.bundles import (
+    UntrustedRead,
+    bundle_bytes,
+    list_untrusted,
+    read_untrusted,
+    scan_bundles,
+)
 from wedgewatch.vllm.build_info import cache_config_labels
 from wedgewatch.vllm.semantics import Role
 
@@ -174,30 +179,27 @@ class BundleModel:
 # --------------------------------------------------------------------------- reading files
 
 
-def load_files(path: Path) -> dict[str, bytes | str]:
-    """The bundle's files by relative name: bytes, or why the file could not be read."""
+def load_files(path: Path, names: Sequence[str] | None = None) -> dict[str, bytes | str]:
+    """The bundle's files by relative name: bytes, or why the file could not be read.
+
+    A bundle is untrusted input (i21b, #21): no symlink below it is followed, only regular
+    files are read, each at most `MAX_FILE_BYTES` (`io.bundles.read_untrusted`), and what is
+    read is redacted again (`io.bundles.bundle_bytes`, the writer's own pass), so a bundle
+    written by an older wedgewatch, or edited by hand, leaks no secret into a report.
+    """
     files: dict[str, bytes | str] = {}
-    names = list(_TOP_FILES)
-    pyspy = path / "pyspy"
-    if pyspy.is_dir():
-        for root, _dirs, entries in os.walk(pyspy):
-            for entry in sorted(entries):
-                if entry.endswith((".json", ".txt")):
-                    names.append(str(Path(root, entry).relative_to(path)))
+    if names is None:
+        names = [*_TOP_FILES]
+        names += [n for n in list_untrusted(path, "pyspy") if n.endswith((".json", ".txt"))]
     for rel in names:
-        target = path / rel
         try:
-            if target.is_symlink():
-                files[rel] = "a symlink (not followed)"
-                continue
-            with target.open("rb") as handle:
-                data = handle.read(MAX_FILE_BYTES + 1)
+            files[rel] = bundle_bytes(rel, read_untrusted(path, rel, MAX_FILE_BYTES))
         except FileNotFoundError:
             continue
+        except UntrustedRead as exc:
+            files[rel] = str(exc)
         except OSError as exc:
             files[rel] = f"cannot read: {exc.strerror or exc}"
-            continue
-        files[rel] = data if len(data) <= MAX_FILE_BYTES else f"larger than {MAX_FILE_BYTES} bytes"
     return files
 
 
@@ -209,7 +211,9 @@ def read_bundle(
     """Read a bundle directory into a model (`summary` overrides the file, for the capture)."""
     files = load_files(path)
     if summary is not None:
-        files["summary.json"] = json.dumps(summary, default=str).encode()
+        files["summary.json"] = bundle_bytes(
+            "summary.json", json.dumps(summary, default=str).encode()
+        )
     if not path.is_dir():
         files = {}
     model = build_model(path.name, str(path), files, issues)
@@ -587,14 +591,7 @@ def list_bundles(evidence_dir: Path) -> list[BundleRow]:
     for stored in scan_bundles(evidence_dir):
         path = evidence_dir / stored.name
         problems: list[str] = []
-        files: dict[str, bytes | str] = {}
-        for rel in ("summary.json", "remedy.jsonl"):
-            try:
-                files[rel] = (path / rel).read_bytes()[:MAX_FILE_BYTES]
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                files[rel] = f"cannot read: {exc.strerror or exc}"
+        files = load_files(path, ("summary.json", "remedy.jsonl"))
         summary = _json(files, "summary.json", problems)
         if "summary.json" not in files:
             problems.append("summary.json missing")

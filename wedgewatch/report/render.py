@@ -3,6 +3,11 @@
 The HTML page has inline CSS and an inline SVG chart: it needs no network to view. Every
 command line and environment value passes the redaction again, so a bundle written by an
 older wedgewatch cannot leak a secret into a report either.
+
+Markdown (i21b, #21): a bundle is untrusted input, so every string from it is in inline code
+(`md_inline`), escaped (`md_text`) or in a fence longer than any backtick run in it
+(`md_fence`): no link, image, HTML or broken fence comes of a hostile model name, `/version`,
+argument or frame name (`wedgewatch.core.escape`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from wedgewatch import __version__
+from wedgewatch.core.escape import md_fence, md_inline, md_text, neutralise
 from wedgewatch.core.known_issues import Match
 from wedgewatch.core.redact import redact_argv, redact_env
 from wedgewatch.core.states import CapturePhase
@@ -225,7 +231,8 @@ mark{background:#fff59d}.muted{color:#757575}.chart{background:#fff;border:1px s
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value))
+    """HTML-escaped, control characters visible (a bundle's strings are data; #21)."""
+    return html.escape(neutralise(str(value), 1_000_000))
 
 
 def _table(rows: Sequence[Sequence[object]], head: Sequence[str] | None = None) -> str:
@@ -475,7 +482,7 @@ def _build_html(model: BundleModel) -> str:
 
 def _md_table(rows: Sequence[Sequence[object]], head: Sequence[str]) -> list[str]:
     def cell(v: object) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
+        return md_text(v, 200)
 
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out.extend("| " + " | ".join(cell(c) for c in row) + " |" for row in rows)
@@ -496,15 +503,21 @@ def _frames_text(view: StackView, threads: int | None = None) -> str:
 
 def render_markdown(model: BundleModel) -> str:
     """The report as Markdown (the same parts as the page, stacks as text)."""
-    lines = [f"# wedgewatch report: {model.name}", "", f"**{verdict_sentence(model)}**", ""]
-    lines += ["## What now", ""] + [f"- **{k}**: {v}" for k, v in what_now(model)] + [""]
-    lines.append(_known_line(model))
+    lines = [
+        f"# wedgewatch report: {md_text(model.name)}",
+        "",
+        f"**{md_text(verdict_sentence(model))}**",
+        "",
+    ]
+    lines += ["## What now", ""] + [f"- **{k}**: {md_text(v)}" for k, v in what_now(model)]
+    lines += [""]
+    lines.append(md_text(_known_line(model)))
     if model.problems:
-        lines += ["", "## Missing or corrupt", ""] + [f"- {p}" for p in model.problems]
+        lines += ["", "## Missing or corrupt", ""] + [f"- {md_text(p)}" for p in model.problems]
     lines += ["", "## Timeline", ""]
     if model.points:
         lines += _md_table(_points_table(model.points, 30), _POINT_HEAD)
-        marks = _moments(model)
+        marks = md_text(_moments(model))
         if marks:
             lines += ["", f"Moments: {marks} (0 = the wedge capture)."]
     else:
@@ -514,10 +527,11 @@ def render_markdown(model: BundleModel) -> str:
         "",
         "## Triage and known issues",
         "",
-        f"**{triage.get('kind', 'unknown')}**: {triage.get('summary', 'no triage')}",
+        f"**{md_text(triage.get('kind', 'unknown'))}**: "
+        + md_text(triage.get("summary", "no triage")),
         "",
     ]
-    lines += [f"- `{d}`" for d in triage.get("details") or []]
+    lines += [f"- {md_inline(d)}" for d in triage.get("details") or []]
     lines.append("")
     if not model.matches:
         lines.append(NO_MATCH)
@@ -526,7 +540,7 @@ def render_markdown(model: BundleModel) -> str:
         lines += [
             f"### [{', '.join(i.refs) or i.id}]({i.url}) {i.title}",
             "",
-            f"- What to do: {m.action}",
+            f"- What to do: {md_text(m.action)}",
             *(
                 [f"- A possibility, not shown by the evidence: {i.possibility}"]
                 if m.possible
@@ -534,17 +548,15 @@ def render_markdown(model: BundleModel) -> str:
             ),
             f"- Status: {i.status}",
             f"- Affected: {i.affected}",
-            f"- Matched on: {'; '.join(m.evidence)}",
+            f"- Matched on: {md_text('; '.join(m.evidence))}",
             "",
         ]
     lines += ["## Stacks", "", "`*` marks the frames triage read.", ""]
     for view in model.stacks:
         lines += [
-            f"### {view.round}: {view.role} {view.pid}",
+            f"### {md_text(view.round)}: {md_text(view.role)} {view.pid}",
             "",
-            "```",
-            _frames_text(view),
-            "```",
+            *md_fence(_frames_text(view)),
             "",
         ]
     lines += ["## vLLM build", ""]
@@ -553,39 +565,38 @@ def render_markdown(model: BundleModel) -> str:
     lines += _md_table(
         [(k, _setting(k, v)) for k, v in sorted(model.thresholds.items())], ["threshold", "value"]
     )
-    lines += ["", f"Bundle: `{model.path}`", ""]
+    lines += ["", f"Bundle: {md_inline(model.path, 1000)}", ""]
     return "\n".join(lines)
 
 
 def _build_md(model: BundleModel) -> list[str]:
     b = model.build
     lines = [
-        f"- vLLM version: {model.version or 'unknown'}",
-        f"- model: {b.get('model') or model.model_name}",
+        f"- vLLM version: {md_inline(model.version or 'unknown')}",
+        f"- model: {md_inline(b.get('model') or model.model_name)}",
     ]
     argv = b.get("command_line")
     if isinstance(argv, list):
-        lines.append(f"- command line: `{' '.join(redact_argv([str(a) for a in argv]))}`")
+        lines.append(
+            f"- command line: {md_inline(' '.join(redact_argv([str(a) for a in argv])), 4000)}"
+        )
     env = b.get("engine_env")
     if isinstance(env, Mapping):
         safe = redact_env({str(k): str(v) for k, v in env.items()})
         lines.append(
             "- EngineCore environment: "
-            + (", ".join(f"`{k}={v}`" for k, v in safe.items()) or "none set")
+            + (", ".join(md_inline(f"{k}={v}") for k, v in safe.items()) or "none set")
         )
     for key in ("command_line_error", "engine_env_error", "cache_config_info_error"):
         if b.get(key):
-            lines.append(f"- {key.replace('_', ' ')}: {b[key]}")
+            lines.append(f"- {key.replace('_', ' ')}: {md_text(b[key])}")
     return lines
 
 
 def render_upstream(model: BundleModel) -> str:
     """A body for a GitHub issue on vLLM: environment, flags, short metric table, two stacks."""
     b = model.build
-    lines = [
-        "### Your current environment",
-        "",
-        "```text",
+    environment = [
         f"vLLM version (GET /version): {model.version or 'unknown'}",
         f"model: {b.get('model') or model.model_name}",
     ]
@@ -600,24 +611,28 @@ def render_upstream(model: BundleModel) -> str:
             "kv_offloading_size",
             "mamba_cache_mode",
         )
-        lines.append(
+        environment.append(
             "cache_config_info: " + ", ".join(f"{k}={cache[k]}" for k in keys if k in cache)
         )
     env = b.get("engine_env")
     if isinstance(env, Mapping):
         safe = redact_env({str(k): str(v) for k, v in env.items()})
-        lines += [f"{k}={v}" for k, v in safe.items()]
-    lines += ["```", "", "### Command", "", "```sh"]
+        environment += [f"{k}={v}" for k, v in safe.items()]
+    lines = ["### Your current environment", "", *md_fence("\n".join(environment), "text")]
+    lines += ["", "### Command", ""]
     argv = b.get("command_line")
-    lines.append(
+    lines += md_fence(
         " ".join(redact_argv([str(a) for a in argv]))
         if isinstance(argv, list)
-        else "(not captured)"
+        else "(not captured)",
+        "sh",
     )
-    lines += ["```", "", "### What happened", ""]
+    lines += ["", "### What happened", ""]
     lines.append(
-        verdict_sentence(model).replace(
-            "wedgewatch captured this bundle", "A watchdog (wedgewatch) captured stacks"
+        md_text(
+            verdict_sentence(model).replace(
+                "wedgewatch captured this bundle", "A watchdog (wedgewatch) captured stacks"
+            )
         )
     )
     lines += ["", "Metrics from the watchdog's flight recorder (0 = the capture at the wedge):", ""]
@@ -644,16 +659,17 @@ def render_upstream(model: BundleModel) -> str:
             continue
         lines += [
             "",
-            f"<details><summary>py-spy stack: {title} ({view.round})</summary>",
+            f"<details><summary>py-spy stack: {title} ({_e(md_text(view.round, 80))})</summary>",
             "",
-            "```text",
-            _frames_text(view, threads=3),
-            "```",
+            *md_fence(_frames_text(view, threads=3), "text"),
             "",
             "</details>",
         ]
     triage = model.triage
     if triage.get("summary"):
-        lines += ["", f"Watchdog triage: {triage.get('kind')}: {triage.get('summary')}"]
+        lines += [
+            "",
+            f"Watchdog triage: {md_text(triage.get('kind'))}: {md_text(triage.get('summary'))}",
+        ]
     lines.append("")
     return "\n".join(lines)
