@@ -3,11 +3,13 @@
 #
 #   bash tests/run.sh           the default tier: the formatter check, the linter, mypy --strict
 #                               and every test that needs no vLLM venv, over all cores
-#                               (pytest-xdist); the vLLM tests are deselected (-m "not vllm")
-#   bash tests/run.sh --real    the real tier: builds the vLLM venvs in the cache
+#                               (pytest-xdist): -m "not vllm and not soak"
+#   bash tests/run.sh --real    the real (heavy) tier: builds the vLLM venvs in the cache
 #                               (wedgewatch/sim/install-vllm.sh) and runs every test that needs
-#                               one (-m vllm: vLLM's own scheduler, the fidelity sweep, real
-#                               vLLM behind `sim serve`), one at a time; none may skip
+#                               one (vLLM's own scheduler, the fidelity sweep, real vLLM behind
+#                               `sim serve`; none may skip) and the soak tests, which watch
+#                               real processes for minutes by design: -m "vllm or soak", one
+#                               test at a time
 #
 # Both create (or reuse) .venv and install wedgewatch with its test tools; the default tier
 # also installs the real tools its tests use (Debian's prometheus, systemd, nodejs and
@@ -55,7 +57,7 @@ if [ "$tier" = real ]; then
         bash wedgewatch/sim/install-vllm.sh "$version"
     done
     export WEDGEWATCH_REQUIRE_VLLM=1  # a missing venv fails these tests instead of skipping
-    exec .venv/bin/python -m pytest -p no:xdist -m vllm "$@"
+    exec .venv/bin/python -m pytest -p no:xdist -m "vllm or soak" "$@"
 fi
 
 # Real tools the tests run: promtool and prometheus (rules, end to end), systemd-analyze
@@ -114,4 +116,4 @@ fi
 .venv/bin/ruff format --check .
 .venv/bin/ruff check .
 .venv/bin/mypy
-exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-$(($(nproc) * 2))}" -m "not vllm" "$@"
+exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-$(($(nproc) * 2))}" -m "not vllm and not soak" "$@"

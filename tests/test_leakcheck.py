@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+pytestmark = pytest.mark.slow  # each test runs a pytest session of its own
 
 LEAKY = '''
 import subprocess, sys
