@@ -37,7 +37,7 @@ def umask_zero() -> Iterator[None]:
 # The suite ends by checking that no process it started is still alive (tests/leakcheck.py).
 import leakcheck  # noqa: E402
 from leakcheck import pytest_sessionfinish, pytest_testnodedown  # noqa: E402
-from needs import MARKERS, needs_of  # noqa: E402
+from needs import MARKERS, add_test_tree, needs_of  # noqa: E402
 
 __all__ = ["pytest_sessionfinish", "pytest_testnodedown"]
 
@@ -46,6 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the need markers (tests/needs.py) and mark the session for the leak check."""
     for name, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {meaning} (applied by tests/needs.py)")
+    add_test_tree(config.rootpath)
     leakcheck.pytest_configure(config)
 
 

@@ -128,9 +128,20 @@ class _ModuleNeeds:
         return _module_needs(home).needs(getattr(obj, "__name__", name), seen)
 
 
+TEST_TREES = [TESTS]
+"""Where helpers are read: this tests/ folder, and the rootdir of a session that is not this
+checkout's (tests/test_needs.py runs such sessions); never the package or site-packages."""
+
+
+def add_test_tree(rootdir: Path) -> None:
+    """Read helpers under `rootdir` too, unless it holds this tests/ folder (the checkout)."""
+    if not TESTS.is_relative_to(rootdir.resolve()):
+        TEST_TREES.append(rootdir.resolve())
+
+
 def _in_tests(module: ModuleType) -> bool:
     file = getattr(module, "__file__", None)
-    return bool(file) and Path(file).resolve().is_relative_to(TESTS)
+    return bool(file) and any(Path(file).resolve().is_relative_to(t) for t in TEST_TREES)
 
 
 @cache
