@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_scrape.py [--scrapes 2000] [--rounds 5] [--profile N]
 
 A server child (`bench/bench_targets.py --serve 1`, its own process, HTTP/1.1 keep-alive)
-serves the real vLLM 0.33.0 body (`/work/shared/fixtures/vllm-0.33.0/healthy_busy.prom`,
+serves the real vLLM 0.33.0 body (`tests/fixtures/vllm-0.33.0/healthy_busy.prom`,
 50 KiB, progress counters moving with every request). This process scrapes it back to
 back and measures its own CPU time (`time.process_time`, user + system of this process
 only; the server's CPU is not counted) per scrape for:
@@ -40,7 +40,9 @@ from wedgewatch.io.scrape_rules import Fetched
 from wedgewatch.vllm import signals
 
 BENCH = Path(__file__).resolve().parent
-DEFAULT_BODY = Path("/work/shared/fixtures/vllm-0.33.0/healthy_busy.prom")
+DEFAULT_BODY = (
+    Path(__file__).resolve().parent.parent / "tests/fixtures/vllm-0.33.0/healthy_busy.prom"
+)
 MIB = 1 << 20
 
 

@@ -10,7 +10,7 @@ not the goal's measurement.
 
 For each size N, `--servers` child processes (default 2; `python bench/bench_targets.py
 --serve ...`, each its own asyncio event loop with HTTP/1.1 keep-alive) serve a real vLLM
-0.33.0 /metrics body (`/work/shared/fixtures/vllm-0.33.0/healthy_busy.prom`, or `--body
+0.33.0 /metrics body (`tests/fixtures/vllm-0.33.0/healthy_busy.prom`, or `--body
 FILE`) on N loopback ports between them, plus one port that accepts connections, reads
 the request and never answers (a hung /metrics). Serving happens outside this process
 and outside the daemon, so what is measured is the daemon. A `wedgewatch run` child
@@ -59,7 +59,9 @@ from typing import Any
 import psutil
 
 WEDGEWATCH = [sys.executable, *os.environ.get("BENCH_PYTHON_ARGS", "").split(), "-m", "wedgewatch"]
-DEFAULT_BODY = Path("/work/shared/fixtures/vllm-0.33.0/healthy_busy.prom")
+DEFAULT_BODY = (
+    Path(__file__).resolve().parent.parent / "tests/fixtures/vllm-0.33.0/healthy_busy.prom"
+)
 INTERVAL_SECONDS = 1.0
 MOVING = (
     b"vllm:prompt_tokens_total{",

@@ -35,6 +35,26 @@ def umask_zero() -> Iterator[None]:
 
 
 # The suite ends by checking that no process it started is still alive (tests/leakcheck.py).
-from leakcheck import pytest_configure, pytest_sessionfinish  # noqa: E402
+import leakcheck  # noqa: E402
+from leakcheck import pytest_sessionfinish, pytest_testnodedown  # noqa: E402
+from needs import MARKERS, add_test_tree, needs_of  # noqa: E402
 
-__all__ = ["pytest_configure", "pytest_sessionfinish"]
+__all__ = ["pytest_sessionfinish", "pytest_testnodedown"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the need markers (tests/needs.py) and mark the session for the leak check."""
+    for name, meaning in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning} (applied by tests/needs.py)")
+    add_test_tree(config.rootpath)
+    leakcheck.pytest_configure(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with what it needs (tests/needs.py), so `-m` selections are honest."""
+    for item in items:
+        needs = needs_of(item)
+        for need in sorted(needs):
+            item.add_marker(need)
+        if "vllm" in needs:  # importing torch and vLLM alone takes seconds
+            item.add_marker("slow")

@@ -9,7 +9,13 @@ are listed, their process groups and themselves are killed, and the session fail
 
 Children started with an environment built from scratch do not carry the marker: build
 test environments from `os.environ` (or add `MARK_VARIABLE`), as every test here does.
-Loaded by tests/conftest.py; tests/test_leakcheck.py runs a leaking session to check it.
+
+Under pytest-xdist each worker is a session of its own: it marks its environment with its own
+marker (so one worker ending early never counts another's children), checks its own leaks
+when it ends, and sends what it found to the controller (`config.workeroutput`), which
+reports them and fails the run. The controller itself starts no test process and checks
+nothing else. Loaded by tests/conftest.py; tests/test_leakcheck.py runs leaking sessions,
+serial and with `-n 2`, to check it.
 """
 
 from __future__ import annotations
@@ -27,9 +33,30 @@ MARK_VARIABLE = "WWTEST_SESSION"  # not WEDGEWATCH_*: that prefix is wedgewatch'
 _SETTLE_SECONDS = 6.0
 
 
+_OUTPUT_KEY = "wwtest_leaks"
+_WORKER_LEAKS = pytest.StashKey[list[str]]()
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Mark this session's environment (inherited by every process the tests start)."""
+    config.stash[_WORKER_LEAKS] = []
+    if _is_xdist_controller(config):
+        os.environ.pop(MARK_VARIABLE, None)  # each worker marks its own session
+        return
     os.environ[MARK_VARIABLE] = f"{os.getpid()}-{secrets.token_hex(6)}"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """xdist controller: collect what a finished worker found."""
+    output = getattr(node, "workeroutput", None) or {}
+    config = getattr(node, "config", None)
+    if config is not None and output.get(_OUTPUT_KEY):
+        config.stash[_WORKER_LEAKS].extend(output[_OUTPUT_KEY])
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -63,6 +90,21 @@ def _describe(proc: psutil.Process) -> str:
         return f"pid {proc.pid}"
 
 
+def _check(mark: str | None) -> list[str]:
+    """The processes carrying `mark` (or descending from this one) still alive after a grace
+    period, described; they are killed."""
+    if not mark:
+        return []
+    deadline = time.monotonic() + _SETTLE_SECONDS
+    leaked = leaked_processes(mark)
+    while leaked and time.monotonic() < deadline:
+        time.sleep(0.2)
+        leaked = leaked_processes(mark)
+    lines = [_describe(p) for p in leaked]
+    _kill(leaked)
+    return lines
+
+
 def _kill(procs: list[psutil.Process]) -> None:
     own_group = os.getpgrp()
     for proc in procs:
@@ -77,18 +119,15 @@ def _kill(procs: list[psutil.Process]) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session if any process it started is still alive (after killing them)."""
-    mark = os.environ.get(MARK_VARIABLE)
-    if not mark:
+    config = session.config
+    if _is_xdist_controller(config):
+        lines = config.stash[_WORKER_LEAKS]
+    else:
+        lines = _check(os.environ.get(MARK_VARIABLE))
+        if lines and hasattr(config, "workeroutput"):
+            config.workeroutput[_OUTPUT_KEY] = lines  # the controller reports and fails
+    if not lines:
         return
-    deadline = time.monotonic() + _SETTLE_SECONDS
-    leaked = leaked_processes(mark)
-    while leaked and time.monotonic() < deadline:
-        time.sleep(0.2)
-        leaked = leaked_processes(mark)
-    if not leaked:
-        return
-    lines = [_describe(p) for p in leaked]
-    _kill(leaked)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     message = (
         f"{len(lines)} process(es) started by this test session were still alive "

@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: creates (or reuses) .venv, installs wedgewatch
-# with its test tools, installs the real tools the tests use (Debian's prometheus, systemd,
-# nodejs and chromium packages) when they are missing, checks that kubectl is there and new
-# enough to render the manifests (it says how to install it), then runs the formatter check,
-# the linter, mypy --strict and every test, slow ones included.
-# Extra arguments go to pytest (e.g. `bash tests/run.sh -m "not slow"` for a quick pass).
+# The test tiers, from a fresh machine (docs/development.md has the selections and timings):
+#
+#   bash tests/run.sh           the default tier: the formatter check, the linter, mypy --strict
+#                               and every test that needs no vLLM venv, over all cores
+#                               (pytest-xdist): -m "not vllm and not soak"
+#   bash tests/run.sh --real    the real (heavy) tier: builds the vLLM venvs in the cache
+#                               (wedgewatch/sim/install-vllm.sh) and runs every test that needs
+#                               one (vLLM's own scheduler, the fidelity sweep, real vLLM behind
+#                               `sim serve`; none may skip) and the soak tests, which watch
+#                               real processes for minutes by design: -m "vllm or soak", one
+#                               test at a time
+#
+# Both create (or reuse) .venv and install wedgewatch with its test tools; the default tier
+# also installs the real tools its tests use (Debian's prometheus, systemd, nodejs and
+# chromium packages) when they are missing and checks that kubectl is there and new enough to
+# render the manifests (it says how to install it). .ci/run runs both tiers, in that order.
+# Extra arguments go to pytest (e.g. `bash tests/run.sh -m "not slow"` for the quick pass,
+# `bash tests/run.sh -n 0` for one process). TEST_WORKERS sets pytest-xdist's -n (default 2
+# per core: most tests wait on processes, timers and sockets).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier=default
+if [ "${1:-}" = "--real" ]; then
+    tier=real
+    shift
+fi
 
 need_root() {
     if [ "$(id -u)" != 0 ]; then
@@ -30,6 +48,17 @@ if ! python3 -m venv .venv >/dev/null 2>&1; then  # fresh Debian: venv lives in 
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+if [ "$tier" = real ]; then
+    # Real vLLM venvs for the tests marked `vllm` (tests/vllm_venvs.py finds them), one per
+    # version, built once in ${XDG_CACHE_HOME:-~/.cache}/wedgewatch/vllm-venvs and reused by
+    # every clone and run (~3 GB and ~4 min each on the dev machine; docs/development.md).
+    for version in 0.30.0 0.33.0; do
+        bash wedgewatch/sim/install-vllm.sh "$version"
+    done
+    export WEDGEWATCH_REQUIRE_VLLM=1  # a missing venv fails these tests instead of skipping
+    exec .venv/bin/python -m pytest -p no:xdist -m "vllm or soak" "$@"
+fi
 
 # Real tools the tests run: promtool and prometheus (rules, end to end), systemd-analyze
 # (unit verification), node (evaluates the polkit rule), chromium (renders the report).
@@ -84,17 +113,7 @@ if [ -n "$kubectl_too_old" ]; then
     kubectl_help
 fi
 
-# Real vLLM venvs for tests/test_vllm_engine.py and tests/test_vllm_serve.py (vLLM's own
-# scheduler on a CPU; the script also installs this checkout there), one per version, built
-# once and reused (~1.7 GB + deps each; see docs/simulator.md for the cost).
-# WEDGEWATCH_SKIP_VLLM_VENVS=1 skips the build; those tests then skip and say how to build.
-if [ -z "${WEDGEWATCH_SKIP_VLLM_VENVS:-}" ]; then
-    for version in 0.30.0 0.33.0; do
-        bash wedgewatch/sim/install-vllm.sh "$version" ".venv-vllm-$version"
-    done
-fi
-
 .venv/bin/ruff format --check .
 .venv/bin/ruff check .
 .venv/bin/mypy
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-$(($(nproc) * 2))}" -m "not vllm and not soak" "$@"

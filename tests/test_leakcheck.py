@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 TESTS = Path(__file__).resolve().parent
+pytestmark = pytest.mark.slow  # each test runs a pytest session of its own
 
 LEAKY = '''
 import subprocess, sys
@@ -34,19 +36,27 @@ def test_tidy() -> None:
 '''
 
 
-def _inner_session(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+def _inner_session(tmp_path: Path, source: str, *options: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_inner.py").write_text(source)
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "leakcheck", "-p", "no:cacheprovider",
-         "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+         *options, "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path, check=False,
     )  # fmt: skip
 
 
-def test_a_session_that_leaks_a_process_fails_and_the_process_is_killed(tmp_path: Path) -> None:
-    """Both tests pass, yet the session fails: it left `sleep 300` alive; then it is gone."""
-    done = _inner_session(tmp_path, LEAKY)
+SERIAL_AND_XDIST = pytest.mark.parametrize("options", [(), ("-n", "2")], ids=["serial", "xdist"])
+
+
+@SERIAL_AND_XDIST
+def test_a_session_that_leaks_a_process_fails_and_the_process_is_killed(
+    tmp_path: Path, options: tuple[str, ...]
+) -> None:
+    """Both tests pass, yet the session fails: it left `sleep 300` alive; then it is gone.
+    Under xdist the worker that ran the leaky test finds and kills it and the controller
+    reports it and fails the run (the other worker's tidy test does not count)."""
+    done = _inner_session(tmp_path, LEAKY, *options)
     pid = int((tmp_path / "pid").read_text())
     assert done.returncode == 1, done.stdout + done.stderr
     assert "2 passed" in done.stdout
@@ -55,8 +65,10 @@ def test_a_session_that_leaks_a_process_fails_and_the_process_is_killed(tmp_path
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_a_tidy_session_passes(tmp_path: Path) -> None:
-    """A session whose processes all ended passes unchanged."""
-    done = _inner_session(tmp_path, TIDY)
+@SERIAL_AND_XDIST
+def test_a_tidy_session_passes(tmp_path: Path, options: tuple[str, ...]) -> None:
+    """A session whose processes all ended passes unchanged (under xdist: the workers' own
+    processes are no leak)."""
+    done = _inner_session(tmp_path, TIDY + TIDY.replace("test_tidy", "test_tidy_too"), *options)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "still alive" not in done.stdout

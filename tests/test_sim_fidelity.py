@@ -3,7 +3,7 @@
 Both engines run the same `sim load` plans (agentic-burst, the tp2-offload configuration) under
 every condition of a release: sync / async scheduling, full-ISL admission on / off, and each KV
 connector whose worker side `wedgewatch/sim/vllm_engine.py` emulates. The real scheduler runs in
-the release's venv (`.venv-vllm-<version>`, built by `wedgewatch/sim/install-vllm.sh`), the model
+the release's venv (tests/vllm_venvs.py, built by `tests/run.sh --real`), the model
 (`python -m wedgewatch.sim.model_run`) with the matching structure switch (0.30.0 -> "0.30",
 0.33.0 -> "0.31+"). A condition fails when the two disagree on more than 10 % of its seeds.
 
@@ -11,7 +11,13 @@ Budget: the real scheduler costs tens of CPU seconds per seed, so the seeds of e
 run in parallel processes (one per core) and the horizon is cut where it is safe: a run stops
 at `FIDELITY_MAX_SECONDS` of simulated time, and a stall counts as a wedge after
 `FIDELITY_WEDGE_STEPS` steps (docs/simulator.md, "Fidelity", has the measured cost and table).
-`WEDGEWATCH_FIDELITY_SEEDS` overrides the seeds (default 1-30).
+
+Seeds, a deliberate size (the sweep is the dearest test; docs/simulator.md says why): the
+OffloadingConnector conditions run seeds 1-15 and 24 (24 is the one seed of 1-30 on which
+vLLM 0.30.0 with its defaults wedges, so that condition has a wedge to agree on), the
+SimpleCPUOffloadConnector conditions, under which neither engine wedged on any of seeds 1-30,
+seeds 1-8. `WEDGEWATCH_FIDELITY_SEEDS` (e.g. `1-30`, the full sweep) sets the seeds of every
+condition.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_vllm_engine import vllm_python
+from vllm_venvs import vllm_env, vllm_python
 
 from wedgewatch.sim.vllm_engine import EMULATED_CONNECTORS, parse_seeds
 
@@ -35,6 +41,8 @@ FIDELITY_MAX_SECONDS = 18.0
 FIDELITY_WEDGE_STEPS = 600
 """A 3 s stall (600 steps) with nothing running and requests waiting counts as a wedge here
 (the harnesses' default is 10 s); both engines are judged by the same rule."""
+OFFLOADING_SEEDS = "1-15,24"
+SIMPLE_SEEDS = "1-8"
 REAL_SEEDS_PER_PROCESS = 8
 MAX_DISAGREEMENT = 0.10
 STRUCTURE = {"0.30.0": "0.30", "0.33.0": "0.31+"}
@@ -83,14 +91,15 @@ def conditions() -> list[Condition]:
     ]
 
 
-def seeds() -> list[int]:
-    """The seeds of every condition (`WEDGEWATCH_FIDELITY_SEEDS`, default 1-30)."""
-    return parse_seeds(os.environ.get("WEDGEWATCH_FIDELITY_SEEDS", "1-30"))
+def seeds(condition: Condition) -> list[int]:
+    """The seeds of `condition` (`WEDGEWATCH_FIDELITY_SEEDS` sets those of every condition)."""
+    default = SIMPLE_SEEDS if condition.simple else OFFLOADING_SEEDS
+    return parse_seeds(os.environ.get("WEDGEWATCH_FIDELITY_SEEDS", default))
 
 
 def run_harness(python: Path, module: str, flags: list[str]) -> dict[int, bool]:
     """Run a harness (`vllm_engine` or `model_run`); seed -> wedged."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="ERROR")
+    env = vllm_env(VLLM_LOGGING_LEVEL="ERROR")
     done = subprocess.run(
         [str(python), "-m", module, *flags],
         capture_output=True,
@@ -107,17 +116,20 @@ def run_harness(python: Path, module: str, flags: list[str]) -> dict[int, bool]:
 
 
 def run_version(
-    version: str, real_python: Path, condition_list: list[Condition], seed_list: list[int]
+    version: str, real_python: Path, condition_list: list[Condition]
 ) -> dict[Condition, tuple[dict[int, bool], dict[int, bool]]]:
     """Per condition, (real, model) wedged per seed. The real seeds run in chunks of
     `REAL_SEEDS_PER_PROCESS` (vLLM's import costs seconds), all conditions' chunks over one
     pool of one process per core; the model runs each condition over the same cores."""
     workers = os.cpu_count() or 1
-    chunks = [
-        seed_list[start : start + REAL_SEEDS_PER_PROCESS]
-        for start in range(0, len(seed_list), REAL_SEEDS_PER_PROCESS)
+    jobs = [
+        (condition, chunk)
+        for condition in condition_list
+        for chunk in (
+            seeds(condition)[start : start + REAL_SEEDS_PER_PROCESS]
+            for start in range(0, len(seeds(condition)), REAL_SEEDS_PER_PROCESS)
+        )
     ]
-    jobs = [(condition, chunk) for condition in condition_list for chunk in chunks]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         parts = list(
             pool.map(
@@ -140,7 +152,7 @@ def run_version(
             "wedgewatch.sim.model_run",
             [
                 "--seeds",
-                ",".join(map(str, seed_list)),
+                ",".join(map(str, seeds(condition))),
                 "--vllm-structure",
                 STRUCTURE[version],
                 "--jobs",
@@ -158,12 +170,10 @@ def run_version(
 def test_the_model_agrees_with_vllms_own_scheduler_on_every_condition(version: str) -> None:
     """Per condition, the model and vLLM's scheduler disagree on wedge/no wedge for <= 10 %."""
     real_python = vllm_python(version)
-    seed_list = seeds()
     rows: list[str] = []
     failures: list[str] = []
-    for condition, (real, model) in run_version(
-        version, real_python, conditions(), seed_list
-    ).items():
+    for condition, (real, model) in run_version(version, real_python, conditions()).items():
+        seed_list = seeds(condition)
         assert sorted(real) == sorted(model) == seed_list
         disagree = [seed for seed in seed_list if real[seed] != model[seed]]
         rows.append(

@@ -1,41 +1,23 @@
-"""vLLM's own scheduler on a CPU (wedgewatch/sim/vllm_engine.py), in the venvs tests/run.sh builds.
+"""vLLM's own scheduler on a CPU (wedgewatch/sim/vllm_engine.py), in the cached vLLM venvs.
 
 Each test runs `python -m wedgewatch.sim.vllm_engine` with the python of a venv holding a real
-vLLM (`.venv-vllm-<version>/`, built by `bash wedgewatch/sim/install-vllm.sh VERSION DIR`), on
+vLLM (tests/vllm_venvs.py: built in the cache by `bash tests/run.sh --real`), on
 the `agentic-burst` plan of seed 16 under the tp2-offload configuration.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def vllm_python(version: str) -> Path:
-    """The python of the venv holding vLLM `version`, or skip saying how to build it."""
-    for candidate in (
-        ROOT / f".venv-vllm-{version}" / "bin" / "python",
-        ROOT / ".vllm-venvs" / f"v{version}" / "bin" / "python",
-    ):
-        if candidate.exists():
-            return candidate
-    pytest.skip(
-        f"no vLLM {version} venv; build it with "
-        f"`bash wedgewatch/sim/install-vllm.sh {version} .venv-vllm-{version}`"
-    )
-    raise AssertionError("unreachable")  # pragma: no cover
+from vllm_venvs import vllm_env, vllm_python
 
 
 def run_real(version: str, *flags: str) -> list[dict[str, object]]:
     """Run the real-scheduler harness; its JSON lines (one per seed, then the total)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="ERROR")
+    env = vllm_env(VLLM_LOGGING_LEVEL="ERROR")
     done = subprocess.run(
         [str(vllm_python(version)), "-m", "wedgewatch.sim.vllm_engine", *flags],
         capture_output=True,

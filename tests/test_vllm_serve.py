@@ -1,8 +1,8 @@
 """`wedgewatch sim serve --scheduler vllm`: vLLM's own scheduler in the EngineCore, end to end.
 
 Real processes on 127.0.0.1 and real HTTP: the simulator runs from a venv holding a real vLLM
-(`.venv-vllm-<version>/`, built by `bash wedgewatch/sim/install-vllm.sh VERSION DIR`, which
-also installs this checkout there), `wedgewatch sim load` and `wedgewatch run` from this
+(tests/vllm_venvs.py: built in the cache by `bash tests/run.sh --real`; this checkout runs
+there through PYTHONPATH), `wedgewatch sim load` and `wedgewatch run` from this
 venv. The tp2-offload flags (TP 2, 6 sequences, 4096 batched tokens, 60 GiB native offload).
 
 * vLLM 0.30.0, async scheduling (its CUDA default) with full-ISL admission off: the
@@ -32,6 +32,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sim.simproc import LAUNCHER_FLAGS, WEDGEWATCH, SimProcess, value
+from vllm_venvs import vllm_env, vllm_python
 from wedgewatch_daemon import DaemonProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,33 +58,11 @@ START_SECONDS = 180.0  # importing vLLM and torch on a loaded 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def vllm_python(version: str) -> Path:
-    """The python of a venv with vLLM `version` that can run this checkout, or skip."""
-    build = f"`bash wedgewatch/sim/install-vllm.sh {version} .venv-vllm-{version}`"
-    for candidate in (
-        ROOT / f".venv-vllm-{version}" / "bin" / "python",
-        ROOT / ".vllm-venvs" / f"v{version}" / "bin" / "python",
-    ):
-        if not candidate.exists():
-            continue
-        probe = subprocess.run(
-            [str(candidate), "-c", "import vllm, uvicorn, setproctitle, structlog"],
-            capture_output=True,
-            timeout=300,
-            check=False,
-        )
-        if probe.returncode != 0:
-            pytest.skip(f"{candidate} cannot run wedgewatch; rebuild it with {build}")
-        return candidate
-    pytest.skip(f"no vLLM {version} venv; build it with {build}")
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 @contextlib.contextmanager
 def vllm_sim(tmp_path: Path, version: str) -> Iterator[SimProcess]:
     """`wedgewatch sim serve --scheduler vllm` under vLLM `version`, ready."""
     python = vllm_python(version)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_LOGGING_LEVEL="WARNING")
+    env = vllm_env(VLLM_LOGGING_LEVEL="WARNING")
     env.pop("VLLM_USE_SIMPLE_KV_OFFLOAD", None)  # OffloadingConnector, whose workers are emulated
     argv = [str(python), "-m", "wedgewatch", "sim", "serve", "tiny"]
     sim = SimProcess(tmp_path / f"sim-{version}.log", VLLM_FLAGS, argv=argv, env=env)

@@ -559,6 +559,7 @@ def test_sim_faults_are_their_own_families(
         load.kill()
 
 
+@pytest.mark.soak  # minutes of real time by design: the heavy tier (tests/run.sh --real)
 def test_sim_no_false_alarm(
     daemons: Callable[..., DaemonProcess], sims: Callable[..., Sim]
 ) -> None:

@@ -244,6 +244,7 @@ def test_a_prefill_of_three_hang_thresholds_is_never_wedged(
         load.kill()
 
 
+@pytest.mark.soak  # minutes of real time by design: the heavy tier (tests/run.sh --real)
 def test_a_streaming_session_waiting_deferred_is_never_wedged(
     daemons: Callable[..., DaemonProcess], sims: Callable[..., Sim]
 ) -> None:

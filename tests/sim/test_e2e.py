@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from wedgewatch.sim.api import RequestIds
+from wedgewatch.sim.load import plan_requests
 
 from .simproc import (
     LAUNCHER_FLAGS,
@@ -170,6 +171,28 @@ def wait_for_wedge(sim: SimProcess, within_seconds: float) -> float | None:
     return None
 
 
+def wait_for_every_planned_arrival(sim: SimProcess, timeout: float) -> None:
+    """Until every request of `WEDGE_LOAD`'s plan has reached the server (running, waiting
+    or finished)."""
+    planned = len(plan_requests("agentic-burst", int(WEDGING_SEED), WEDGE_LOAD_SECONDS))
+    deadline = time.monotonic() + timeout
+    arrived = 0.0
+    while time.monotonic() < deadline:
+        samples = sim.samples()
+        arrived = sum(
+            value(samples, name)
+            for name in (
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+                "vllm:request_success_total",
+            )
+        )
+        if arrived >= planned:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{arrived:g} of the plan's {planned} requests arrived in {timeout} s")
+
+
 def engine_stack_in_step(pid: int, attempts: int = 3) -> str:
     """A py-spy dump of the engine that shows `_process_engine_step` (up to `attempts` dumps)."""
     stack = ""
@@ -195,15 +218,15 @@ def test_stock_scheduler_wedges_under_the_agentic_burst_and_stays_wedged(tmp_pat
         if attempt and time.monotonic() - suite_started > WEDGE_RETRY_BUDGET_SECONDS:
             break
         with running(tmp_path, f"stock-{attempt}", WEDGE_FLAGS) as sim:
-            load_started = time.monotonic()
             load = LoadProcess(sim.url, WEDGE_LOAD, tmp_path / f"load-{attempt}.txt")
             try:
                 if wait_for_wedge(sim, 60.0) is None:
                     outcomes.append(f"attempt {attempt}: no wedge in 60 s; load:\n{load.output()}")
                     continue
                 # New arrivals still join the queue (waiting grows) until the load's last
-                # request is sent; from then on every vllm: sample must stay frozen.
-                time.sleep(max(0.0, load_started + WEDGE_LOAD_SECONDS + 1.0 - time.monotonic()))
+                # request has arrived (later than the plan says when the machine is loaded);
+                # from then on every vllm: sample must stay frozen.
+                wait_for_every_planned_arrival(sim, WEDGE_LOAD_SECONDS + 60.0)
                 (engine,) = sim.titled("VLLM::EngineCore")
                 frozen = vllm_samples(sim.samples())
                 cpu_before = cpu_seconds(engine.pid)

@@ -222,14 +222,32 @@ def resolve_pyspy(pyspy_path: str) -> str | None:
 # --------------------------------------------------------------------------- stop safety
 
 
+_SIGSTOP_BIT = 1 << (signal.SIGSTOP - 1)
+
+
+def stop_pending(pid: int) -> bool:
+    """Whether a SIGSTOP was sent to the process and has not taken effect yet: on a busy machine
+    a stopped process shows state `T` only once it next runs (its ShdPnd mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("ShdPnd:"):
+                    return bool(int(line.split(":", 1)[1].strip(), 16) & _SIGSTOP_BIT)
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def stopped_tasks(pid: int) -> tuple[bool, bool]:
-    """(process exists, any of its threads is in state `T`) from /proc."""
+    """(process exists, any of its threads is in state `T` or a SIGSTOP is pending) from /proc."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except FileNotFoundError:
         return False, False
     except OSError:
         tids = [str(pid)]
+    if stop_pending(pid):
+        return True, True
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat", encoding="utf-8", errors="replace") as f:
