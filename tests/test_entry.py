@@ -149,6 +149,9 @@ HEAVY = frozenset(
         "structlog",
         "prometheus_client",
         "psutil",
+        "stamina",  # webhook retries: the daemon's, never the probe's
+        "tenacity",
+        "wedgewatch.io.notify",
         "wedgewatch.cli",
         "wedgewatch.config",
         "wedgewatch.io.scrape",

@@ -350,9 +350,10 @@ def test_no_secret_reaches_logs_status_config_show_or_a_bundle(
     with ScriptedServer(always(refuse)) as hook:
         webhook = f"{hook.base_url}/services/T0/WEBHOOKPATHSECRET?token=WEBHOOKQUERYSECRET"
         target = f"t=http://admin:URLPASSSECRET@127.0.0.1:{server.port}"
-        args = ["--target", target, "--webhook-url", webhook, "--webhook-retries", "0", *FAST]
+        args = ["--target", target, "--webhook-url", webhook, "--webhook-retries", "1", *FAST]
         daemon = daemons(args)
         daemon.wait_for("evidence_captured", timeout_seconds=60, phase="wedged")
+        daemon.wait_for("webhook_retry", timeout_seconds=30)  # its line names the URL too
         daemon.wait_for("webhook_failed", timeout_seconds=30)
         status = daemon.get("/status").text
         metrics = daemon.get("/metrics").text

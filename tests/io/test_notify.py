@@ -1,5 +1,8 @@
 """Tests of webhook notifications against real HTTP servers on 127.0.0.1: retries with
-backoff, a hanging receiver, a refused port, a full queue, and the payload."""
+backoff, a hanging receiver, a refused port, a full queue, and the payload.
+
+The retry waits are stamina's; its testing mode (the `no_waits` fixture, on for every test
+but the one that checks the waits) makes them zero and keeps the configured attempts."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import stamina
+from structlog.testing import capture_logs
 
 from wedgewatch.core.states import NotifyEvent
 from wedgewatch.io.notify import (
@@ -22,10 +27,18 @@ from wedgewatch.io.notify import (
     NotifyStats,
     WebhookFailure,
     WebhookNotifier,
+    _backoff,
     payload,
 )
 
 pytestmark = pytest.mark.slow  # every test here runs real HTTP servers
+
+
+@pytest.fixture(autouse=True)
+def no_waits() -> Iterator[None]:
+    """stamina's testing mode: no backoff waits; `cap` keeps each notifier's attempt count."""
+    with stamina.set_testing(True, attempts=1_000, cap=True):
+        yield
 
 
 @dataclass
@@ -133,11 +146,20 @@ async def test_retries_until_the_receiver_accepts(
 ) -> None:
     """A receiver that fails twice then answers 200 gets the notification on the 3rd POST."""
     receiver = serve(lambda n: 500 if n < 2 else 200)
-    notifier = _notifier([receiver.url], retries=3)
+    notifier = _notifier([receiver.url], retries=3, backoff_seconds=60, backoff_max_seconds=60)
     notifier.start()
     notifier.notify(_note())
-    await notifier.aclose(10)
+    with capture_logs() as logs:
+        await notifier.aclose(10)  # a minute's backoff, not waited: stamina's testing mode
     assert len(receiver.bodies) == 3
+    retries = [entry for entry in logs if entry["event"].startswith("webhook_")]
+    assert [(e["event"], e["attempt"], e["error"]) for e in retries] == [
+        ("webhook_retry", 1, "HTTP 500"),
+        ("webhook_retry", 2, "HTTP 500"),
+    ]  # once per failure, and no failure logged for the delivered notification
+    assert {e["url"] for e in retries} == {receiver.url.split("/hook/")[0] + "/***"}
+    assert "secret" not in repr(logs)  # neither the path's nor the query's secret
+    assert not [e for e in logs if e["event"].startswith("stamina")]  # its hooks are ours
     assert notifier.stats.sent == 1
     assert notifier.stats.retried == 2
     assert notifier.stats.failed == 0
@@ -176,6 +198,45 @@ async def test_refused_port_fails_after_bounded_retries(refused_url: str) -> Non
     assert notifier.stats == NotifyStats(sent=0, failed=1, dropped=0, retried=2)
     assert failures[0].attempts == 3
     assert "ConnectError" in failures[0].message
+
+
+async def test_retry_waits_are_jittered_within_the_plain_doubling(
+    serve: Callable[[Callable[[int], int]], Receiver],
+) -> None:
+    """Without testing mode the wait before retry k lies in [d/2, d], d = backoff doubled
+    k-1 times and capped: never longer than the unjittered schedule, and not fixed."""
+    receiver = serve(lambda n: 503 if n < 4 else 200)
+    notifier = _notifier([receiver.url], retries=4, backoff_seconds=0.02, backoff_max_seconds=0.05)
+    notifier.start()
+    notifier.notify(_note())
+    with stamina.set_testing(False), capture_logs() as logs:  # real waits, 0.16 s at most
+        await notifier.aclose(10)
+    assert len(receiver.bodies) == 5
+    waits = [e["retry_in_seconds"] for e in logs if e["event"] == "webhook_retry"]
+    plain = [0.02, 0.04, 0.05, 0.05]  # 0.02 doubling, capped at 0.05
+    assert len(waits) == len(plain)
+    for wait, longest in zip(waits, plain, strict=True):
+        assert longest / 2 <= wait <= longest, (waits, plain)
+    # Uncapped, stamina adds uniform(0, 0.01) to 0.01 * 2**(k-1): the chance that the
+    # first two waits both land on their jitter-free values at 4 decimals is 1 in 10^4.
+    assert waits[:2] != [0.01, 0.02], waits
+    assert notifier.stats == NotifyStats(sent=1, failed=0, dropped=0, retried=4)
+
+
+@pytest.mark.parametrize(
+    ("initial", "maximum"), [(1.0, 30.0), (0.5, 0.5), (0.0, 0.0), (2.0, 7.0), (3.0, 1e9)]
+)
+def test_the_backoff_arguments_keep_every_wait_within_the_plain_doubling(
+    initial: float, maximum: float
+) -> None:
+    """stamina's formula with `_backoff`'s arguments, at both ends of the jitter, stays in
+    [d/2, d] for the first 40 retries (d = `initial` doubled k-1 times, capped)."""
+    args = _backoff(initial, maximum)
+    for k in range(1, 41):
+        plain = min(initial * 2.0 ** (k - 1), maximum)
+        for jitter in (0.0, args["wait_jitter"]):
+            wait = min(args["wait_max"], args["wait_initial"] * 2.0 ** (k - 1) + jitter)
+            assert plain / 2 <= wait <= plain, (k, jitter, wait, plain)
 
 
 async def test_client_errors_are_not_retried(

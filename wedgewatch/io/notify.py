@@ -8,10 +8,18 @@ at once; one worker task per URL delivers in order. Rules:
   state is what an operator needs.
 * **Bounded retries.** A POST gets `timeout_seconds` for connecting, sending and the
   response. Timeouts, connection errors, 429 and 5xx responses are retried up to `retries`
-  times with exponential backoff (`backoff_seconds` doubling, capped at
-  `backoff_max_seconds`); other 4xx responses are not retried (the request is wrong and
-  would stay wrong). A notification that is not delivered is counted in `stats.failed`,
-  logged as `webhook_failed` and passed to `on_failure`.
+  times by stamina (`stamina.retry_context`) with jittered exponential backoff: the wait
+  before retry k is drawn from [d/2, d] where d = `backoff_seconds` * 2**(k-1) capped at
+  `backoff_max_seconds`, so the jitter never makes the retries last longer than the plain
+  doubling did (`_backoff`). Other 4xx responses are not retried (the request is wrong and
+  would stay wrong). Each failed attempt that will be retried is logged as `webhook_retry`
+  (counted in `stats.retried`); a notification that is not delivered is counted in
+  `stats.failed`, logged as `webhook_failed` and passed to `on_failure`. Both name the URL
+  without its secret (`core.redact.redact_webhook_url`) and scrub it out of the error.
+* **Testing.** The waits are stamina's: `stamina.set_testing(True, attempts=N, cap=True)`
+  makes them zero while keeping the configured attempt count. stamina's own retry hooks
+  (a log line with the exception's repr, a counter on prometheus_client's global
+  registry) are replaced by `_log_retry` when a notifier starts.
 * **One URL never delays another**, and a receiver that hangs costs at most its timeout
   per attempt.
 * **Shutdown.** `aclose(timeout_seconds)` lets the workers deliver what is queued until the
@@ -40,7 +48,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import stamina
 import structlog
+from stamina.instrumentation import RetryDetails, set_on_retry_hooks
 
 from wedgewatch import __version__
 from wedgewatch.core.escape import neutralise, slack_text
@@ -148,12 +158,46 @@ def _redact(url: str) -> str:
     return redact_webhook_url(url)
 
 
-class _Retry(Exception):
+class _Failed(Exception):
+    """An attempt failed; `message` is scrubbed of the URL's secret, `url` is redacted."""
+
+    def __init__(self, message: str, url: str, notification: Notification) -> None:
+        super().__init__(message)
+        self.message = message
+        self.url = url
+        self.notification = notification
+
+
+class _Retry(_Failed):
     """An attempt failed in a way that may pass on retry."""
 
 
-class _GiveUp(Exception):
+class _GiveUp(_Failed):
     """An attempt failed in a way that will not pass on retry."""
+
+
+def _backoff(initial: float, maximum: float) -> dict[str, float]:
+    """stamina's wait arguments for waits in [d/2, d], d = `initial` * 2**(k-1) capped at
+    `maximum` (k = 1 before the first retry): stamina waits min(wait_max, wait_initial *
+    2**(k-1) + uniform(0, wait_jitter)), and half of `initial` doubled plus at most half of
+    `initial` never exceeds `initial` doubled."""
+    return {"wait_initial": initial / 2, "wait_jitter": initial / 2, "wait_max": maximum}
+
+
+def _log_retry(details: RetryDetails) -> None:
+    """stamina's on-retry hook: one `webhook_retry` line per failed attempt to be retried."""
+    failed = details.caused_by
+    if not isinstance(failed, _Retry):  # not a webhook: wedgewatch has no other user
+        return
+    log.warning(
+        "webhook_retry",
+        url=failed.url,
+        notification=failed.notification.event,
+        target=failed.notification.target,
+        attempt=details.retry_num,
+        retry_in_seconds=round(details.wait_for, 4),
+        error=failed.message,
+    )
 
 
 class WebhookNotifier:
@@ -213,6 +257,7 @@ class WebhookNotifier:
             headers={"user-agent": f"wedgewatch/{self._version}"},
         )
         client = self._client
+        set_on_retry_hooks((_log_retry,))  # idempotent; see the module docstring
         for url, queue in self._queues.items():
             task = asyncio.create_task(self._deliver_all(client, url, queue))
             self._tasks.append(task)
@@ -266,48 +311,58 @@ class WebhookNotifier:
     ) -> None:
         body = payload(notification, version=self._version, host=self._host)
         attempts = 0
-        message = ""
-        while attempts <= self._retries:
-            if attempts:
-                self._retried += 1
-                delay = min(self._backoff * 2.0 ** min(attempts - 1, 32), self._backoff_max)
-                await asyncio.sleep(delay)
-            attempts += 1
-            try:
-                await self._post(client, url, body)
-            except _Retry as exc:
-                message = scrub_text(str(exc), secret_fragments([url]))
-                continue
-            except _GiveUp as exc:
-                message = scrub_text(str(exc), secret_fragments([url]))
-                break
+        try:
+            async for attempt in stamina.retry_context(
+                on=_Retry,
+                attempts=self._retries + 1,
+                timeout=None,  # bounded by the attempts, each by `timeout_seconds`
+                **_backoff(self._backoff, self._backoff_max),
+            ):
+                with attempt:
+                    attempts = attempt.num
+                    if attempts > 1:
+                        self._retried += 1
+                    await self._post(client, url, body, notification)
+        except _Failed as failed:
+            self._fail(failed, attempts)
+        else:
             self._sent += 1
-            return
+
+    def _fail(self, failed: _Failed, attempts: int) -> None:
+        failure = WebhookFailure(failed.url, failed.notification.event, attempts, failed.message)
         self._failed += 1
-        failure = WebhookFailure(_redact(url), notification.event, attempts, message)
         log.warning(
             "webhook_failed",
             url=failure.url,
             notification=failure.event,
-            target=notification.target,
+            target=failed.notification.target,
             attempts=attempts,
-            error=message,
+            error=failure.message,
         )
         if self._on_failure is not None:
             self._on_failure(failure)
 
-    async def _post(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> None:
+    async def _post(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        body: dict[str, Any],
+        notification: Notification,
+    ) -> None:
+        def failed(kind: type[_Failed], message: str) -> _Failed:
+            return kind(scrub_text(message, secret_fragments([url])), _redact(url), notification)
+
         try:
             async with asyncio.timeout(self._timeout):  # the whole exchange, not per phase
                 response = await client.post(url, json=body)
         except (TimeoutError, httpx.TimeoutException) as exc:
-            raise _Retry(f"timed out ({type(exc).__name__})") from exc
+            raise failed(_Retry, f"timed out ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
-            raise _Retry(f"{type(exc).__name__}: {exc}") from exc
+            raise failed(_Retry, f"{type(exc).__name__}: {exc}") from exc
         status = response.status_code
         if 200 <= status < 300:
             return
         text = f"HTTP {status}"
         if status == 429 or status >= 500:
-            raise _Retry(text)
-        raise _GiveUp(text + " (not retried)")
+            raise failed(_Retry, text)
+        raise failed(_GiveUp, text + " (not retried)")
