@@ -93,7 +93,8 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  keep what /probe answers until the next scrape.
 #   ProbeServed(mark)          Q2  /probe sent a 503 about the server `mark` (R1); Persist soon.
 #
-# Notify (H1): a Report sends a webhook exactly when its event is a `NotifyEvent` (core/states.py).
+# Notify (H1): a Report sends a webhook exactly when its event is a `NotifyEvent` (core/states.py):
+#   `episode_types.notify_event` maps every `ReportEvent` (the closed set of reported events).
 #
 # Policy events (P*), whatever input caused them
 #   Every event is Reported with the target's state and the episode's

@@ -252,22 +252,17 @@ class ReportEvent(StrEnum):
 def notify_event(event: ReportEvent) -> NotifyEvent | None:
     """H1: the webhook event a reported event sends, or None (log line and metrics only)."""
     match event:
-        case ReportEvent.WEDGE_DETECTED:
-            return NotifyEvent.WEDGE_DETECTED
-        case ReportEvent.TARGET_UNREACHABLE:
-            return NotifyEvent.TARGET_UNREACHABLE
-        case ReportEvent.ENGINE_RECOVERED:
-            return NotifyEvent.ENGINE_RECOVERED
-        case ReportEvent.RESTART_REQUESTED:
-            return NotifyEvent.RESTART_REQUESTED
-        case ReportEvent.RESTART_SUCCEEDED:
-            return NotifyEvent.RESTART_SUCCEEDED
-        case ReportEvent.RESTART_FAILED:
-            return NotifyEvent.RESTART_FAILED
-        case ReportEvent.GAVE_UP:
-            return NotifyEvent.GAVE_UP
-        case ReportEvent.GAVE_UP_CLEARED:
-            return NotifyEvent.GAVE_UP_CLEARED
+        case (
+            ReportEvent.WEDGE_DETECTED
+            | ReportEvent.TARGET_UNREACHABLE
+            | ReportEvent.ENGINE_RECOVERED
+            | ReportEvent.RESTART_REQUESTED
+            | ReportEvent.RESTART_SUCCEEDED
+            | ReportEvent.RESTART_FAILED
+            | ReportEvent.GAVE_UP
+            | ReportEvent.GAVE_UP_CLEARED
+        ):
+            return NotifyEvent(event)  # the same name (tests/test_report_events.py)
         case (
             ReportEvent.STALL_SUSPECTED
             | ReportEvent.ENGINE_UNKNOWN

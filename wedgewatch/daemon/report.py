@@ -52,20 +52,20 @@ class Reporter:
     ) -> None:
         """Queue one webhook for `event` with the target's identity."""
         payload = {
-            "event": event,
+            "event": str(event),  # a plain str to io/: the JSON and log bytes do not change
             "target": target.name,
             "url": shown_url(target.url),
             "timestamp": now,
             "wedgewatch_version": __version__,
             **{k: v for k, v in fields.items() if k != "target"},
         }
-        self.notifier.notify(event, payload)
+        self.notifier.notify(str(event), payload)
 
     def report(self, target: Target, effect: Report, now: float) -> None:
         """One `Report` effect of the episode core: its log line, metric and webhook."""
         fields = dict(effect.fields)
         self.count(target, effect.event, {**fields, **(effect.log_only or {})})
-        getattr(log, effect.level)(effect.event, **fields, **(effect.log_only or {}))
+        getattr(log, effect.level)(str(effect.event), **fields, **(effect.log_only or {}))
         webhook = effect.notify
         if webhook is not None:
             self.notify(webhook, target, fields, now)
