@@ -88,8 +88,11 @@ def test_renaming_or_adding_an_event_without_the_shell_fails_mypy(tmp_path: Path
     _rename(core, "WEDGE_DETECTED", "WEDGE_SEEN")
     renamed = _mypy(project, cache)
     assert renamed.returncode == 1, renamed.stdout + renamed.stderr
-    failing = {line.split(":")[0] for line in renamed.stdout.splitlines() if ": error:" in line}
-    assert failing == {"wedgewatch/daemon/report.py", "wedgewatch/daemon/target.py"}, renamed.stdout
+    errors = [line for line in renamed.stdout.splitlines() if ": error:" in line]
+    failing = {line.split(":")[0] for line in errors}
+    # The shell's dispatches fail (metrics, remedy notes), and nothing in the core does.
+    assert {"wedgewatch/daemon/report.py", "wedgewatch/daemon/target.py"} <= failing, errors
+    assert not any(f.startswith("wedgewatch/core/") for f in failing), errors
     assert 'has no attribute "WEDGE_DETECTED"' in renamed.stdout
 
     # 2. Undo that; add an event nobody decided about: every dispatch fails at assert_never.
@@ -102,7 +105,7 @@ def test_renaming_or_adding_an_event_without_the_shell_fails_mypy(tmp_path: Path
     added = _mypy(project, cache)
     assert added.returncode == 1, added.stdout + added.stderr
     never = [line for line in added.stdout.splitlines() if '"assert_never"' in line]
-    assert {line.split(":")[0] for line in never} == {
+    assert {line.split(":")[0] for line in never} >= {
         "wedgewatch/core/episode_types.py",  # notify_event: does it send a webhook?
         "wedgewatch/daemon/report.py",  # Reporter.count: which metric?
         "wedgewatch/daemon/target.py",  # remedy_note: what became of the bundle?
