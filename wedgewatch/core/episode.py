@@ -132,6 +132,7 @@ from wedgewatch.core.episode_types import (
     Episode,
     EpisodeState,
     Input,
+    Level,
     ListenerSeen,
     Observed,
     OperatorReset,
@@ -156,7 +157,7 @@ from wedgewatch.core.replacement import (
 )
 from wedgewatch.core.restart_policy import PolicyEventKind as Kind
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, CapturePhase, EngineState
-from wedgewatch.core.transitions import Level, transition_reports
+from wedgewatch.core.transitions import transition_reports
 from wedgewatch.vllm.signals import EngineKey
 
 __all__ = [

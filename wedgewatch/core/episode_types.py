@@ -210,6 +210,10 @@ class Persist:
     now: bool = False
 
 
+#: How loud a `Report`'s log line is.
+Level = Literal["debug", "info", "warning", "error"]
+
+
 class ReportEvent(StrEnum):
     """Every event the episode core reports: a closed set, the `event` of its log lines.
 
@@ -293,7 +297,7 @@ class Report:
     """
 
     event: ReportEvent
-    level: Literal["debug", "info", "warning", "error"]
+    level: Level
     fields: Mapping[str, Any]
     log_only: Mapping[str, Any] | None = None
 

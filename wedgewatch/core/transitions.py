@@ -7,13 +7,11 @@ rule H1 there (`episode_types.notify_event`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from wedgewatch.core.detect import Policy, TargetVerdict, Transition
-from wedgewatch.core.episode_types import Episode, EpisodeState, ReportEvent, Rules
+from wedgewatch.core.episode_types import Episode, EpisodeState, Level, ReportEvent, Rules
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState, Family
-
-Level = Literal["debug", "info", "warning", "error"]
 
 
 def transition_reports(
