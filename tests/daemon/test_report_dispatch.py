@@ -79,6 +79,7 @@ def _counters(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, s
 def test_each_report_event_is_logged_counted_and_notified_as_before(
     event: ReportEvent, tmp_path: Path
 ) -> None:
+    """A Report becomes its plain-named log line, its counters only, and a webhook iff notified."""
     config = Config.model_validate(
         {
             "targets": ["sim=http://127.0.0.1:8000"],
