@@ -30,6 +30,7 @@ from wedgewatch.core.episode import (
     Persist,
     QueueRestart,
     Report,
+    ReportEvent,
     ResetDetector,
     Resolve,
     RestartDone,
@@ -696,9 +697,9 @@ ROWS = {
 def test_notify_is_exactly_the_notify_events() -> None:
     """H1: a Report notifies for every NotifyEvent and for no other event."""
     for event in NotifyEvent:
-        assert Report(str(event), "info", {}).notify
+        assert Report(ReportEvent(str(event)), "info", {}).notify
     for event in ("backoff_reset", "budget_reset", "evidence_captured", "stall_suspected"):
-        assert not Report(event, "info", {}).notify
+        assert not Report(ReportEvent(event), "info", {}).notify
 
 
 @pytest.mark.parametrize("row", list(ROWS.values()), ids=list(ROWS))

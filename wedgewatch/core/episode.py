@@ -93,7 +93,8 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  keep what /probe answers until the next scrape.
 #   ProbeServed(mark)          Q2  /probe sent a 503 about the server `mark` (R1); Persist soon.
 #
-# Notify (H1): a Report sends a webhook exactly when its event is a `NotifyEvent` (core/states.py).
+# Notify (H1): a Report sends a webhook exactly when its event is a `NotifyEvent` (core/states.py):
+#   `episode_types.notify_event` maps every `ReportEvent` (the closed set of reported events).
 #
 # Policy events (P*), whatever input caused them
 #   Every event is Reported with the target's state and the episode's
@@ -119,7 +120,7 @@ import datetime as dt
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, assert_never
 
 from wedgewatch.core import probe_policy, restart_policy
 from wedgewatch.core.detect import CaptureEvidence, Restart, TargetVerdict
@@ -131,6 +132,7 @@ from wedgewatch.core.episode_types import (
     Episode,
     EpisodeState,
     Input,
+    Level,
     ListenerSeen,
     Observed,
     OperatorReset,
@@ -138,6 +140,7 @@ from wedgewatch.core.episode_types import (
     ProbeServed,
     QueueRestart,
     Report,
+    ReportEvent,
     ResetDetector,
     Resolve,
     RestartDone,
@@ -152,8 +155,9 @@ from wedgewatch.core.replacement import (
     judge_replacement,
     with_listener,
 )
+from wedgewatch.core.restart_policy import PolicyEventKind as Kind
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, CapturePhase, EngineState
-from wedgewatch.core.transitions import Level, transition_reports
+from wedgewatch.core.transitions import transition_reports
 from wedgewatch.vllm.signals import EngineKey
 
 __all__ = [
@@ -174,6 +178,7 @@ __all__ = [
     "ProbeServed",
     "QueueRestart",
     "Report",
+    "ReportEvent",
     "ResetDetector",
     "Resolve",
     "RestartDone",
@@ -245,7 +250,7 @@ class _Run:
 
     def report(
         self,
-        event: str,
+        event: ReportEvent,
         level: Level,
         log_only: Mapping[str, Any] | None = None,
         **fields: Any,
@@ -354,7 +359,7 @@ class _Run:
             self.set_episode(opened)
             self.effects.append(Persist())
             self.report(
-                "episode_opened",
+                ReportEvent.EPISODE_OPENED,
                 "info",
                 episode=opened.episode_id,
                 engine=worst.key.engine,
@@ -373,7 +378,7 @@ class _Run:
         if episode is None:
             return
         self.report(
-            "episode_closed",
+            ReportEvent.EPISODE_CLOSED,
             "info",
             episode=episode.episode_id,
             outcome=outcome,
@@ -416,7 +421,7 @@ class _Run:
                 "none": 'remedy = "none" (observe mode): reporting only',
                 "probe": 'remedy = "probe": /probe fails and the kubelet restarts the server',
             }.get(self.rules.remedy, f"no {self.rules.remedy} restarter for this target")
-            self.report("restart_skipped", "info", episode=episode.episode_id, reason=why)
+            self.report(ReportEvent.RESTART_SKIPPED, "info", episode=episode.episode_id, reason=why)
             return
         self.effects.append(QueueRestart(action.key, str(action.family), reason))
 
@@ -424,7 +429,9 @@ class _Run:
         why = suspect_rate_limited(self.rules, self.state, self.at)
         if why is not None and not episode.suspect_skipped:  # once, not every tick
             self.update_episode(suspect_skipped=True)
-            self.report("suspect_capture_skipped", "info", episode=episode.episode_id, reason=why)
+            self.report(
+                ReportEvent.SUSPECT_CAPTURE_SKIPPED, "info", episode=episode.episode_id, reason=why
+            )
         return why is not None
 
     def retry_restart(self, verdict: TargetVerdict) -> None:
@@ -461,7 +468,7 @@ class _Run:
         verdict = self.state.verdict
         if verdict is None or verdict.state not in ACTED_ON:
             self.report(
-                "restart_skipped",
+                ReportEvent.RESTART_SKIPPED,
                 "info",
                 reason="the target recovered before the restart could run",
             )
@@ -469,7 +476,7 @@ class _Run:
         refused = verdict.failure is not None and verdict.failure.reason == "refused"
         if verdict.state is EngineState.UNREACHABLE and refused and event.supervisor is not None:
             if self.state.waiting_for_supervisor is None:  # W1
-                self.report("restart_waiting", "info", reason=event.supervisor)
+                self.report(ReportEvent.RESTART_WAITING, "info", reason=event.supervisor)
             self.state = replace(self.state, waiting_for_supervisor=event.supervisor)
             self.update_episode(
                 restart_pending_since=self.at,
@@ -484,14 +491,18 @@ class _Run:
         if isinstance(decision, restart_policy.Deny):
             if decision.reason is restart_policy.DenyReason.BACKOFF and self.state.episode:
                 self.update_episode(restart_pending_since=self.at)
-                self.report("restart_deferred", "info", reason=decision.detail)
+                self.report(ReportEvent.RESTART_DEFERRED, "info", reason=decision.detail)
             elif not result.events:  # a fresh gave_up was just reported with its reason
-                self.report("restart_skipped", "info", reason=decision.detail)
+                self.report(ReportEvent.RESTART_SKIPPED, "info", reason=decision.detail)
             return
         self.state = replace(self.state, restarts=self.state.restarts + 1)
         self.effects.append(Persist(now=True))
         self.effects.append(RunRestart(event.key, event.family, event.reason, decision.attempt))
-        self.report("restart_requested", "warning", **requested_fields(event, self.rules, decision))
+        self.report(
+            ReportEvent.RESTART_REQUESTED,
+            "warning",
+            **requested_fields(event, self.rules, decision),
+        )
 
     def restart_done(self, event: RestartDone) -> None:  # R3
         outcome = event.outcome
@@ -512,7 +523,7 @@ class _Run:
             )
             self.effects.append(ResetDetector())
             self.report(
-                "restart_completed",
+                ReportEvent.RESTART_COMPLETED,
                 "info",
                 detail=outcome.detail,
                 duration_seconds=round(outcome.duration_seconds, 3),
@@ -524,7 +535,6 @@ class _Run:
 
     def policy_step(self, result: restart_policy.Step) -> None:
         self.state = replace(self.state, policy=result.state)
-        kinds = restart_policy.PolicyEventKind
         for event in result.events:
             self.effects.append(Persist())
             fields: dict[str, Any] = {"reason": event.reason, "detail": event.detail}
@@ -539,40 +549,49 @@ class _Run:
                     family=episode.family,
                     bundle=episode.bundle,
                 )
-            kind = event.kind
-            if kind is kinds.RESTART_FAILED:
-                failure = {"reason": event.reason, "detail": event.detail}
-                self.state = replace(
-                    self.state,
-                    last_restart_failure={**failure, "timestamp": event.timestamp},
-                )
-                no_new_server = (
-                    restart_policy.FailureReason.NOT_RECOVERED,
-                    restart_policy.FailureReason.NOT_REPLACED,
-                )
-                if event.reason in no_new_server:
-                    self.report("restart_failed", "error", **fields)
-                    self.state = replace(
-                        self.state,
-                        ignore_before_at=None,
-                        old_server=None,
-                        not_replaced=None,
-                        listener_after=None,
-                    )
-                    self.close("restart_failed")
-                else:
-                    # The remedy itself failed (error, timeout): the server is still the
-                    # stalled one, so try again once the backoff allows, within the budget.
-                    retry = {"retry": "after the back-off"}
-                    self.report("restart_failed", "error", log_only=retry, **fields)
-                    self.update_episode(restart_pending_since=event.at)
-            elif kind is kinds.RESTART_SUCCEEDED:
-                self.report("restart_succeeded", "info", **fields)
-                self.close("restarted")
-            elif kind is kinds.GAVE_UP:
-                self.report("gave_up", "error", **fields)
-            else:
-                self.report(str(kind), "info", **fields)
+            match event.kind:
+                case Kind.RESTART_FAILED:
+                    self.restart_failed(event, fields)
+                case Kind.RESTART_SUCCEEDED:
+                    self.report(ReportEvent.RESTART_SUCCEEDED, "info", **fields)
+                    self.close("restarted")
+                case Kind.GAVE_UP:
+                    self.report(ReportEvent.GAVE_UP, "error", **fields)
+                case Kind.GAVE_UP_CLEARED:
+                    self.report(ReportEvent.GAVE_UP_CLEARED, "info", **fields)
+                case Kind.BACKOFF_RESET:
+                    self.report(ReportEvent.BACKOFF_RESET, "info", **fields)
+                case Kind.BUDGET_RESET:
+                    self.report(ReportEvent.BUDGET_RESET, "info", **fields)
+                case _:
+                    assert_never(event.kind)
+
+    def restart_failed(self, event: restart_policy.PolicyEvent, fields: dict[str, Any]) -> None:
+        """P*: keep the failure (/status); a server that never came (back) ends the episode."""
+        failure = {"reason": event.reason, "detail": event.detail}
+        self.state = replace(
+            self.state, last_restart_failure={**failure, "timestamp": event.timestamp}
+        )
+        no_new_server = (
+            restart_policy.FailureReason.NOT_RECOVERED,
+            restart_policy.FailureReason.NOT_REPLACED,
+        )
+        if event.reason in no_new_server:
+            self.report(ReportEvent.RESTART_FAILED, "error", **fields)
+            self.state = replace(
+                self.state,
+                ignore_before_at=None,
+                old_server=None,
+                not_replaced=None,
+                listener_after=None,
+            )
+            self.close("restart_failed")
+        else:
+            # The remedy itself failed (error, timeout): the server is still the
+            # stalled one, so try again once the backoff allows, within the budget.
+            retry = {"retry": "after the back-off"}
+            self.report(ReportEvent.RESTART_FAILED, "error", log_only=retry, **fields)
+            self.update_episode(restart_pending_since=event.at)
 
 
 def suspect_rate_limited(rules: Rules, state: EpisodeState, at: float) -> str | None:
@@ -599,7 +618,7 @@ def capture_outcome(event: CaptureDone) -> str:
 
 def capture_reports(
     event: CaptureDone, scrape_failure: str | None
-) -> list[tuple[str, Level, dict[str, Any], dict[str, Any]]]:
+) -> list[tuple[ReportEvent, Level, dict[str, Any], dict[str, Any]]]:
     """C3: (event, level, log-only fields, fields) of evidence_captured / _capture_failed."""
     fields = {
         "episode": event.episode_id,
@@ -612,17 +631,17 @@ def capture_reports(
         "scrape_failure": scrape_failure,
         "duration_seconds": round(event.duration_seconds, 3),
     }
-    reports: list[tuple[str, Level, dict[str, Any], dict[str, Any]]] = []
+    reports: list[tuple[ReportEvent, Level, dict[str, Any], dict[str, Any]]] = []
     if event.bundle is not None:
         more = {
             "outcome": capture_outcome(event),
             "failures": [str(f) for f in event.failures],
             "detail": event.detail or None,
         }
-        reports.append(("evidence_captured", "info", more, fields))
+        reports.append((ReportEvent.EVIDENCE_CAPTURED, "info", more, fields))
     if event.failures:
         more = {"reasons": [str(f) for f in event.failures], "detail": event.detail}
-        reports.append(("evidence_capture_failed", "warning", more, fields))
+        reports.append((ReportEvent.EVIDENCE_CAPTURE_FAILED, "warning", more, fields))
     return reports
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, Literal, assert_never
 
 from wedgewatch.core import probe_policy, restart_policy
 from wedgewatch.core.detect import Policy, TargetVerdict
 from wedgewatch.core.replacement import ServerIdentity
-from wedgewatch.core.states import NOTIFIED, CaptureFailureReason, EpisodePhase
+from wedgewatch.core.states import CaptureFailureReason, EpisodePhase, NotifyEvent
 from wedgewatch.vllm.signals import EngineKey
 
 # ---------------------------------------------------------------------------------------------
@@ -209,6 +210,85 @@ class Persist:
     now: bool = False
 
 
+#: How loud a `Report`'s log line is.
+Level = Literal["debug", "info", "warning", "error"]
+
+
+class ReportEvent(StrEnum):
+    """Every event the episode core reports: a closed set, the `event` of its log lines.
+
+    The shell matches on it (own metrics in `daemon/report.py`, remedy notes in
+    `daemon/target.py`) with `assert_never` in the last case, so renaming or adding a member
+    without deciding what the shell does with it fails mypy. The values are the log lines'
+    event names (docs/daemon.md) and never change with a member's name.
+    """
+
+    # T1: detector transitions (core/transitions.py)
+    STALL_SUSPECTED = "stall_suspected"
+    WEDGE_DETECTED = "wedge_detected"
+    TARGET_UNREACHABLE = "target_unreachable"
+    ENGINE_RECOVERED = "engine_recovered"
+    ENGINE_UNKNOWN = "engine_unknown"
+    ENGINE_DISCOVERED = "engine_discovered"
+    ENGINE_STATE_CHANGED = "engine_state_changed"
+    # E1, E2: the episode
+    EPISODE_OPENED = "episode_opened"
+    EPISODE_CLOSED = "episode_closed"
+    # C3, C4: evidence
+    EVIDENCE_CAPTURED = "evidence_captured"
+    EVIDENCE_CAPTURE_FAILED = "evidence_capture_failed"
+    SUSPECT_CAPTURE_SKIPPED = "suspect_capture_skipped"
+    # R1-R3, W1: restarts
+    RESTART_SKIPPED = "restart_skipped"
+    RESTART_WAITING = "restart_waiting"
+    RESTART_DEFERRED = "restart_deferred"
+    RESTART_REQUESTED = "restart_requested"
+    RESTART_COMPLETED = "restart_completed"
+    # P*: the restart policy's events (`restart_policy.PolicyEventKind`)
+    RESTART_SUCCEEDED = "restart_succeeded"
+    RESTART_FAILED = "restart_failed"
+    GAVE_UP = "gave_up"
+    GAVE_UP_CLEARED = "gave_up_cleared"
+    BACKOFF_RESET = "backoff_reset"
+    BUDGET_RESET = "budget_reset"
+
+
+def notify_event(event: ReportEvent) -> NotifyEvent | None:
+    """H1: the webhook event a reported event sends, or None (log line and metrics only)."""
+    match event:
+        case (
+            ReportEvent.WEDGE_DETECTED
+            | ReportEvent.TARGET_UNREACHABLE
+            | ReportEvent.ENGINE_RECOVERED
+            | ReportEvent.RESTART_REQUESTED
+            | ReportEvent.RESTART_SUCCEEDED
+            | ReportEvent.RESTART_FAILED
+            | ReportEvent.GAVE_UP
+            | ReportEvent.GAVE_UP_CLEARED
+        ):
+            return NotifyEvent(event)  # the same name (tests/test_report_events.py)
+        case (
+            ReportEvent.STALL_SUSPECTED
+            | ReportEvent.ENGINE_UNKNOWN
+            | ReportEvent.ENGINE_DISCOVERED
+            | ReportEvent.ENGINE_STATE_CHANGED
+            | ReportEvent.EPISODE_OPENED
+            | ReportEvent.EPISODE_CLOSED
+            | ReportEvent.EVIDENCE_CAPTURED
+            | ReportEvent.EVIDENCE_CAPTURE_FAILED
+            | ReportEvent.SUSPECT_CAPTURE_SKIPPED
+            | ReportEvent.RESTART_SKIPPED
+            | ReportEvent.RESTART_WAITING
+            | ReportEvent.RESTART_DEFERRED
+            | ReportEvent.RESTART_COMPLETED
+            | ReportEvent.BACKOFF_RESET
+            | ReportEvent.BUDGET_RESET
+        ):
+            return None
+        case _:
+            assert_never(event)
+
+
 @dataclass(frozen=True, slots=True)
 class Report:
     """One notable fact: a log line (`level`), and a webhook when `notify`.
@@ -216,15 +296,15 @@ class Report:
     `log_only` fields go to the log line but not to the webhook.
     """
 
-    event: str
-    level: Literal["debug", "info", "warning", "error"]
+    event: ReportEvent
+    level: Level
     fields: Mapping[str, Any]
     log_only: Mapping[str, Any] | None = None
 
     @property
-    def notify(self) -> bool:
-        """H1: a webhook is sent exactly for the `NotifyEvent` events."""
-        return self.event in NOTIFIED
+    def notify(self) -> NotifyEvent | None:
+        """H1: the webhook this report sends (a `NotifyEvent`), or None."""
+        return notify_event(self.event)
 
 
 Effect = (

@@ -102,7 +102,8 @@ class CaptureFailureReason(StrEnum):
 class NotifyEvent(StrEnum):
     """The events wedgewatch sends to webhooks (the same names as its log lines); no others.
 
-    The episode core's `Report` effect notifies exactly when its event is one of these.
+    The episode core's `Report` effect notifies exactly when its `ReportEvent` maps to one
+    of these (`core.episode_types.notify_event`, an exhaustive match).
     """
 
     WEDGE_DETECTED = "wedge_detected"
@@ -114,9 +115,6 @@ class NotifyEvent(StrEnum):
     GAVE_UP = "gave_up"
     GAVE_UP_CLEARED = "gave_up_cleared"
 
-
-#: The event names of `NotifyEvent`, for a membership test on a plain string.
-NOTIFIED: frozenset[str] = frozenset(NotifyEvent)
 
 #: Why a scrape produced no exposition: a closed set.
 ScrapeFailureReason = Literal[

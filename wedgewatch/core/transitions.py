@@ -2,23 +2,21 @@
 
 Pure, like the rest of `core/`: the episode core (`core/episode.py`) calls it on every
 observation and wraps each answer in a `Report` effect; whether a webhook goes out is then
-rule H1 there (the event is a `NotifyEvent`).
+rule H1 there (`episode_types.notify_event`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from wedgewatch.core.detect import Policy, TargetVerdict, Transition
-from wedgewatch.core.episode_types import Episode, EpisodeState, Rules
+from wedgewatch.core.episode_types import Episode, EpisodeState, Level, ReportEvent, Rules
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState, Family
-
-Level = Literal["debug", "info", "warning", "error"]
 
 
 def transition_reports(
     state: EpisodeState, verdict: TargetVerdict, rules: Rules, at: float
-) -> list[tuple[str, Level, dict[str, Any]]]:
+) -> list[tuple[ReportEvent, Level, dict[str, Any]]]:
     """(event, level, fields) per transition of `verdict`, judged from `state` before it."""
     previous, episode = state.verdict, state.episode
     remedy, thresholds = rules.remedy, rules.detect
@@ -43,7 +41,7 @@ def transition_reports(
             "reason": reason,
             "detail": verdict.failure.detail if verdict.failure else None,
         }
-        out.append(("target_unreachable", "error", fields))
+        out.append((ReportEvent.TARGET_UNREACHABLE, "error", fields))
     return out
 
 
@@ -55,7 +53,7 @@ def _engine(
     remedy: str,
     thresholds: Policy,
     at: float,
-) -> tuple[str, Level, dict[str, Any]]:
+) -> tuple[ReportEvent, Level, dict[str, Any]]:
     new, old = transition.new, transition.old
     engine = next((e for e in verdict.engines if e.key == transition.key), None)
     fields: dict[str, Any] = {
@@ -81,19 +79,19 @@ def _engine(
         if episode is not None and episode.triage is not None:
             fields["triage"] = episode.triage
     if new is EngineState.SUSPECT and old not in STALLED:
-        return "stall_suspected", "warning", fields
+        return ReportEvent.STALL_SUSPECTED, "warning", fields
     if new is EngineState.WEDGED:
-        return "wedge_detected", "error", {"remedy": remedy, **fields}
+        return ReportEvent.WEDGE_DETECTED, "error", {"remedy": remedy, **fields}
     if new is EngineState.UNREACHABLE:
-        return "target_unreachable", "error", {"remedy": remedy, **fields}
+        return ReportEvent.TARGET_UNREACHABLE, "error", {"remedy": remedy, **fields}
     if old in STALLED and new in CALM:
         if episode is not None:
             fields["stalled_for_seconds"] = round(at - episode.opened_at, 3)
-        return "engine_recovered", "info", fields
+        return ReportEvent.ENGINE_RECOVERED, "info", fields
     if new is EngineState.UNKNOWN:
-        return "engine_unknown", "warning", fields
+        return ReportEvent.ENGINE_UNKNOWN, "warning", fields
     if old is EngineState.STARTING:
-        return "engine_discovered", "info", fields
+        return ReportEvent.ENGINE_DISCOVERED, "info", fields
     if EngineState.SLEEPING in (old, new):
-        return "engine_state_changed", "info", fields
-    return "engine_state_changed", "debug", fields
+        return ReportEvent.ENGINE_STATE_CHANGED, "info", fields
+    return ReportEvent.ENGINE_STATE_CHANGED, "debug", fields

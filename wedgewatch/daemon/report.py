@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from typing import Any, assert_never
 
 import structlog
 
@@ -21,9 +21,9 @@ from wedgewatch.core.detect import (
     ScrapeFailed,
     TargetVerdict,
 )
-from wedgewatch.core.episode import Report
+from wedgewatch.core.episode import Report, ReportEvent
 from wedgewatch.core.redact import redact_url, scrub_text, secret_fragments
-from wedgewatch.core.states import STALLED, THRESHOLD_SETTINGS
+from wedgewatch.core.states import STALLED, THRESHOLD_SETTINGS, NotifyEvent
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.roles import Notifier
 from wedgewatch.io.bundles import history_lines
@@ -47,45 +47,73 @@ class Reporter:
         self.metrics = metrics
         self.notifier = notifier
 
-    def notify(self, event: str, target: Target, fields: Mapping[str, Any], now: float) -> None:
+    def notify(
+        self, event: NotifyEvent, target: Target, fields: Mapping[str, Any], now: float
+    ) -> None:
         """Queue one webhook for `event` with the target's identity."""
         payload = {
-            "event": event,
+            "event": str(event),  # a plain str to io/: the JSON and log bytes do not change
             "target": target.name,
             "url": shown_url(target.url),
             "timestamp": now,
             "wedgewatch_version": __version__,
             **{k: v for k, v in fields.items() if k != "target"},
         }
-        self.notifier.notify(event, payload)
+        self.notifier.notify(str(event), payload)
 
     def report(self, target: Target, effect: Report, now: float) -> None:
         """One `Report` effect of the episode core: its log line, metric and webhook."""
         fields = dict(effect.fields)
         self.count(target, effect.event, {**fields, **(effect.log_only or {})})
-        getattr(log, effect.level)(effect.event, **fields, **(effect.log_only or {}))
-        if effect.notify:
-            self.notify(effect.event, target, fields, now)
+        getattr(log, effect.level)(str(effect.event), **fields, **(effect.log_only or {}))
+        webhook = effect.notify
+        if webhook is not None:
+            self.notify(webhook, target, fields, now)
 
-    def count(self, target: Target, event: str, fields: Mapping[str, Any]) -> None:
-        """The own-metrics counters a reported event moves."""
+    def count(self, target: Target, event: ReportEvent, fields: Mapping[str, Any]) -> None:
+        """The own-metrics counters a reported event moves (every event is decided here:
+        a new or renamed `ReportEvent` fails mypy at `assert_never` until it is)."""
         name, family = target.name, str(fields.get("family") or "unknown")
-        if event == "stall_suspected":
-            self.metrics.count_suspect(name, family)
-        elif event in ("wedge_detected", "target_unreachable") and "engine" in fields:
-            self.metrics.count_wedge(name, family)  # an engine's transition, not "never came up"
-        elif event == "restart_requested":
-            self.metrics.count_restart(name, self.config.remedy)
-        elif event == "restart_failed":
-            self.metrics.count_restart_failure(name, str(fields.get("reason")))
-        elif event == "restart_succeeded" and fields.get("reason") == "probe_restart":
-            self.metrics.count_restart(name, "probe")  # the kubelet's, proven (Q1)
-        elif event == "evidence_captured":
-            duration = float(fields.get("duration_seconds") or 0.0)
-            self.metrics.count_capture(name, phase=str(fields["phase"]), duration_seconds=duration)
-        elif event == "evidence_capture_failed":
-            for reason in fields.get("reasons") or ():
-                self.metrics.count_capture_failure(name, str(reason))
+        match event:
+            case ReportEvent.STALL_SUSPECTED:
+                self.metrics.count_suspect(name, family)
+            case ReportEvent.WEDGE_DETECTED | ReportEvent.TARGET_UNREACHABLE:
+                if "engine" in fields:  # an engine's transition, not "never came up"
+                    self.metrics.count_wedge(name, family)
+            case ReportEvent.RESTART_REQUESTED:
+                self.metrics.count_restart(name, self.config.remedy)
+            case ReportEvent.RESTART_FAILED:
+                self.metrics.count_restart_failure(name, str(fields.get("reason")))
+            case ReportEvent.RESTART_SUCCEEDED:
+                if fields.get("reason") == "probe_restart":
+                    self.metrics.count_restart(name, "probe")  # the kubelet's, proven (Q1)
+            case ReportEvent.EVIDENCE_CAPTURED:
+                duration = float(fields.get("duration_seconds") or 0.0)
+                phase = str(fields["phase"])
+                self.metrics.count_capture(name, phase=phase, duration_seconds=duration)
+            case ReportEvent.EVIDENCE_CAPTURE_FAILED:
+                for reason in fields.get("reasons") or ():
+                    self.metrics.count_capture_failure(name, str(reason))
+            case (
+                ReportEvent.ENGINE_RECOVERED
+                | ReportEvent.ENGINE_UNKNOWN
+                | ReportEvent.ENGINE_DISCOVERED
+                | ReportEvent.ENGINE_STATE_CHANGED
+                | ReportEvent.EPISODE_OPENED
+                | ReportEvent.EPISODE_CLOSED
+                | ReportEvent.SUSPECT_CAPTURE_SKIPPED
+                | ReportEvent.RESTART_SKIPPED
+                | ReportEvent.RESTART_WAITING
+                | ReportEvent.RESTART_DEFERRED
+                | ReportEvent.RESTART_COMPLETED
+                | ReportEvent.GAVE_UP
+                | ReportEvent.GAVE_UP_CLEARED
+                | ReportEvent.BACKOFF_RESET
+                | ReportEvent.BUDGET_RESET
+            ):
+                pass  # no counter: the log line (and a webhook, when notified) only
+            case _:
+                assert_never(event)
 
     def scrape(
         self,

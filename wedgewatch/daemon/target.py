@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 import structlog
 
@@ -472,14 +472,38 @@ def remedy_note(
     if not bundle:
         return None
     stamp = {"at": at, "timestamp": timestamp}
-    if effect.event == "restart_completed":
-        record = {"event": "restart", "ok": True, "detail": fields.get("detail"), **stamp}
-        record["duration_seconds"] = fields.get("duration_seconds")
-    elif effect.event == "restart_failed":
-        record = {"event": "restart", "ok": False, "reason": fields.get("reason"), **stamp}
-        record["detail"] = fields.get("detail")
-    elif effect.event == "episode_closed":
-        record = {"event": "episode_closed", "outcome": fields.get("outcome"), **stamp}
-    else:
-        return None
+    match effect.event:
+        case core.ReportEvent.RESTART_COMPLETED:
+            record = {"event": "restart", "ok": True, "detail": fields.get("detail"), **stamp}
+            record["duration_seconds"] = fields.get("duration_seconds")
+        case core.ReportEvent.RESTART_FAILED:
+            record = {"event": "restart", "ok": False, "reason": fields.get("reason"), **stamp}
+            record["detail"] = fields.get("detail")
+        case core.ReportEvent.EPISODE_CLOSED:
+            record = {"event": "episode_closed", "outcome": fields.get("outcome"), **stamp}
+        case (
+            core.ReportEvent.STALL_SUSPECTED
+            | core.ReportEvent.WEDGE_DETECTED
+            | core.ReportEvent.TARGET_UNREACHABLE
+            | core.ReportEvent.ENGINE_RECOVERED
+            | core.ReportEvent.ENGINE_UNKNOWN
+            | core.ReportEvent.ENGINE_DISCOVERED
+            | core.ReportEvent.ENGINE_STATE_CHANGED
+            | core.ReportEvent.EPISODE_OPENED
+            | core.ReportEvent.EVIDENCE_CAPTURED
+            | core.ReportEvent.EVIDENCE_CAPTURE_FAILED
+            | core.ReportEvent.SUSPECT_CAPTURE_SKIPPED
+            | core.ReportEvent.RESTART_SKIPPED
+            | core.ReportEvent.RESTART_WAITING
+            | core.ReportEvent.RESTART_DEFERRED
+            | core.ReportEvent.RESTART_REQUESTED
+            | core.ReportEvent.RESTART_SUCCEEDED
+            | core.ReportEvent.GAVE_UP
+            | core.ReportEvent.GAVE_UP_CLEARED
+            | core.ReportEvent.BACKOFF_RESET
+            | core.ReportEvent.BUDGET_RESET
+        ):
+            return None  # says nothing about what became of the bundle
+        case _:
+            assert_never(effect.event)
     return str(bundle), record
