@@ -335,12 +335,12 @@ class Daemon:
             await asyncio.gather(*hooks, return_exceptions=True)
         clock = self.deps.clock
         self._persist(clock.monotonic(), clock.wall(), refresh=True)
-        # The last state reaches the disk before we return (a second signal cuts this short).
-        await self._await_write(None)
+        # The last state reaches the disk before we return: `close` writes what is pending
+        # and stops the writer thread, waited for off the loop (a second signal cuts it short).
         await asyncio.to_thread(self._writer.close)
 
-    async def _await_write(self, timeout_seconds: float | None) -> bool:
-        """Wait for the newest hand-over's write (None: no bound); False if it did not end."""
+    async def _await_write(self, timeout_seconds: float) -> bool:
+        """Wait for the newest hand-over's write; False if it did not end in time."""
         future = self._last_write
         if future is None or future.done():
             return True
