@@ -85,6 +85,12 @@ def disk() -> Iterator[HangingDisk]:
     store.gate.set()  # never leave a writer thread stuck behind a failed test
 
 
+def counts_an_attempt(state: statefile.SavedState) -> bool:
+    """Whether the state of target `sim` counts a restart attempt."""
+    record = state.targets["sim"].restart_policy
+    return record is not None and bool(record.restart_timestamps)
+
+
 async def in_thread_wait(event: threading.Event) -> bool:
     return await asyncio.to_thread(event.wait, SAFETY_SECONDS)
 
@@ -156,10 +162,6 @@ async def test_a_restart_runs_only_once_its_attempt_is_on_disk(
     """The disk hangs on the write that counts a restart attempt: scrapes go on meanwhile,
     the remedy waits for that write, then runs (the attempt counts even if we die)."""
 
-    def counts_an_attempt(state: statefile.SavedState) -> bool:
-        record = state.targets["sim"].restart_policy
-        return record is not None and bool(record.restart_timestamps)
-
     disk.hang_when = counts_an_attempt
     world = make_world(tmp_path, wedge_at(30), until=100_000, store=disk)
     world.sleeper.settle = False  # time goes on while the restart waits for the disk
@@ -223,3 +225,35 @@ async def test_a_failed_write_is_logged_and_the_loop_goes_on(tmp_path: Path) -> 
     assert all("cannot write state file" in line["reason"] for line in failed)
     assert daemon.snapshot.ticks >= 99  # one heartbeat per virtual second all along
     assert events(logs, "wedge_detected")
+
+
+async def test_a_restart_goes_ahead_when_the_disk_never_answers(
+    tmp_path: Path, disk: HangingDisk
+) -> None:
+    """A write that does not finish within write_before_restart_seconds does not keep a
+    wedged server wedged: state_save_stalled, the remedy runs, the write lands later."""
+
+    disk.hang_when = counts_an_attempt
+    world = make_world(tmp_path, wedge_at(30), until=100_000, store=disk)
+    world.sleeper.settle = False
+    daemon = Daemon(world.config, world.deps)
+    daemon.write_before_restart_seconds = 0.05  # real seconds; the gate holds far longer
+    world.sleeper.daemon = daemon
+    held_at_restart: list[bool] = []
+    real_restart = world.restarter.restart
+
+    async def restart(request: restarters.RestartRequest) -> restart_policy.RestartOutcome:
+        held_at_restart.append(not any(counts_an_attempt(state) for state in disk.landed))
+        disk.gate.set()  # the disk comes back once the remedy ran
+        world.stop.set()
+        return await real_restart(request)
+
+    world.restarter.restart = restart  # type: ignore[method-assign]
+    with structlog.testing.capture_logs() as logs:
+        await daemon.run(world.stop)
+    assert held_at_restart == [True]  # the remedy ran before the attempt's write landed
+    (stalled,) = events(logs, "state_save_stalled")
+    assert stalled["waited_seconds"] == 0.05
+    assert stalled["log_level"] == "warning"
+    assert any(counts_an_attempt(state) for state in disk.landed)  # it landed after all
+    assert disk.gave_up == 0

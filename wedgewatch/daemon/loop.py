@@ -140,6 +140,7 @@ class Daemon:
         self._last_tick_timestamp: float | None = None
         self._last_persist_at = now_at
         self._writer = statefile.StateWriter(deps.state_store.save, _log_save_failed)
+        self.write_before_restart_seconds = _WRITE_BEFORE_RESTART_SECONDS
         self._last_write: Future[statefile.SaveResult] | None = None
         self._dirty = False
         self._status_dirty = False
@@ -272,10 +273,10 @@ class Daemon:
     async def state_written(self) -> None:
         """Wait (the loop runs on) until the newest state handed over is written or failed.
 
-        Bounded by `_WRITE_BEFORE_RESTART_SECONDS`: past it a warning
-        `state_save_stalled` is logged and the caller goes on (the write stays queued).
+        Bounded by `write_before_restart_seconds`: past it a warning `state_save_stalled`
+        is logged and the caller goes on (the write stays queued).
         """
-        await self._await_write(_WRITE_BEFORE_RESTART_SECONDS)
+        await self._await_write(self.write_before_restart_seconds)
 
     def after_step(self) -> None:
         """The heartbeat, at most about twice per interval, after any target's step."""
