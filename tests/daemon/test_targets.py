@@ -72,18 +72,13 @@ class SplitScraper:
         return None
 
 
-async def run_daemon(
-    tmp_path: Path,
-    targets: list[str],
-    seconds: float,
-    *,
-    store: MemoryStateStore | None = None,
-) -> tuple[Daemon, SplitScraper, float]:
-    """Run a daemon over `targets` for `seconds` of virtual time: it, its scraper, its start."""
+def virtual_daemon(
+    tmp_path: Path, targets: list[str], store: MemoryStateStore | None = None
+) -> tuple[Daemon, SplitScraper, VirtualTime]:
+    """A daemon over `targets` (remedy none, 1 s interval) on a virtual clock, not started."""
     clock = FakeClock()
     time = VirtualTime(clock)
     scraper = SplitScraper(clock)
-    start = clock.now
     config = Config.model_validate(
         {
             "targets": targets,
@@ -106,7 +101,19 @@ async def run_daemon(
         registry=CollectorRegistry(),
         serve_http=False,
     )
-    daemon = Daemon(config, deps)
+    return Daemon(config, deps), scraper, time
+
+
+async def run_daemon(
+    tmp_path: Path,
+    targets: list[str],
+    seconds: float,
+    *,
+    store: MemoryStateStore | None = None,
+) -> tuple[Daemon, SplitScraper, float]:
+    """Run a daemon over `targets` for `seconds` of virtual time: it, its scraper, its start."""
+    daemon, scraper, time = virtual_daemon(tmp_path, targets, store)
+    start = time.clock.now
     stop = asyncio.Event()
     with structlog.testing.capture_logs():
         await asyncio.gather(daemon.run(stop), time.run(seconds, stop))

@@ -17,6 +17,13 @@ Persistence and the published snapshot cost in proportion to what changed: each 
 rebuilds its own snapshot after its step, the whole `Snapshot` is assembled only when an
 endpoint asks, and the state file reuses the records of targets that did not change.
 
+The state file is written off the loop by one writer thread (`statefile.StateWriter`): a
+step hands over a snapshot and goes on, the newest snapshot waiting replaces an older one,
+so a slow disk delays no scrape and no `/health`. Where durability is promised the writer
+is awaited (off the loop): a restart's remedy runs only once the state counting its attempt
+is written ("the attempt counts even if we die"; see `state_written`), and shutdown writes
+the last state before it returns. A failed write is logged as `state_save_failed`.
+
 `run(config, deps)` is the composition root; tests pass fakes (a fake clock replays a
 30-minute story in milliseconds) and `daemon.adapters.real_deps(config)` builds the real
 adapters.
@@ -30,6 +37,7 @@ import gc
 import math
 import signal
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 import structlog
@@ -61,6 +69,10 @@ TARGETS_PER_WAKEUP = 16
 
 # How often the state file is refreshed while nothing notable happens (detector clocks).
 _PERSIST_EVERY_SECONDS = 30.0
+# How long a restart waits for the state that counts its attempt to reach the disk before
+# its remedy runs anyway (logged as state_save_stalled): a hung disk must not keep a wedged
+# server wedged, and a failed write (state_save_failed) never held a restart back either.
+_WRITE_BEFORE_RESTART_SECONDS = 30.0
 # Extra time granted to an evidence capture beyond its py-spy deadlines (process sampling,
 # nvidia-smi, writing files) before the daemon gives up waiting for it.
 _CAPTURE_SLACK_SECONDS = 15.0
@@ -127,6 +139,9 @@ class Daemon:
         self._last_tick_at: float | None = None
         self._last_tick_timestamp: float | None = None
         self._last_persist_at = now_at
+        self._writer = statefile.StateWriter(deps.state_store.save, _log_save_failed)
+        self.write_before_restart_seconds = _WRITE_BEFORE_RESTART_SECONDS
+        self._last_write: Future[statefile.SaveResult] | None = None
         self._dirty = False
         self._status_dirty = False
         self._webhook_failures = 0
@@ -248,9 +263,20 @@ class Daemon:
             self._dirty = True
 
     def persist_now(self) -> None:
-        """Save now (before and after a restart: the attempt counts even if we die)."""
+        """Save now (before and after a restart: the attempt counts even if we die).
+
+        The snapshot goes to the writer thread at once; `state_written` waits for it.
+        """
         clock = self.deps.clock
         self._persist(clock.monotonic(), clock.wall())
+
+    async def state_written(self) -> None:
+        """Wait (the loop runs on) until the newest state handed over is written or failed.
+
+        Bounded by `write_before_restart_seconds`: past it a warning `state_save_stalled`
+        is logged and the caller goes on (the write stays queued).
+        """
+        await self._await_write(self.write_before_restart_seconds)
 
     def after_step(self) -> None:
         """The heartbeat, at most about twice per interval, after any target's step."""
@@ -310,6 +336,26 @@ class Daemon:
             await asyncio.gather(*hooks, return_exceptions=True)
         clock = self.deps.clock
         self._persist(clock.monotonic(), clock.wall(), refresh=True)
+        # The last state reaches the disk before we return: `close` writes what is pending
+        # and stops the writer thread, waited for off the loop (a second signal cuts it short).
+        await asyncio.to_thread(self._writer.close)
+
+    async def _await_write(self, timeout_seconds: float) -> bool:
+        """Wait for the newest hand-over's write; False if it did not end in time."""
+        future = self._last_write
+        if future is None or future.done():
+            return True
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                await asyncio.shield(asyncio.wrap_future(future))
+        except TimeoutError:
+            log.warning(
+                "state_save_stalled",
+                waited_seconds=timeout_seconds,
+                reason="the state file write has not finished; going on without it",
+            )
+            return False
+        return True
 
     def _persist(self, at: float, now: float, *, refresh: bool = False) -> None:
         """Save every target's record; unchanged ones are reused until the periodic refresh."""
@@ -317,9 +363,7 @@ class Daemon:
         targets = {
             name: rt.saved_record(at, now, refresh=refresh) for name, rt in self._targets.items()
         }
-        result = self.deps.state_store.save(statefile.SavedState(targets=targets), now)
-        if isinstance(result, statefile.SaveFailed):
-            log.error("state_save_failed", reason=result.message)
+        self._last_write = self._writer.submit(statefile.SavedState(targets=targets), now)
         if refresh:
             self._last_persist_at = at
         self._dirty = False
@@ -327,6 +371,11 @@ class Daemon:
     def _status_line(self) -> str:
         states = ", ".join(f"{n}={rt.target_state}" for n, rt in self._targets.items())
         return f"watching {len(self._targets)} target(s): {states}"
+
+
+def _log_save_failed(failed: statefile.SaveFailed) -> None:
+    """On the writer thread: a state file that could not be written (failures as data)."""
+    log.error("state_save_failed", reason=failed.message)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -72,6 +72,10 @@ class Host(Protocol):
         """Save the state file now (a restart is about to run or just ran)."""
         ...
 
+    async def state_written(self) -> None:
+        """Wait until the state handed over last is on disk (or its write failed)."""
+        ...
+
     def target_changed(self, name: str, *, state_changed: bool) -> None:
         """The target's snapshot or record changed; `state_changed`: its state did."""
         ...
@@ -390,6 +394,7 @@ class TargetRunner:
         run = next((e for e in step.effects if isinstance(e, core.RunRestart)), None)
         if run is None:
             return
+        await self.host.state_written()  # the attempt is on disk before the remedy runs
         config = self.config
         episode = self.core.episode
         verdict = self.core.verdict
@@ -429,6 +434,7 @@ class TargetRunner:
             )
         done = core.RestartDone(outcome, listener_of(discovery))
         self.feed(done, clock.monotonic(), clock.wall())
+        await self.host.state_written()  # and its outcome before the next job
 
 
 async def discover(finder: ProcessFinder, target: Target) -> Discovery:

@@ -21,6 +21,11 @@ objects. Rules:
   refused with the holder's pid. The kernel drops the lock when the holder dies. The
   directory must not be writable by other users, and the lock and state files are never
   opened through a symlink nor readable by others (`io.private_paths`).
+* **Off the caller's thread.** `StateWriter` runs the saves of a long-lived process (the
+  daemon) on one thread of its own: the caller hands over a snapshot and goes on. At most
+  one write is in flight, writes happen in the order given, and a snapshot handed over
+  while another waits replaces it (the newest wins; the older one's waiters are answered
+  by the newer write). Each hand-over returns a future for the write that covers it.
 * **Operator resets.** `request_reset` drops a request file that a running daemon picks up
   with `take_reset_requests` on its next tick and applies with `restart_policy.reset`.
 """
@@ -32,10 +37,12 @@ import dataclasses
 import fcntl
 import json
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -263,6 +270,101 @@ def save(path: Path, state: SavedState, timestamp: float) -> Saved | SaveFailed:
     except OSError as exc:
         return SaveFailed(f"cannot write state file {path}: {exc.strerror or exc}")
     return Saved(path, len(data))
+
+
+# -- the writer thread -----------------------------------------------------------------------
+
+SaveResult: TypeAlias = Saved | SaveFailed
+
+
+@dataclass(slots=True)
+class _Pending:
+    state: SavedState
+    timestamp: float
+    waiters: list[Future[SaveResult]]
+
+
+class StateWriter:
+    """Saves handed-over snapshots on one thread of its own; the newest pending one wins.
+
+    `submit` never waits for a disk: it replaces the snapshot waiting to be written (if
+    any) and returns a future that resolves with the result of the write that covers it
+    (its own, or a newer one's). `save` is called on the writer thread only, one call at
+    a time, in submission order; a `SaveFailed` (or an exception, turned into one) goes to
+    `on_failed` on that thread and is every waiter's result. The thread starts with the
+    first submission; `close` writes what is pending and stops it (a later `submit` starts
+    a new one).
+    """
+
+    def __init__(
+        self,
+        save: Callable[[SavedState, float], SaveResult],
+        on_failed: Callable[[SaveFailed], None],
+        *,
+        name: str = "wedgewatch-state-writer",
+    ) -> None:
+        self._save = save
+        self._on_failed = on_failed
+        self._name = name
+        self._cond = threading.Condition()
+        self._pending: _Pending | None = None
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self.writes = 0  # saves finished (a failure counts)
+        self.coalesced = 0  # snapshots replaced by a newer one before they were written
+
+    def submit(self, state: SavedState, timestamp: float) -> Future[SaveResult]:
+        """Hand over a snapshot to write; returns at once."""
+        future: Future[SaveResult] = Future()
+        with self._cond:
+            waiters = [future]
+            if self._pending is not None:
+                self.coalesced += 1
+                waiters[:0] = self._pending.waiters
+            self._pending = _Pending(state, timestamp, waiters)
+            if self._thread is None:
+                self._closing = False
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return future
+
+    def close(self, timeout_seconds: float | None = None) -> bool:
+        """Write the pending snapshot, then stop the thread; False if it is still writing."""
+        with self._cond:
+            thread = self._thread
+            self._closing = True
+            self._cond.notify()
+        if thread is None:
+            return True
+        thread.join(timeout_seconds)
+        if thread.is_alive():
+            return False
+        with self._cond:
+            if self._thread is thread:
+                self._thread = None
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closing:
+                    self._cond.wait()
+                pending, self._pending = self._pending, None
+                if pending is None:  # closing, and nothing left to write
+                    if self._thread is threading.current_thread():
+                        self._thread = None
+                    return
+            try:
+                result = self._save(pending.state, pending.timestamp)
+            except Exception as exc:  # a bug in a store must not kill the writer
+                result = SaveFailed(f"saving the state raised {type(exc).__name__}: {exc}")
+            if isinstance(result, SaveFailed):
+                self._on_failed(result)
+            self.writes += 1
+            for waiter in pending.waiters:
+                with contextlib.suppress(InvalidStateError):  # a waiter that was cancelled
+                    waiter.set_result(result)
 
 
 # -- one writer --------------------------------------------------------------------------------
