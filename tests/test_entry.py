@@ -92,6 +92,27 @@ def test_the_fast_path_runs_only_with_settings_the_cli_validated(tmp_path: Path)
         assert "prometheus_client" not in imported
 
 
+def test_a_url_with_a_secret_is_never_cached_in_the_state_file(tmp_path: Path) -> None:
+    """#21: the settings cache would keep the raw URL: with a secret in it there is none (the
+    full CLI runs each time), and an old file's raw URL is not served from the cache."""
+    state = tmp_path / "probe.json"
+    body = (FIXTURES / "idle.prom").read_bytes()
+    with ScriptedServer(always(Reply(body=body))) as server:
+        url = server.url.replace("http://", "http://PLANTEDtok@") + "/?apikey=PLANTEDq"
+        args = [url, "--for=0", f"--state-file={state}"]
+        full = subprocess.run(
+            [ENTRY, "check", *args], capture_output=True, text=True, env=clean_env(), check=False
+        )
+        assert full.returncode == 0, full.stdout + full.stderr
+        assert "PLANTED" not in state.read_text()
+        assert "settings" not in json.loads(state.read_text())
+        assert entry.fast_check(args) is None
+    key = settings_key(url, None, {}, {})
+    assert key is not None
+    state.write_text(json.dumps({"settings": {"key": key, "metrics_url": url, "values": {}}}))
+    assert check_settings.cached_settings(state, key) is None
+
+
 def test_a_changed_input_is_validated_again_never_served_from_the_cache(tmp_path: Path) -> None:
     """Config bytes, WEDGEWATCH_* variables and flags are in the key: a change misses."""
     config = tmp_path / "w.toml"

@@ -92,14 +92,17 @@ def test_a_planted_state_file_symlink_is_never_read(tmp_path: Path, victim: Path
         read_private(state / "state.json.corrupt")
 
 
+@pytest.mark.parametrize("critical_only", [(), ("--critical-only",)], ids=["plain", "critical"])
 def test_check_refuses_a_planted_lock_symlink_beside_its_state_file(
-    tmp_path: Path, victim: Path, target: str
+    tmp_path: Path, victim: Path, target: str, critical_only: tuple[str, ...]
 ) -> None:
-    """`check --state-file`: UNKNOWN with the reason; the symlink's target is untouched."""
+    """`check --state-file`: UNKNOWN with the reason; the symlink's target is untouched.
+    A probe that cannot use its state file is broken: exit 3 even with --critical-only."""
     directory = tmp_path / "probe"
     directory.mkdir(mode=0o700)
     (directory / "s.json.lock").symlink_to(victim)
-    done = _wedgewatch("check", target, "--for", "0", "--state-file", str(directory / "s.json"))
+    state_file = str(directory / "s.json")
+    done = _wedgewatch("check", target, "--for", "0", "--state-file", state_file, *critical_only)
     assert done.returncode == 3, done
     assert "symlink" in done.stdout
     assert victim.read_text() == "precious\n"
@@ -204,10 +207,12 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.parametrize("critical_only", [(), ("--critical-only",)], ids=["plain", "critical"])
 def test_check_never_waits_for_ever_on_a_lock_held_by_another_process(
-    tmp_path: Path, target: str
+    tmp_path: Path, target: str, critical_only: tuple[str, ...]
 ) -> None:
-    """A child holds the state file's lock for good: the check ends UNKNOWN, saying why.
+    """A child holds the state file's lock for good: the check ends UNKNOWN, saying why,
+    and exits 3 even with --critical-only (a probe that cannot work must fail, not pass).
 
     Before: `check --state-file` blocked in flock for as long as the holder lived.
     """
@@ -224,7 +229,7 @@ def test_check_never_waits_for_ever_on_a_lock_held_by_another_process(
             assert holder.stdout.readline() == "held\n"
             done = _wedgewatch(
                 "check", target, "--for", "0", "--scrape-timeout-seconds", "1",
-                "--state-file", str(state_file),
+                "--state-file", str(state_file), *critical_only,
             )  # fmt: skip
         finally:
             holder.kill()

@@ -6,13 +6,15 @@ onto the next line of py-spy's header, an `--api-key` value with spaces, a secre
 `--kv-transfer-config` JSON, a `VLLM_*` URL with a password, a JSON environment value, a
 model name with an escape sequence, Markdown and a Slack mention), watched through a URL
 with a token-only userinfo and secret query keys (URLs with a #fragment are refused), and
-a webhook URL with a secret path and query. The API server hangs (`api-hang`), the target
-is judged unreachable, evidence is captured, the exec remedy runs, webhooks go to a real
-local receiver. Then every byte wedgewatch wrote is read back: the daemon's log, its state
-and evidence directories (every file), `/status`, `/probe`, `/metrics`, `/health`, the
-webhook bodies, the exec remedy's environment, `check` (text and JSON), `report` (HTML,
-Markdown) and its `--upstream` body, `bundles` and every command's output. No planted
-secret may be in any of them, and no escape character may reach a terminal or a log.
+a webhook URL with a secret path and query. Under load the engine wedges
+(`collective-hang`), so the daemon's state and `check --state-file`'s file carry that engine;
+evidence is captured (a py-spy dump whose header holds the multi-line argument), the exec
+remedy runs, webhooks go to a real local receiver. Then every byte wedgewatch wrote is read
+back: the daemon's log, its state and evidence directories (every file), the probe's state
+file, `/status`, `/probe`, `/metrics`, `/health`, the webhook bodies, the exec remedy's
+environment, `check` (text and JSON), `report` (HTML, Markdown) and its `--upstream` body,
+`bundles` and every command's output. No planted secret may be in any of them, and no escape
+character may reach a terminal or a log.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import pytest
 from scripted_http import Reply, ScriptedServer, always
-from sim.simproc import SimProcess
+from sim.simproc import LoadProcess, SimProcess
 from wedgewatch_daemon import DaemonProcess, clean_env
 
 pytestmark = pytest.mark.slow
@@ -45,7 +47,7 @@ SIM_FLAGS = [
     "--kv-transfer-config",
     json.dumps({"kv_connector": "LMCacheConnectorV1",
                 "kv_connector_extra_config": {"secret_access_key": f"{P}kvjson"}}),
-    "--fault", "api-hang@6",
+    "--fault", "collective-hang@8",
 ]  # fmt: skip
 SIM_ENV = {
     "VLLM_STORE_URL": f"redis://user:{P}envurl@10.0.0.9:6379/0",
@@ -56,6 +58,8 @@ SIM_ENV = {
 DAEMON_FLAGS = [
     "--interval-seconds", "1",
     "--unreachable-after-seconds", "2",
+    "--stall-after-seconds", "3",
+    "--hang-after-seconds", "3",
     "--scrape-timeout-seconds", "1",
     "--startup-timeout-seconds", "3",
     "--restart-backoff-seconds", "1",
@@ -101,7 +105,11 @@ def test_no_planted_secret_appears_anywhere_wedgewatch_writes(
         f"?apikey={P}apikeyq&apiKey={P}apiKeyq&pwd={P}pwdq"  # a #fragment is refused
     )
     exec_env = tmp_path / "exec-env.txt"
+    probe_state = tmp_path / "probe" / "probe.json"
     outputs: dict[str, bytes] = {}
+    load = LoadProcess(
+        hostile_sim.url, ["--profile", "steady", "--duration", "60"], tmp_path / "load.txt"
+    )
     with ScriptedServer(always(Reply(200, b"ok", {"Content-Type": "text/plain"}))) as hook:
         webhook = f"{hook.base_url}/services/T0/{P}hookpath?token={P}hookquery"
         daemon = DaemonProcess(
@@ -115,6 +123,8 @@ def test_no_planted_secret_appears_anywhere_wedgewatch_writes(
             tmp_path,
         )  # fmt: skip
         try:
+            wedge = daemon.wait_for("wedge_detected", timeout_seconds=120)
+            assert wedge["family"] == "progress_stall", wedge
             captured = daemon.wait_for("evidence_captured", timeout_seconds=180, phase="wedged")
             daemon.wait_for("restart_failed", timeout_seconds=120)
             deadline = time.monotonic() + 60
@@ -124,8 +134,11 @@ def test_no_planted_secret_appears_anywhere_wedgewatch_writes(
                 outputs[f"GET {path}"] = daemon.get(path).content
             check = _run("check", target_url, "--for", "2", "--interval-seconds", "1")
             check_json = _run("check", target_url, "--json")
+            probe_state.parent.mkdir(mode=0o700)
+            probe = _run("check", target_url, "--state-file", str(probe_state), "--for", "2")
             assert daemon.stop() == 0
         finally:
+            load.stop()
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(daemon.proc.pid, signal.SIGKILL)
         webhooks = [r.body for r in hook.requests]
@@ -143,19 +156,26 @@ def test_no_planted_secret_appears_anywhere_wedgewatch_writes(
     outputs["daemon log"] = daemon.log_path.read_bytes()
     outputs["exec remedy environment"] = exec_env.read_bytes()
     for name, done in (("check", check), ("check --json", check_json), ("report", report),
-                       ("report --upstream", upstream), ("bundles", listing)):  # fmt: skip
+                       ("report --upstream", upstream), ("bundles", listing),
+                       ("check --state-file", probe)):  # fmt: skip
         outputs[f"{name} stdout"] = done.stdout
         outputs[f"{name} stderr"] = done.stderr
-    outputs |= _every_file(tmp_path / "state", daemon.evidence_dir)
+    outputs |= _every_file(tmp_path / "state", daemon.evidence_dir, probe_state.parent)
     outputs["upstream.md"] = (tmp_path / "upstream.md").read_bytes()
 
     # The run did go through the hostile values (else the test proves nothing).
     assert any(b"report.md" in name.encode() for name in outputs), sorted(outputs)
     build = json.loads((bundle / "build.json").read_text())
     assert "--api-key" in build["command_line"], build["command_line"]
-    assert any("pyspy" in name and name.endswith(".txt") for name in outputs) or any(
-        "pyspy" in name for name in outputs
-    ), sorted(outputs)
+    dumps = {n: d for n, d in outputs.items() if n.startswith("file ") and "pyspy" in n}
+    assert any(b"--chat-template" in d.split(b"\nThread ", 1)[0] for d in dumps.values()), sorted(
+        dumps
+    )  # a dump was written, and its header carries the multi-line argument (item 3)
+    # Both state files carry the wedged engine (by its redacted model name).
+    state_files = {n: d for n, d in outputs.items() if n.endswith(".json") and "state" in n}
+    state_files[f"file {probe_state.name}"] = probe_state.read_bytes()
+    assert any(b"evil" in d and b"model_name" in d for d in state_files.values()), state_files
+    assert b"model_name" in probe_state.read_bytes()
     assert "VLLM_STORE_URL" in build["engine_env"], build["engine_env"]
     assert rb"evil\\x1b[2J" in outputs["daemon log"]  # the model name, neutralised (in JSON)
     assert "apikey=***" in outputs["GET /status"].decode()

@@ -163,6 +163,9 @@ class CheckReport:
     events: tuple[PolicyEvent, ...] = ()
     thresholds: StallThresholds | None = None
     scrape_seconds: float | None = None  # how long the last scrape took
+    # The probe itself is broken (its state file cannot be used: refused, unwritable, its
+    # lock held past the bounded wait): exit 3 even with --critical-only.
+    probe_broken: bool = False
 
     @property
     def exit_code(self) -> int:
@@ -362,6 +365,7 @@ async def _run_check(
             notes=(),
             scrapes=0,
             at=None,
+            probe_broken=True,
         )
     try:
         saved = _load_state_file(options, clock(), wall(), notes)
@@ -385,7 +389,10 @@ async def _run_check(
         except OSError as exc:
             _log("error", "state_file_unwritable", path=str(path), error=str(exc))
             return replace(
-                report, status=EngineState.UNKNOWN, error=f"cannot write state file {path}: {exc}"
+                report,
+                status=EngineState.UNKNOWN,
+                error=f"cannot write state file {path}: {exc}",
+                probe_broken=True,
             )
         for event in report.events:
             _log(
@@ -506,7 +513,11 @@ def execute(options: CheckOptions, *, as_json: bool, critical_only: bool) -> int
     # A liveness probe restarts vLLM on any non-zero exit: with --critical-only only a
     # CRITICAL verdict may do that. A measurement that cannot be judged (NaN gauges, a URL
     # reaching two servers, a body that is not vLLM's) is reported on the line, never acted on.
-    return EXIT_OK if critical_only and code in (EXIT_WARNING, EXIT_UNKNOWN) else code
+    # A probe that cannot use its state file is broken, not a judgement: it exits 3, so the
+    # probe fails visibly instead of passing for ever.
+    if critical_only and not report.probe_broken and code in (EXIT_WARNING, EXIT_UNKNOWN):
+        return EXIT_OK
+    return code
 
 
 async def _scrape_loop(

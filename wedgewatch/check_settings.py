@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from wedgewatch.core import states
 from wedgewatch.core.detect import Policy
+from wedgewatch.core.redact import redact_url
 from wedgewatch.core.restart_policy import RestartPolicy
 from wedgewatch.io.scrape_rules import ScrapeLimits
 
@@ -129,6 +130,8 @@ def cached_settings(state_file: Path, key: str) -> tuple[str, CheckSettings] | N
     metrics_url = cache.get("metrics_url")
     settings = CheckSettings.from_json(cache.get("values"))
     if not isinstance(metrics_url, str) or settings is None:
+        return None
+    if redact_url(metrics_url) != metrics_url:  # a URL with a secret is not cached (#21)
         return None
     return metrics_url, settings
 

@@ -29,7 +29,7 @@ from wedgewatch import __version__, check, check_settings, config
 from wedgewatch.config import SETTINGS, Config
 from wedgewatch.core import nagios
 from wedgewatch.core.escape import neutralise
-from wedgewatch.core.redact import redact_text
+from wedgewatch.core.redact import redact_text, redact_url
 from wedgewatch.logsetup import configure_logging
 from wedgewatch.report import cli as report_cli
 from wedgewatch.sim.cli import sim_app
@@ -365,7 +365,8 @@ def _check(
         cache = None
         if state_file is not None:
             key = check_settings.settings_key(url, config_file, os.environ, flags)
-            if key is not None:
+            # A URL with a secret is never written to the file (#21): no cache, no fast path.
+            if key is not None and redact_url(metrics_url) == metrics_url:
                 cache = {"key": key, "metrics_url": metrics_url, "values": settings.to_json()}
         options = check.options_for(
             metrics_url,

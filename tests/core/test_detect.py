@@ -1645,6 +1645,25 @@ def test_dump_load_round_trips_a_rich_state_through_json() -> None:
     )
 
 
+def test_a_secret_in_the_model_name_is_never_written_and_the_engine_is_still_matched() -> None:
+    """#21: the state keeps the redacted model name; after a restart of wedgewatch the live
+    engine (raw name from /metrics) is matched by that form, so the wedge is remembered."""
+    hostile = EngineKey("m http://PLANTEDtok@h/?apikey=PLANTEDq", "0")
+    state, _ = run(
+        [scraped(0, busy(1, hostile)), *(scraped(t, stuck(2, hostile)) for t in (10, 80))]
+    )
+    assert state.engines[0].state is S.WEDGED
+    text = json.dumps(dump_state(state), allow_nan=False)
+    assert "PLANTED" not in text
+    restored = load_state(json.loads(text))
+    assert restored.engines[0].key != hostile  # the redacted form
+    after, verdict = step(restored, scraped(90, stuck(2, hostile)), POLICY)
+    assert [m.key for m in after.engines] == [hostile]
+    assert verdict.engines[0].state is S.WEDGED, verdict  # not a fresh baseline
+    assert after.engines[0].acted  # no second capture or restart
+    assert step(restored, scraped(90, stuck(2, hostile)), POLICY)[1].engines[0].key == hostile
+
+
 def test_initial_state_round_trips() -> None:
     """The empty state survives dump and load and equals `TargetState.initial()`."""
     assert load_state(dump_state(TargetState.initial())) == new_state()

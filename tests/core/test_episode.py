@@ -769,6 +769,15 @@ def test_restored_trusts_the_detector_and_episode_only_for_the_same_url_and_boot
         assert back.state.last_bundle == "/b"
 
 
+def test_the_saved_episode_keeps_no_secret_of_the_model_name() -> None:
+    """#21: the state file's episode carries the redacted model name, never the raw one."""
+    hostile = EngineKey("m http://PLANTEDtok@h/?apikey=PLANTEDq", "0")
+    _, episodes = episode_store.saved(with_episode(key=hostile), AT, WALL + AT)
+    assert episodes[0].engine == "0"
+    assert "PLANTED" not in episodes[0].model_name
+    assert episodes[0].model_name.startswith("m http://")
+
+
 @pytest.mark.parametrize(
     ("saved_at", "saved_wall", "at", "wall", "same"),
     [

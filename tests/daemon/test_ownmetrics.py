@@ -146,6 +146,19 @@ def test_engine_state_is_one_hot() -> None:
     assert states == {s: (1.0 if s == "ok" else 0.0) for s in STATES}
 
 
+def test_a_secret_in_the_model_name_never_reaches_the_metrics_page() -> None:
+    """#21: the model_name label is the redacted form; the engine's series still follow it."""
+    registry, metrics = _metrics()
+    metrics.add_target("t", state="starting", remedy="none", budget_remaining=3)
+    hostile = "m http://PLANTEDtok@h/?apikey=PLANTEDq"
+    metrics.set_engines("t", "wedged", [EngineSample(hostile, "0", "wedged", 9.0, None)])
+    names = {dict(labels).get("model_name") for _, labels in _samples(registry)}
+    assert not any("PLANTED" in str(n) for n in names), names
+    assert "m http://***@h/?apikey=***" in names, names
+    metrics.set_engines("t", "ok", [])  # vanished: its series go, under the same label
+    assert not any(dict(labels).get("model_name") for _, labels in _samples(registry))
+
+
 def test_vanished_engine_loses_its_series() -> None:
     """An engine that is no longer reported has no state, stall or progress series left."""
     registry, metrics = _metrics()

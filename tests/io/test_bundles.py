@@ -13,6 +13,7 @@ from bundle_files import assert_private, fake_bundle
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.bundles import (
     apply_retention,
+    bundle_bytes,
     bundle_name,
     ensure_private_dir,
     history_lines,
@@ -183,3 +184,15 @@ def test_apply_retention_routine_bundle_keeps_wedges_until_it_becomes_one(tmp_pa
     evicted, failures = apply_retention(root, keep=3, max_bytes=MAX_BYTES, protect=[suspect])
     assert (evicted, failures) == ((wedges[0],), ())
     assert sorted(p.name for p in root.iterdir()) == [*wedges[1:], suspect]
+
+
+@pytest.mark.parametrize(
+    ("data", "written"),
+    [
+        pytest.param(b"", b"", id="empty"),  # was ValueError: max_chars must be >= 1, got 0
+        pytest.param(b"a\x00b\x1b[2J", b"a\\x00b\\x1b[2J", id="escaped-never-cut"),
+    ],
+)
+def test_bundle_bytes_of_a_text_file_never_fails_nor_cuts(data: bytes, written: bytes) -> None:
+    """A text file (an empty py-spy stderr, a title full of escapes) is written whole."""
+    assert bundle_bytes("pyspy/x.txt", data) == written

@@ -144,6 +144,7 @@ from wedgewatch.core.detect_types import (
     TargetVerdict,
     Transition,
 )
+from wedgewatch.core.redact import redact_text
 from wedgewatch.core.states import ACTED_ON, SEVERITY, STALLED, CapturePhase, EngineState, Family
 from wedgewatch.vllm import semantics
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
@@ -398,7 +399,7 @@ def _step_scraped(
 ) -> tuple[TargetState, TargetVerdict]:
     at = scraped.at
     exposition = scraped.exposition
-    known = {m.key: m for m in state.engines}
+    known = adopt_redacted_keys({m.key: m for m in state.engines}, exposition)
     start = semantics.process_start(exposition.process_start_time_seconds)
     start_times, multi_server_since = _track_start_times(state, start, at)
     out = _Outcome(at, policy)
@@ -456,6 +457,19 @@ def _step_scraped(
         multi_server_since=multi_server_since,
     )
     return _finish(new, out, policy, None)
+
+
+def adopt_redacted_keys(
+    known: dict[EngineKey, EngineMemory], exposition: Exposition
+) -> dict[EngineKey, EngineMemory]:
+    """A state file keeps model names redacted (#21, `detect_state`): an engine restored
+    under the redacted form of a live engine's key is that engine, under its live key."""
+    for key in sorted(exposition.engines):
+        stored = EngineKey(redact_text(key.model_name), key.engine)
+        live_elsewhere = stored in exposition.engines  # a live engine under that name: its own
+        if key not in known and stored != key and stored in known and not live_elsewhere:
+            known[key] = replace(known.pop(stored), key=key)
+    return known
 
 
 def _track_start_times(

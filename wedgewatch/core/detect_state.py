@@ -4,6 +4,9 @@ The daemon persists a target's `TargetState` across a restart of wedgewatch, and
 `wedgewatch check` keeps it between runs. `load_state` accepts only what `dump_state`
 writes (this format version, every field typed, engines sorted) and raises ValueError
 naming the first malformed field, so a damaged file is a clear message, never a crash.
+A file keeps no secret (#21): model names are written in their redacted form
+(`core.redact.redact_text`), and the detector matches such a restored engine to the live one
+by that form on the next scrape (`core.detect.adopt_redacted_keys`).
 JSON has no NaN: non-finite reading values are written as "NaN", "Infinity" and
 "-Infinity" (`vllm.semantics.encode_float`) and read back as floats.
 """
@@ -15,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from wedgewatch.core.detect import MAX_START_TIMES, EngineMemory, TargetState
+from wedgewatch.core.redact import redact_text
 from wedgewatch.core.states import STALLED, EngineState, Family
 from wedgewatch.vllm import semantics
 from wedgewatch.vllm.signals import EngineKey, EngineReading
@@ -47,8 +51,22 @@ def dump_state(state: TargetState) -> dict[str, Any]:
         "process_start_time_seconds": state.process_start_time_seconds,
         "start_times": [[value, seen] for value, seen in state.start_times],
         "multi_server_since": state.multi_server_since,
-        "engines": [_dump_memory(m) for m in state.engines],
+        "engines": _dump_engines(state.engines),
     }
+
+
+def _dump_engines(engines: tuple[EngineMemory, ...]) -> list[dict[str, Any]]:
+    """The engines under their redacted keys, sorted by them; should two model names
+    redact alike, the first is kept (the other starts from a fresh baseline)."""
+    dumped: dict[EngineKey, dict[str, Any]] = {}
+    for memory in engines:
+        dumped.setdefault(stored_key(memory.key), _dump_memory(memory))
+    return [dumped[key] for key in sorted(dumped)]
+
+
+def stored_key(key: EngineKey) -> EngineKey:
+    """The key as a state file keeps it: the model name without its secrets."""
+    return EngineKey(redact_text(key.model_name), key.engine)
 
 
 def _dump_optional(value: float | None) -> float | str | None:
@@ -70,7 +88,7 @@ def _dump_memory(memory: EngineMemory) -> dict[str, Any]:
     dumped_reading["prefix_cache_queries"] = _dump_optional(reading.prefix_cache_queries)
     dumped_reading["awake"] = reading.awake
     return {
-        "model_name": memory.key.model_name,
+        "model_name": redact_text(memory.key.model_name),
         "engine": memory.key.engine,
         "state": memory.state.value,
         "family": None if memory.family is None else memory.family.value,

@@ -16,7 +16,7 @@ from wedgewatch.core import restart_policy
 from wedgewatch.core.detect import TargetState
 from wedgewatch.core.detect_state import dump_state, load_state
 from wedgewatch.core.episode import Episode, EpisodeState, Rules
-from wedgewatch.core.redact import redact_url
+from wedgewatch.core.redact import redact_text, redact_url
 from wedgewatch.vllm.signals import EngineKey
 
 # A saved detector state is trusted only when the monotonic clock kept running between the
@@ -46,7 +46,7 @@ def saved(
         episodes = (
             EpisodeRecord(
                 episode_id=episode.episode_id,
-                model_name=episode.key.model_name,
+                model_name=redact_text(episode.key.model_name),  # a file keeps no secret
                 engine=episode.key.engine,
                 family=episode.family,
                 opened_timestamp=episode.opened_timestamp,

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import choose_encoder
 
 from wedgewatch.core.canary import CANARY_FAILURE_REASONS
+from wedgewatch.core.redact import redact_text
 from wedgewatch.core.restart_policy import FailureReason
 from wedgewatch.core.states import CaptureFailureReason, CapturePhase
 
@@ -278,8 +279,9 @@ class OwnMetrics:
         previous = self._engines.get(target, {})
         current: dict[tuple[str, str], str] = {}
         for sample in engines:
-            labels = (target, sample.model_name, sample.engine)
-            current[(sample.model_name, sample.engine)] = sample.state
+            model_name = redact_text(sample.model_name)  # a scraped page keeps no secret (#21)
+            labels = (target, model_name, sample.engine)
+            current[(model_name, sample.engine)] = sample.state
             self._set_enum(self._engine_state, labels, sample.state)
             self._child(self._engine_stalled, labels).set(sample.stalled_seconds)
             if sample.last_progress_timestamp is None:

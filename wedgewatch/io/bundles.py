@@ -182,7 +182,8 @@ def bundle_bytes(rel: str, data: bytes) -> bytes:
 def _text(text: str) -> str:
     """Text redacted, its control characters but newline and tab visible, nothing cut."""
     shown = redact_text(text)
-    return neutralise(shown, len(shown))
+    # An escape is at most 6 characters (`\uXXXX`); an empty file stays empty (limit >= 1).
+    return neutralise(shown, 6 * len(shown) + 1)
 
 
 def _redacted_line(line: str) -> str:
