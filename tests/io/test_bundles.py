@@ -13,6 +13,7 @@ from bundle_files import assert_private, fake_bundle
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.bundles import (
     apply_retention,
+    bundle_bytes,
     bundle_name,
     ensure_private_dir,
     history_lines,
@@ -183,3 +184,15 @@ def test_apply_retention_routine_bundle_keeps_wedges_until_it_becomes_one(tmp_pa
     evicted, failures = apply_retention(root, keep=3, max_bytes=MAX_BYTES, protect=[suspect])
     assert (evicted, failures) == ((wedges[0],), ())
     assert sorted(p.name for p in root.iterdir()) == [*wedges[1:], suspect]
+
+
+@pytest.mark.parametrize(
+    ("data", "written"),
+    [
+        pytest.param(b"", b"", id="empty"),  # a py-spy round with nothing on stderr (#24)
+        pytest.param(b"\x00\x00ok\n", b"\\x00\\x00ok\n", id="escaped-not-cut"),
+    ],
+)
+def test_text_files_are_escaped_never_cut_and_may_be_empty(data: bytes, written: bytes) -> None:
+    """A text file of a bundle keeps all its characters once escaped, and may be empty."""
+    assert bundle_bytes("pyspy/stderr.txt", data) == written

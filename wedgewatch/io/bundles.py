@@ -182,7 +182,8 @@ def bundle_bytes(rel: str, data: bytes) -> bytes:
 def _text(text: str) -> str:
     """Text redacted, its control characters but newline and tab visible, nothing cut."""
     shown = redact_text(text)
-    return neutralise(shown, len(shown))
+    # A character escapes to at most 6 (`\u2028`); an empty file is kept empty, not an error.
+    return neutralise(shown, max(1, 6 * len(shown)))
 
 
 def _redacted_line(line: str) -> str:
