@@ -12,9 +12,9 @@
 #                               test at a time
 #
 # Both create (or reuse) .venv and install wedgewatch with its test tools; the default tier
-# also installs the real tools its tests use (Debian's prometheus, systemd, nodejs and
-# chromium packages) when they are missing and checks that kubectl is there and new enough to
-# render the manifests (it says how to install it). .ci/run runs both tiers, in that order.
+# also installs the real tools its tests use (Debian's prometheus, prometheus-alertmanager,
+# systemd, nodejs and chromium packages) when they are missing and checks that kubectl is
+# there and new enough to render the manifests (it says how to install it). .ci/run runs both tiers, in that order.
 # Extra arguments go to pytest (e.g. `bash tests/run.sh -m "not slow"` for the quick pass,
 # `bash tests/run.sh -n 0` for one process). TEST_WORKERS sets pytest-xdist's -n (default 2
 # per core: most tests wait on processes, timers and sockets).
@@ -60,10 +60,13 @@ if [ "$tier" = real ]; then
     exec .venv/bin/python -m pytest -p no:xdist -m "vllm or soak" "$@"
 fi
 
-# Real tools the tests run: promtool and prometheus (rules, end to end), systemd-analyze
-# (unit verification), node (evaluates the polkit rule), chromium (renders the report).
+# Real tools the tests run: promtool and prometheus (rules, end to end), amtool and
+# prometheus-alertmanager (routing and inhibit rules, tests/deploy/test_alertmanager.py),
+# systemd-analyze (unit verification), node (evaluates the polkit rule), chromium (renders
+# the report).
 missing=()
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v amtool >/dev/null 2>&1 && command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)

@@ -634,6 +634,37 @@ def test_cli_probe_mode_across_invocations(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_cli_probe_in_observe_mode_never_asks_for_a_restart(tmp_path: Path) -> None:
+    """remedy = "none" (rule P0): a wedge still shows, but exits 1 (0 with --critical-only)."""
+    fixture = (FIXTURES / "deferred_wedge.prom").read_bytes()
+    state = tmp_path / "probe.json"
+    args = ["--for", "0", "--state-file", str(state), "--stall-after-seconds", "5"]
+    observe = {"WEDGEWATCH_REMEDY": "none"}
+    give_up_at = time.monotonic() + 60  # the stall needs 5 s of probes, however fast each is
+    with ScriptedServer(always(Reply(body=fixture))) as server:
+        while time.monotonic() < give_up_at:
+            done = wedgewatch("check", server.url, *args, "--json", env=observe)
+            assert done.returncode in (0, 1), done.stdout + done.stderr
+            answer = json.loads(done.stdout)
+            if answer["status"] == "wedged":
+                break
+        assert answer["status"] == "wedged", answer
+        assert done.returncode == 1
+        assert answer["restart_policy"]["decision"] == "observe"
+        text = wedgewatch("check", server.url, *args, env=observe)
+        assert text.returncode == 1
+        assert text.stdout.startswith("WARNING: wedged")
+        assert 'restart policy: observe: remedy = "none"' in text.stdout
+        assert "restart policy: restart" not in text.stdout
+        probe = wedgewatch("check", server.url, *args, "--critical-only", env=observe)
+        assert probe.returncode == 0, probe.stdout
+        # The same state, remedy left unset: the check is the restarting probe again.
+        restarting = wedgewatch("check", server.url, *args, "--json")
+        assert restarting.returncode == 2, restarting.stdout
+        assert json.loads(restarting.stdout)["restart_policy"]["decision"] == "restart"
+
+
+@pytest.mark.slow
 def test_cli_critical_only_turns_a_warning_into_0(tmp_path: Path) -> None:
     """--critical-only exits 0 on suspect (a probe must not fail early) but 2 on wedged."""
     sequence = [Reply(body=one(busy(n))) for n in range(3)] + [Reply(body=one(DEFERRED_WEDGE))]

@@ -128,6 +128,7 @@ class CheckOptions:
     state_file: Path | None = None
     restart: RestartPolicy | None = None  # probe mode: the restart budget applies
     probe_respects_budget: bool = True
+    observe: bool = False  # remedy = "none" set: no run asks for a restart (rule P0)
     settings_cache: Mapping[str, Any] | None = None  # kept in the state file (see `entry`)
     thresholds: StallThresholds | None = None  # -w/-c
 
@@ -217,7 +218,10 @@ class CheckReport:
         if self.error:
             lines.append(f"error: {self.error}")
         verdict = self.restart_policy
-        if verdict is not None and verdict.decision != "healthy":
+        # Observe mode says so only about a target it would otherwise have failed.
+        if verdict is not None and (
+            bool(verdict.detail) if verdict.decision == "observe" else verdict.decision != "healthy"
+        ):
             lines.append(
                 f"restart policy: {verdict.decision}"
                 + (f": {verdict.detail}" if verdict.detail else "")
@@ -438,6 +442,7 @@ def _apply_restart_policy(
         at,
         timestamp,
         respects_budget=options.probe_respects_budget,
+        observe=options.observe,
     )
     events += result.events
     if not verdict.ok:  # this run's exit status is the failing answer the kubelet gets
@@ -465,6 +470,7 @@ def options_for(
         state_file=state_file,
         restart=settings.restart if state_file is not None else None,
         probe_respects_budget=settings.probe_respects_budget,
+        observe=settings.observe,
         settings_cache=settings_cache,
         thresholds=thresholds,
     )

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from wedgewatch.config import Config
 
 #: Bumped when `CheckSettings` or the digest changes: an old cache entry then misses.
-SETTINGS_CACHE_VERSION = 1
+SETTINGS_CACHE_VERSION = 2
 
 _CANARY_THRESHOLD = states.THRESHOLD_SETTING[states.Family.CANARY_STALL]
 #: The settings `check` takes as flags (and from --config and WEDGEWATCH_* like any command):
@@ -53,6 +53,9 @@ class CheckSettings:
     log_level: str
     restart: RestartPolicy
     probe_respects_budget: bool
+    #: `remedy = "none"` set explicitly: observe mode, the probe never asks for a restart.
+    #: Left unset, a check in probe mode is the restarting probe (its documented use).
+    observe: bool = False
 
     @classmethod
     def from_config(cls, config: Config) -> CheckSettings:
@@ -64,6 +67,7 @@ class CheckSettings:
             log_level=config.log_level,
             restart=config.restart_policy(),
             probe_respects_budget=config.probe_respects_budget,
+            observe="remedy" in config.model_fields_set and config.remedy == "none",
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -75,6 +79,7 @@ class CheckSettings:
             "log_level": self.log_level,
             "restart": asdict(self.restart),
             "probe_respects_budget": self.probe_respects_budget,
+            "observe": self.observe,
         }
 
     @classmethod
@@ -89,6 +94,7 @@ class CheckSettings:
                 log_level=str(raw["log_level"]),
                 restart=RestartPolicy(**raw["restart"]),
                 probe_respects_budget=bool(raw["probe_respects_budget"]),
+                observe=bool(raw["observe"]),
             )
         except (AssertionError, KeyError, TypeError, ValueError):
             return None

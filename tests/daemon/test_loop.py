@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from wedgewatch.config import Config
 from wedgewatch.core import restart_policy
 from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
+from wedgewatch.core.states import CapturePhase
 from wedgewatch.daemon.adapters import WebhookNotifications
 from wedgewatch.daemon.loop import Daemon, run
 from wedgewatch.daemon.ownmetrics import CAPTURE_FAILURE_REASONS
@@ -132,16 +133,19 @@ class FakeScraper:
 class FakeEvidence:
     """Records capture requests; can fail, raise or hang."""
 
-    behaviour: str = "ok"  # ok | fail | raise | hang | slow
+    behaviour: str = "ok"  # ok | fail | raise | hang | hang-wedged | slow
     requests: list[CaptureRequest] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     resolved: list[str] = field(default_factory=list)
+    cut: list[str] = field(default_factory=list)
 
     async def capture(self, request: CaptureRequest) -> CaptureOutcome:
         self.requests.append(request)
         if self.behaviour == "raise":
             raise OSError("disk full")
-        if self.behaviour == "hang":
+        if self.behaviour == "hang" or (
+            self.behaviour == "hang-wedged" and request.phase is CapturePhase.WEDGED
+        ):
             await asyncio.Event().wait()
         if self.behaviour == "slow":
             await asyncio.sleep(0.3)
@@ -150,6 +154,9 @@ class FakeEvidence:
         if self.behaviour == "fail":
             return CaptureOutcome(bundle, ("ptrace_denied",), "no_stacks", "py-spy: permission")
         return CaptureOutcome(bundle, (), "scheduler_wedge", "")
+
+    async def cut_off(self, bundle: str, detail: str) -> None:
+        self.cut.append(bundle)
 
     async def resolve(self, bundle: str, note: str) -> None:
         self.resolved.append(bundle)
@@ -577,6 +584,21 @@ async def test_failed_capture_does_not_block_the_restart(tmp_path: Path, behavio
         for reason in CAPTURE_FAILURE_REASONS
     )
     assert failures >= 1
+
+
+async def test_a_wedged_round_cut_off_at_its_limit_is_recorded_in_its_bundle(
+    tmp_path: Path,
+) -> None:
+    """The suspect round opens the bundle; the wedged round hangs past the capture limit: the
+    bundle is marked (verdict wedged, the failure kept) before anything ships it, once."""
+    world = make_world(tmp_path, wedge_at(60), until=300, evidence="hang-wedged")
+    _, logs = await play(world, capture_timeout_seconds=0.2)
+    suspect, wedged = world.evidence.requests[:2]
+    assert wedged.phase is CapturePhase.WEDGED
+    bundle = f"/evidence/{suspect.episode_id}"
+    assert wedged.bundle == bundle
+    assert world.evidence.cut == [bundle]
+    assert events(logs, "evidence_capture_failed")
 
 
 async def test_budget_then_gave_up(tmp_path: Path) -> None:

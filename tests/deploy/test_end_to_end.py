@@ -3,8 +3,9 @@ the alerts fire, and every dashboard and Grafana alerting query runs against tha
 
 One scene, shared by the tests of this module (it takes a minute or two to build):
 
-- `burst`: the simulator started exactly like the Deployment's vLLM container, through
-  `wedgewatch launch --profile tp2-offload` (with the simulator's `vllm` shim), and wedged
+- `burst`: the simulator started like the Deployment's vLLM container, through `wedgewatch
+  launch` (with the simulator's `vllm` shim), but with the reproduction profile `tp2-offload`
+  in place of the manifest's production `tp2-mitigated`, and wedged
   by agentic-burst traffic: the real scheduler mechanism, no fault injection (a burst that
   did not wedge is retried with the next seed, see WEDGE_SEEDS);
 - `dp`: a data-parallel simulator (two engines) under the same kind of traffic whose engine 0
@@ -256,7 +257,9 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
             *WEDGEWATCH,
             *command[1 : command.index("--model") + 1],
             MODEL,
-            *command[command.index("--profile") : command.index("--")],
+            # The manifest runs the production profile; the wedge needs the reproduction one.
+            "--profile",
+            "tp2-offload",
             "--vllm-bin",
             str(directory / "bin" / "vllm"),
             "--",

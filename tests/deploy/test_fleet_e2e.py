@@ -188,7 +188,15 @@ def test_a_wedged_replica_leaves_readiness_comes_back_after_restarts_and_stays_o
     )
     assert kubelet.restarts == BUDGET
     gave_up_at = time.monotonic()
-    time.sleep(8)  # more probes of a server that is still wedged and given up
+    # More probes of a server that is still wedged and given up: five readiness answers.
+    wait_for(
+        lambda: (
+            sum(r.at > gave_up_at for r in kubelet.readiness_results) >= 5
+            and any(r.at > gave_up_at for r in kubelet.liveness_results)
+        ),
+        120,
+        "five readiness and one liveness result after giving up",
+    )
 
     results = kubelet.readiness_results
     # Each container start was ready, then left readiness because it wedged.

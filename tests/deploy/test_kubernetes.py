@@ -395,11 +395,13 @@ def test_evidence_retention_fits_its_volume() -> None:
     assert max_bytes < 1024**3
 
 
-def test_vllm_runs_the_tp2_offload_profile_on_two_gpus() -> None:
-    """vLLM starts through `wedgewatch launch --profile tp2-offload` with one GPU per TP rank."""
+def test_vllm_runs_the_tp2_mitigated_profile_on_two_gpus() -> None:
+    """vLLM starts through `wedgewatch launch --profile tp2-mitigated` with one GPU per TP rank:
+    the production profile, not `tp2-offload`, which is kept to reproduce the wedge."""
     vllm = _container(_pod("base"), "vllm")
     command = vllm["command"]
     assert command[:2] == ["wedgewatch", "launch"]
+    assert flag_value(command, "--profile") == "tp2-mitigated"
     profile = builtin_profiles()[flag_value(command, "--profile") or ""]
     tensor_parallel = int(flag_value(profile.args, "--tensor-parallel-size") or "1")
     assert tensor_parallel == 2
@@ -411,7 +413,7 @@ def test_vllm_runs_the_tp2_offload_profile_on_two_gpus() -> None:
 
 
 def test_vllm_command_renders_the_profile_through_the_launcher() -> None:
-    """The container's exact launch command (as a dry run) builds the tp2-offload `vllm serve`."""
+    """The container's exact launch command (as a dry run) builds the tp2-mitigated `vllm serve`."""
     vllm = _container(_pod("base"), "vllm")
     env = {e["name"]: e["value"] for e in vllm["env"] if "value" in e}
     command = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg) for arg in vllm["command"]]
@@ -419,14 +421,12 @@ def test_vllm_command_renders_the_profile_through_the_launcher() -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     rendered = done.stdout.strip()
-    assert rendered.startswith("VLLM_USE_SIMPLE_KV_OFFLOAD=1 vllm serve Qwen/Qwen3-32B ")
-    for flags in (
-        "--tensor-parallel-size 2",
-        "--kv-offloading-size 60 --kv-offloading-backend native",
-        "--max-num-seqs 6",
-        "--host 0.0.0.0 --port 8000",
-    ):
+    assert rendered.startswith("vllm serve Qwen/Qwen3-32B ")
+    for flags in ("--tensor-parallel-size 2", "--host 0.0.0.0 --port 8000"):
         assert flags in rendered
+    # What wedged in vLLM #53868 stays out of the production command.
+    for flag in ("--kv-offloading", "--max-num-seqs", "VLLM_USE_SIMPLE_KV_OFFLOAD"):
+        assert flag not in rendered
 
 
 def test_sidecar_config_is_valid_and_watches_this_pods_vllm() -> None:

@@ -24,6 +24,7 @@ from wedgewatch.io.evidence import (
     EvidenceSettings,
     capture_bundle,
     complete_bundle,
+    mark_cut_off,
     open_bundle,
     resolve_bundle,
 )
@@ -218,6 +219,22 @@ async def test_resolved_suspect_bundle_is_routine(tmp_path: Path) -> None:
     assert resolve_bundle(tmp_path, deps) == f"{tmp_path}: cannot mark resolved: " + (
         f"[Errno 2] No such file or directory: '{tmp_path / 'summary.json'}'"
     )
+
+
+async def test_cut_off_wedged_round_marks_the_bundle_wedged(tmp_path: Path) -> None:
+    """A wedged round cut off at its limit leaves a summary that says wedged, with the failure."""
+    deps = EvidenceDeps(settings_for(tmp_path))
+    result = await open_bundle(request_for(ProcessSelector(pid=dead_pid())), deps)
+    assert result.bundle is not None
+    assert mark_cut_off(result.bundle, deps, "evidence capture did not finish within 9 s") is None
+    summary = summary_of(result)
+    assert summary["verdict"] == "wedged"
+    assert summary["phases"]["wedged"] == {
+        "failures": ["evidence capture did not finish within 9 s"],
+        "cut_off": True,
+    }
+    assert "evidence capture did not finish within 9 s" in summary["failures"]
+    assert [x.wedge for x in scan_bundles(tmp_path / "evidence")] == [True]
 
 
 async def test_retention_runs_after_each_capture(tmp_path: Path) -> None:

@@ -492,8 +492,10 @@ class Config(BaseModel):
     on_bundle: tuple[str, ...] = _setting(
         (),
         "evidence",
-        "A command run once a bundle is complete (the wedge bundle, after its second round; "
-        "the crash bundle of `launch --watch`), with the bundle directory as its last "
+        "A command run once per bundle when it is final (the wedge bundle, after its second "
+        "round, even one that failed or was cut off at its time limit, which summary.json "
+        "then records; never after the suspect round alone; the crash bundle of `launch "
+        "--watch`), with the bundle directory as its last "
         "argument, as an argument list; in the environment and as a flag one shell-quoted "
         "string. It runs beside the watchdog (never delaying a scrape or the restart), "
         "without a shell, in its own session, with the minimal environment of "

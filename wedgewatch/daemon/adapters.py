@@ -198,6 +198,12 @@ class BundleEvidence:
             server_gone=result.server_gone,
         )
 
+    async def cut_off(self, bundle: str, detail: str) -> None:
+        """Record in the bundle that its wedged round was cut off at the time limit."""
+        problem = await asyncio.to_thread(evidence.mark_cut_off, Path(bundle), self._deps, detail)
+        if problem is not None:
+            log.warning("bundle_cut_off_unrecorded", bundle=bundle, reason=problem)
+
     async def resolve(self, bundle: str, note: str) -> None:
         """Mark the bundle resolved so retention evicts it before wedge bundles."""
         problem = await asyncio.to_thread(evidence.resolve_bundle, Path(bundle), self._deps, note)

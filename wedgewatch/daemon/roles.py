@@ -112,6 +112,10 @@ class EvidenceCollector(Protocol):
         """Capture evidence; failures of single steps are reported in the outcome."""
         ...
 
+    async def cut_off(self, bundle: str, detail: str) -> None:
+        """Record that the bundle's wedged round was cut off at its time limit."""
+        ...
+
     async def resolve(self, bundle: str, note: str) -> None:
         """Mark a suspect bundle whose episode ended without a wedge as routine."""
         ...

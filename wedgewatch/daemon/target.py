@@ -349,6 +349,9 @@ class TargetRunner:
                 failures=(CaptureFailureReason.TIMEOUT,),
                 detail=f"evidence capture did not finish within {limit:g} s",
             )
+            if effect.phase is CapturePhase.WEDGED and request.bundle is not None:
+                # The last round of the bundle: its summary must not still read `suspect`.
+                await self.deps.evidence.cut_off(request.bundle, outcome.detail)
         except (OSError, ValueError) as exc:
             outcome = CaptureOutcome(
                 bundle=request.bundle,
@@ -371,7 +374,9 @@ class TargetRunner:
         self.feed(done, clock.monotonic(), clock.wall())
         hook = self.deps.bundle_hook
         if hook is not None and outcome.bundle is not None and effect.phase is CapturePhase.WEDGED:
-            # Beside the worker: the restart queued after this capture does not wait for it.
+            # Once per bundle, after its last round (completed, failed or cut off): a suspect
+            # round is never the last while a wedged round may follow. Beside the worker: the
+            # restart queued after this capture does not wait for it.
             task = asyncio.create_task(self._hook(hook, outcome.bundle, str(effect.phase)))
             self.hooks.add(task)
             task.add_done_callback(self.hooks.discard)

@@ -589,6 +589,32 @@ def resolve_bundle(bundle: Path, deps: EvidenceDeps, note: str = "episode resolv
     return None
 
 
+def mark_cut_off(bundle: Path, deps: EvidenceDeps, detail: str) -> str | None:
+    """Record a wedged round cut off at its time limit: verdict `wedged`, the failure kept.
+
+    The bundle is final then (no round follows), so `on_bundle` ships a summary that says
+    what the episode was. An error or None.
+    """
+    try:
+        summary = json.loads((bundle / "summary.json").read_text(encoding="utf-8"))
+        if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
+            return f"{bundle}: not a wedgewatch evidence bundle"
+        if summary.get("verdict") == CapturePhase.WEDGED:
+            return None
+        phases = summary.setdefault("phases", {})
+        phases[str(CapturePhase.WEDGED)] = {"failures": [detail], "cut_off": True}
+        summary.update(
+            verdict=str(CapturePhase.WEDGED),
+            failures=[*summary.get("failures", []), detail],
+            updated_timestamp=deps.wall_clock(),
+            updated_at=deps.monotonic(),
+        )
+        write_bundle_file(bundle, "summary.json", json_bytes(summary))
+    except (OSError, ValueError) as exc:
+        return f"{bundle}: cannot record the cut-off wedged round: {exc}"
+    return None
+
+
 async def _new_bundle(
     request: CaptureRequest, deps: EvidenceDeps, phase: CapturePhase
 ) -> BundleResult:
