@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from report_bundles import SIMPLE_ENV, TP2_OFFLOAD, make_bundle, reading
 
-from wedgewatch.report.chart import label_rows
+from wedgewatch.report.chart import label_rows, timeline_figure
 from wedgewatch.report.commands import format_bundles, write_report
-from wedgewatch.report.model import list_bundles, read_bundle
+from wedgewatch.report.model import Point, list_bundles, read_bundle
 from wedgewatch.report.render import (
     NO_MATCH,
     human_bytes,
@@ -310,8 +310,62 @@ def test_sizes_read_as_people_say_them() -> None:
 
 
 def test_mark_labels_close_in_time_never_share_a_row() -> None:
-    """ "restart" and "back" a second apart stack; labels far apart stay on the top row."""
+    """ "restart" and "back" a second apart stack; labels far apart stay on the top row; five
+    moments within a tenth of the axis get five rows."""
     marks = [(-10.0, "suspect"), (0.0, "wedged"), (3.1, "restart"), (4.6, "back")]
     rows = label_rows(marks, span=30.0)
     assert rows[0] == rows[1] == 0
     assert rows[2] != rows[3]
+    crowd = [(0.0, "suspect"), (0.5, "wedged"), (1.0, "unreachable"), (1.5, "restart"),
+             (2.0, "back")]  # fmt: skip
+    assert sorted(label_rows(crowd, span=30.0)) == [0, 1, 2, 3, 4]
+
+
+def _text_boxes(fig: Any) -> list[tuple[str, Any]]:
+    """The on-screen box of every text and legend in the drawn figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes: list[tuple[str, Any]] = []
+    for ax in fig.axes:
+        for text in ax.texts:
+            boxes.append((f"label {text.get_text().strip()}", text.get_window_extent(renderer)))
+        legend = ax.get_legend()
+        if legend is not None:
+            boxes.append(("legend", legend.get_window_extent(renderer)))
+        for label in (ax.xaxis.label, ax.yaxis.label):
+            if label.get_visible() and label.get_text():
+                boxes.append((f"axis {label.get_text()}", label.get_window_extent(renderer)))
+    for legend in fig.legends:
+        boxes.append(("moments legend", legend.get_window_extent(renderer)))
+    return boxes
+
+
+@pytest.mark.parametrize(
+    "marks",
+    [
+        # `wedgewatch demo --stall-after-seconds 20`: "suspect" in the left half.
+        [(-19.0, "suspect"), (0.0, "wedged"), (2.0, "restart"), (3.5, "back")],
+        [(-29.0, "suspect"), (-28.0, "wedged")],
+        # Five moments within a tenth of the axis.
+        [(1.0, "suspect"), (1.5, "wedged"), (2.0, "unreachable"), (2.5, "restart"),
+         (3.0, "back")],
+    ],
+)  # fmt: skip
+def test_no_chart_label_or_legend_overlaps_another(marks: list[tuple[float, str]]) -> None:
+    """On the drawn figure no moment label covers a legend, an axis label or another label."""
+    points = [
+        Point(t=float(t), state="ok", running=4, capacity=2, deferred=1, kv_cache_usage=0.5,
+              generation_rate=100.0, prompt_rate=50.0, failure="timeout" if t == -5 else None)
+        for t in range(-30, 6)
+    ]  # fmt: skip
+    fig = timeline_figure(points, marks)
+    assert fig is not None
+    boxes = _text_boxes(fig)
+    assert sum(name.startswith("label") for name, _ in boxes) == len(marks)
+    assert sum(name == "legend" for name, _ in boxes) == 3
+    for i, (name_a, a) in enumerate(boxes):
+        for name_b, b in boxes[i + 1 :]:
+            assert not a.overlaps(b), f"{name_a} {a} overlaps {name_b} {b}"
