@@ -590,10 +590,9 @@ def write_demo_report(bundle: Path) -> list[str]:
 
 def _program() -> str:
     """How the user ran wedgewatch, so the printed commands run the same one."""
-    invoked = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    if invoked is not None and invoked.name == "wedgewatch":
-        return shlex.quote(str(invoked))
-    return f"{shlex.quote(sys.executable)} -m wedgewatch"
+    from wedgewatch.report.render import wedgewatch_program  # noqa: PLC0415
+
+    return wedgewatch_program()
 
 
 def next_commands(bundle: Path, evidence_dir: Path, program: str) -> list[str]:

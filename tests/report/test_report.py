@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+from html import escape as html_escape
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +270,8 @@ def test_the_report_reads_at_3am(tmp_path: Path) -> None:
     headline = markdown.splitlines()[2]
     assert "at 2026-12-02 09:55:15 UTC" in headline, headline
     assert "after 15 s without progress" in headline
-    now = dict(what_now(model))
+    rows = what_now(model)
+    now = {row.key: row.text for row in rows}
     assert list(now) == ["wedgewatch did", "do next", "upgrade", "attach upstream"]
     assert "at 09:55:15 UTC" in now["wedgewatch did"]
     assert (
@@ -278,7 +281,16 @@ def test_the_report_reads_at_3am(tmp_path: Path) -> None:
     assert now["do next"].startswith("#57841 (")
     assert "vLLM 0.30.0+wedgewatch.sim is affected (before 0.31.0)" in now["do next"]
     assert now["upgrade"] == "vLLM 0.31.0 or later closes this path (#57841, #58947)"
-    assert f"wedgewatch report --upstream {bundle}" in now["attach upstream"]
+    command = rows[-1].command
+    assert command.endswith(f"-m wedgewatch report --upstream {bundle.absolute()}"), command
+    assert "`" not in now["attach upstream"]
+    assert f"writes {bundle.absolute()}/upstream-issue.md" in now["attach upstream"]
+    # The command runs from any directory: it names the bundle by its absolute path.
+    done = subprocess.run(
+        shlex.split(command), cwd="/", capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert (bundle / "upstream-issue.md").is_file()
     assert markdown.index("## What now") < markdown.index("## Timeline")
     write_report(bundle)
     html = (bundle / "report.html").read_text()
@@ -287,6 +299,10 @@ def test_the_report_reads_at_3am(tmp_path: Path) -> None:
     assert "42811392" not in html
     assert "<td>1 min 30 s</td>" in html  # stall_after_seconds 90
     assert "<td>256.0 MiB</td>" in html
+    assert f"<code>{html_escape(command)}</code>" in html
+    assert "`" not in html[html.index("id=what-now") : html.index("id=known-line")]
+    assert f"- **attach upstream**: `{command}` writes" in markdown
+    assert "\\`" not in markdown
     svg = html[html.index("<svg") : html.index("</svg>")]
     for legend in ("suspect", "wedged", "restart", "back"):
         assert legend in svg, legend

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import shlex
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from wedgewatch import __version__
 from wedgewatch.core.escape import md_fence, md_inline, md_text, neutralise
@@ -158,31 +161,48 @@ def _num(value: object) -> float | None:
     return float(value)
 
 
-def what_now(model: BundleModel) -> list[tuple[str, str]]:
+class NowRow(NamedTuple):
+    """One row of the what-now box: its key, its text, and a command to run first (or "")."""
+
+    key: str
+    text: str
+    command: str = ""
+
+
+def wedgewatch_program() -> str:
+    """How the user ran wedgewatch, so printed commands run the same one from any directory."""
+    invoked = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if invoked is not None and invoked.name == "wedgewatch":
+        return shlex.quote(str(invoked))
+    return f"{shlex.quote(sys.executable)} -m wedgewatch"
+
+
+def what_now(model: BundleModel) -> list[NowRow]:
     """The 3 a.m. box: what wedgewatch did, what to do next, the upgrade, what to attach."""
-    rows = [("wedgewatch did", _did(model))]
+    rows = [NowRow("wedgewatch did", _did(model))]
     first = model.matches[0] if model.matches else None
-    upstream = f"wedgewatch report --upstream {model.path}"
+    bundle = Path(model.path).absolute()
+    upstream = f"{wedgewatch_program()} report --upstream {shlex.quote(str(bundle))}"
     if first is None:
         rows.append(
-            (
+            NowRow(
                 "do next",
                 "No known issue matches: keep the server watched (wedgewatch restarts it "
                 "within its budget) and report this wedge upstream with the Markdown below.",
             )
         )
-        rows.append(("upgrade", "none known to close this"))
+        rows.append(NowRow("upgrade", "none known to close this"))
     else:
         label = "possibly " if first.possible else ""
         rows.append(
-            (
+            NowRow(
                 "do next",
                 f"{label}{first.issue.ref} ({first.issue.title}): {first.release_verdict}; "
                 f"meanwhile: {first.issue.workaround}.",
             )
         )
         rows.append(
-            (
+            NowRow(
                 "upgrade",
                 f"vLLM {first.issue.fixed_in} or later closes this path "
                 f"({', '.join(first.issue.refs)})"
@@ -192,9 +212,10 @@ def what_now(model: BundleModel) -> list[tuple[str, str]]:
         )
     where = first.issue.ref if first is not None else "a new vLLM issue"
     rows.append(
-        (
+        NowRow(
             "attach upstream",
-            f"`{upstream}` writes {model.path}/upstream-issue.md; attach it to {where}",
+            f"writes {bundle / 'upstream-issue.md'}; attach it to {where}",
+            upstream,
         )
     )
     return rows
@@ -327,7 +348,10 @@ def render_html(model: BundleModel, chart_svg: str | None) -> str:
         f"<h1>wedgewatch report <span class=muted>{_e(model.name)}</span></h1>",
         f"<p class=verdict id=verdict>{_e(verdict_sentence(model))}</p>",
         "<div class=now id=what-now><b>What now</b><dl>"
-        + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in what_now(model))
+        + "".join(
+            f"<dt>{_e(k)}</dt><dd>{f'<code>{_e(c)}</code> ' if c else ''}{_e(v)}</dd>"
+            for k, v, c in what_now(model)
+        )
         + "</dl></div>",
         f"<p class='known{'' if model.matches else ' none'}' id=known-line>"
         f"{_e(_known_line(model))}</p>",
@@ -509,7 +533,9 @@ def render_markdown(model: BundleModel) -> str:
         f"**{md_text(verdict_sentence(model))}**",
         "",
     ]
-    lines += ["## What now", ""] + [f"- **{k}**: {md_text(v)}" for k, v in what_now(model)]
+    lines += ["## What now", ""] + [
+        f"- **{k}**: {f'{md_inline(c)} ' if c else ''}{md_text(v)}" for k, v, c in what_now(model)
+    ]
     lines += [""]
     lines.append(md_text(_known_line(model)))
     if model.problems:
