@@ -239,13 +239,13 @@ pre{background:#fff;border:1px solid #ddd;padding:8px;overflow:auto;max-height:4
 .frames li{font:12px/1.5 ui-monospace,Menlo,Consolas,monospace;list-style:none}
 .frames{padding-left:12px;margin:2px 0 8px}
 mark{background:#fff59d}.muted{color:#757575}.chart{background:#fff;border:1px solid #ddd}
-.chart svg{width:100%;height:auto}details{margin:4px 0}summary{cursor:pointer}
+.chart svg{display:block;width:100%;max-width:100%;height:auto}
+details{margin:4px 0}summary{cursor:pointer}
 .issue{background:#fff;border:1px solid #ddd;padding:6px 12px;margin:8px 0}
 .now{background:#e8f5e9;border-left:6px solid #2e7d32;padding:6px 14px;margin-top:8px}
 .now dt{font-weight:bold;float:left;clear:left;width:9.5em}.now dd{margin:2px 0 4px 10em}
 .possible{color:#757575}
-.chart{overflow-x:auto}
-@media (max-width:600px){main{padding:8px 10px}.chart svg{min-width:640px}
+@media (max-width:600px){main{padding:8px 10px}
  td,code,.frames li,.now dd,h1{overflow-wrap:anywhere}.now dt{float:none;width:auto}
  .now dd{margin:0 0 6px 0}table{display:block;overflow-x:auto}}
 """
