@@ -574,7 +574,10 @@ def write_demo_report(bundle: Path) -> list[str]:
     summary = _read_summary(str(bundle)) or {}
     matches = [m for m in summary.get("known_issues") or [] if isinstance(m, dict)]
     lines.extend(f"  known      {m['action']}" for m in matches if not m.get("possibility"))
-    possible = [str(m.get("id")) for m in matches if m.get("possibility")]
+    refs = {issue.id: issue.ref for issue in shipped_known_issues()}  # "#45406", as above
+    possible = [
+        refs.get(str(m.get("id")), str(m.get("id"))) for m in matches if m.get("possibility")
+    ]
     if possible:
         lines.append(f"             possibly also {', '.join(possible)} (see the report)")
     return lines

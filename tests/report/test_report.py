@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from report_bundles import SIMPLE_ENV, TP2_OFFLOAD, make_bundle, reading
 
+from wedgewatch.demo import write_demo_report
 from wedgewatch.report.chart import label_rows, timeline_figure
 from wedgewatch.report.commands import format_bundles, write_report
 from wedgewatch.report.model import Point, list_bundles, read_bundle
@@ -20,6 +21,7 @@ from wedgewatch.report.render import (
     NO_MATCH,
     human_bytes,
     human_seconds,
+    relative_seconds,
     render_markdown,
     render_upstream,
     what_now,
@@ -195,7 +197,7 @@ def test_cli_report_defaults_to_the_newest_bundle_and_works_without_matplotlib(
     html = (bundle / "report.html").read_text()
     assert "<svg" not in html
     assert "pip install &#x27;wedgewatch[report]&#x27;" in html
-    assert "<td>+0.0</td>" in html or "<td>-0.5</td>" in html  # the readings table
+    assert "<td>0.0</td>" in html or "<td>-0.5</td>" in html  # the readings table
 
 
 def test_cli_report_of_a_missing_bundle_exits_2(tmp_path: Path) -> None:
@@ -292,6 +294,19 @@ def test_the_report_reads_at_3am(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert (bundle / "upstream-issue.md").is_file()
     assert markdown.index("## What now") < markdown.index("## Timeline")
+    # The known-issue line names the issue and whether this release has it; what to do is
+    # the what-now box's alone.
+    known = next(line for line in markdown.splitlines() if line.startswith("Known issue"))
+    assert known.startswith("Known issue: #57841 ("), known
+    assert "vLLM 0.30.0+wedgewatch.sim is affected (before 0.31.0)" in known, known
+    for action in ("meanwhile", "upgrade to", "restart the server"):
+        assert action not in known, known
+    assert "-0.0" not in markdown
+    # The demo names the possible match the way the report does (#45406, not vllm-45406).
+    summary["known_issues"] = [m.to_json() for m in model.matches]
+    (bundle / "summary.json").write_text(json.dumps(summary))
+    told = "\n".join(write_demo_report(bundle))
+    assert "possibly also #45406 (see the report)" in told, told
     write_report(bundle)
     html = (bundle / "report.html").read_text()
     assert html.index("id=verdict") < html.index("id=what-now") < html.index("id=known-line")
@@ -316,6 +331,13 @@ def test_the_report_reads_at_3am(tmp_path: Path) -> None:
 def test_durations_read_as_people_say_them(value: float | None, text: str) -> None:
     """Durations with units, never raw seconds."""
     assert human_seconds(value) == text
+
+
+def test_relative_times_never_read_minus_zero() -> None:
+    """A reading a few hundredths before the wedge is at 0.0, not -0.0."""
+    assert [relative_seconds(t) for t in (-0.04, 0.0, -0.0, 0.04, -9.0, 2.46)] == [
+        "0.0", "0.0", "0.0", "0.0", "-9.0", "+2.5",
+    ]  # fmt: skip
 
 
 def test_sizes_read_as_people_say_them() -> None:

@@ -114,9 +114,16 @@ def verdict_sentence(model: BundleModel) -> str:
     return " ".join(parts)
 
 
+def relative_seconds(t: float) -> str:
+    """Seconds relative to the wedge to a tenth, signed: `-9.0`, `+2.5`, and `0.0` (never
+    `-0.0`: a reading a few hundredths before the wedge is at 0.0)."""
+    rounded = round(t, 1) + 0.0
+    return "0.0" if rounded == 0 else f"{rounded:+.1f}"
+
+
 def _moments(model: BundleModel) -> str:
     """`suspect at -9.0 s, wedged at 0.0 s, ...` (never `-0.0`)."""
-    return ", ".join(f"{label} at {round(t, 1) + 0.0:+.1f} s" for t, label in model.marks)
+    return ", ".join(f"{label} at {relative_seconds(t)} s" for t, label in model.marks)
 
 
 def _known_line(model: BundleModel) -> str:
@@ -124,7 +131,8 @@ def _known_line(model: BundleModel) -> str:
         return NO_MATCH
     first, rest = model.matches[0], model.matches[1:]
     also = f" (also {', '.join(_ref(m) for m in rest)}: see below)" if rest else ""
-    return f"Known issue: {first.action}{also}"
+    # What to do is the what-now box's; this line names the issue and whether it applies.
+    return f"Known issue: {_ref(first)} ({first.issue.title}): {first.release_verdict}{also}"
 
 
 def _ref(match: Match) -> str:
@@ -273,7 +281,7 @@ def _points_table(points: Sequence[Point], limit: int | None = None) -> list[lis
         chosen = [chosen[int(i * step)] for i in range(limit - 1)] + [chosen[-1]]
     return [
         [
-            f"{p.t:+.1f}",
+            relative_seconds(p.t),
             p.state,
             _fmt(p.running),
             _fmt(p.capacity),
