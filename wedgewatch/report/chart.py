@@ -136,7 +136,15 @@ def timeline_figure(points: Sequence[Point], marks: Sequence[tuple[float, str]])
         colour = _MARK_COLOURS.get(label, "#424242")
         ax_band.axvline(x, color=colour, lw=1.5, ls=":")
         ax_band.text(
-            x, row + 0.5, f" {label}", color=colour, fontsize=8, va="center", clip_on=False
+            x,
+            row + 0.5,
+            f" {label}",
+            color=colour,
+            fontsize=8,
+            va="center",
+            clip_on=False,
+            zorder=5,  # over the next moment's dotted line
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9, "pad": 0.5},
         )
     # Every band and mark line has a legend entry, under the chart.
     keys: list[Line2D | Patch] = []
