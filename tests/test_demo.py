@@ -42,7 +42,7 @@ from wedgewatch.launch import LaunchCommand, build_command
 from wedgewatch.sim.api import scheduler_config_from_args
 from wedgewatch.sim.args import ServeArgs, parse_serve_args
 from wedgewatch.vllm.build_info import serve_flags
-from wedgewatch.vllm.profiles import Profile
+from wedgewatch.vllm.profiles import Profile, builtin_profiles
 
 SETTINGS = demo_settings(DemoOptions(stall_after_seconds=10.0), listen_port=9321)
 
@@ -154,6 +154,35 @@ def test_the_demo_tells_one_story() -> None:
     parsed = parse_serve_args(["tiny", *DEMO_SERVE_FLAGS])
     assert isinstance(parsed, ServeArgs)
     assert scheduler_config_from_args(parsed).reserve_full_isl is False
+
+
+def test_the_demo_profile_is_shipped_and_launch_takes_it(tmp_path: Path) -> None:
+    """The header's profile is a real one: `launch --list-profiles` shows it and `launch
+    --profile tp2-offload-connector` builds the demo's command (tp2-offload's flags, no
+    VLLM_USE_SIMPLE_KV_OFFLOAD)."""
+    shipped = builtin_profiles()
+    assert shipped[DEMO_PROFILE] == demo_profiles()[DEMO_PROFILE]
+    base = shipped[BASE_PROFILE]
+    assert shipped[DEMO_PROFILE].args == base.args
+    assert shipped[DEMO_PROFILE].env == {
+        k: v for k, v in base.env.items() if k != "VLLM_USE_SIMPLE_KV_OFFLOAD"
+    }
+    for part in ("OffloadingConnector", "#57841", "VLLM_USE_SIMPLE_KV_OFFLOAD"):
+        assert part in (shipped[DEMO_PROFILE].description or ""), part
+    wedgewatch = [sys.executable, "-m", "wedgewatch", "launch"]
+    listed = subprocess.run(
+        [*wedgewatch, "--list-profiles"], capture_output=True, text=True, check=False, cwd=tmp_path
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert f"{DEMO_PROFILE}: " in listed.stdout
+    dry = subprocess.run(
+        [*wedgewatch, "--profile", DEMO_PROFILE, "--model", DEMO_MODEL, "--dry-run",
+         "--vllm-bin", str(tmp_path / "vllm")],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert " ".join(base.args) in dry.stdout
+    assert "VLLM_USE_SIMPLE_KV_OFFLOAD" not in dry.stdout
 
 
 def test_changing_the_profile_or_the_release_alone_breaks_the_story() -> None:

@@ -59,10 +59,11 @@ from wedgewatch.vllm.build_info import features, serve_flags
 from wedgewatch.vllm.profiles import Profile, builtin_profiles
 
 DEMO_MODEL = "Qwen/Qwen3-0.6B"
-#: The demo's launch profile: the shipped `tp2-offload` flags (TP 2, 60 GiB native CPU
-#: offloading, 6 sequences, 4096 batched tokens, prefix caching, chunked prefill) without its
-#: `VLLM_USE_SIMPLE_KV_OFFLOAD=1`, so vLLM builds `OffloadingConnector`: the connector whose
-#: wedge vLLM 0.30.0 has on this traffic (SimpleCPUOffloadConnector never wedged on it).
+#: The demo's launch profile, shipped in profiles.toml: the `tp2-offload` flags (TP 2, 60 GiB
+#: native CPU offloading, 6 sequences, 4096 batched tokens, prefix caching, chunked prefill)
+#: without its `VLLM_USE_SIMPLE_KV_OFFLOAD=1`, so vLLM builds `OffloadingConnector`: the
+#: connector whose wedge vLLM 0.30.0 has on this traffic (SimpleCPUOffloadConnector never
+#: wedged on it).
 BASE_PROFILE = "tp2-offload"
 DEMO_PROFILE = "tp2-offload-connector"
 SIMPLE_OFFLOAD_ENV = "VLLM_USE_SIMPLE_KV_OFFLOAD"
@@ -86,18 +87,9 @@ DEMO_SERVE_FLAGS = ("--no-scheduler-reserve-full-isl", "--vllm-structure", DEMO_
 
 
 def demo_profiles() -> dict[str, Profile]:
-    """The shipped profiles plus the demo's (BASE_PROFILE without VLLM_USE_SIMPLE_KV_OFFLOAD)."""
-    shipped = builtin_profiles()
-    base = shipped[BASE_PROFILE]
-    env = {k: v for k, v in base.env.items() if k != SIMPLE_OFFLOAD_ENV}
-    description = (
-        f"{BASE_PROFILE} without {SIMPLE_OFFLOAD_ENV}: native CPU offloading through "
-        "OffloadingConnector"
-    )
-    return {
-        **shipped,
-        DEMO_PROFILE: base.model_copy(update={"env": env, "description": description}),
-    }
+    """The shipped profiles: the demo's, DEMO_PROFILE, is one of them (profiles.toml), so
+    `wedgewatch launch --profile tp2-offload-connector` starts what the demo starts."""
+    return builtin_profiles()
 
 
 @dataclass(frozen=True, slots=True)
@@ -582,7 +574,10 @@ def write_demo_report(bundle: Path) -> list[str]:
     summary = _read_summary(str(bundle)) or {}
     matches = [m for m in summary.get("known_issues") or [] if isinstance(m, dict)]
     lines.extend(f"  known      {m['action']}" for m in matches if not m.get("possibility"))
-    possible = [str(m.get("id")) for m in matches if m.get("possibility")]
+    refs = {issue.id: issue.ref for issue in shipped_known_issues()}  # "#45406", as above
+    possible = [
+        refs.get(str(m.get("id")), str(m.get("id"))) for m in matches if m.get("possibility")
+    ]
     if possible:
         lines.append(f"             possibly also {', '.join(possible)} (see the report)")
     return lines
@@ -590,10 +585,9 @@ def write_demo_report(bundle: Path) -> list[str]:
 
 def _program() -> str:
     """How the user ran wedgewatch, so the printed commands run the same one."""
-    invoked = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    if invoked is not None and invoked.name == "wedgewatch":
-        return shlex.quote(str(invoked))
-    return f"{shlex.quote(sys.executable)} -m wedgewatch"
+    from wedgewatch.report.render import wedgewatch_program  # noqa: PLC0415
+
+    return wedgewatch_program()
 
 
 def next_commands(bundle: Path, evidence_dir: Path, program: str) -> list[str]:

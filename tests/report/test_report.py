@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+from html import escape as html_escape
 from pathlib import Path
 from typing import Any
 
 import pytest
 from report_bundles import SIMPLE_ENV, TP2_OFFLOAD, make_bundle, reading
 
-from wedgewatch.report.chart import label_rows
+from wedgewatch.demo import write_demo_report
+from wedgewatch.report.chart import label_rows, timeline_figure
 from wedgewatch.report.commands import format_bundles, write_report
-from wedgewatch.report.model import list_bundles, read_bundle
+from wedgewatch.report.model import Point, list_bundles, read_bundle
 from wedgewatch.report.render import (
     NO_MATCH,
     human_bytes,
     human_seconds,
+    relative_seconds,
     render_markdown,
     render_upstream,
     what_now,
@@ -193,7 +197,7 @@ def test_cli_report_defaults_to_the_newest_bundle_and_works_without_matplotlib(
     html = (bundle / "report.html").read_text()
     assert "<svg" not in html
     assert "pip install &#x27;wedgewatch[report]&#x27;" in html
-    assert "<td>+0.0</td>" in html or "<td>-0.5</td>" in html  # the readings table
+    assert "<td>0.0</td>" in html or "<td>-0.5</td>" in html  # the readings table
 
 
 def test_cli_report_of_a_missing_bundle_exits_2(tmp_path: Path) -> None:
@@ -268,7 +272,8 @@ def test_the_report_reads_at_3am(tmp_path: Path) -> None:
     headline = markdown.splitlines()[2]
     assert "at 2026-12-02 09:55:15 UTC" in headline, headline
     assert "after 15 s without progress" in headline
-    now = dict(what_now(model))
+    rows = what_now(model)
+    now = {row.key: row.text for row in rows}
     assert list(now) == ["wedgewatch did", "do next", "upgrade", "attach upstream"]
     assert "at 09:55:15 UTC" in now["wedgewatch did"]
     assert (
@@ -278,8 +283,30 @@ def test_the_report_reads_at_3am(tmp_path: Path) -> None:
     assert now["do next"].startswith("#57841 (")
     assert "vLLM 0.30.0+wedgewatch.sim is affected (before 0.31.0)" in now["do next"]
     assert now["upgrade"] == "vLLM 0.31.0 or later closes this path (#57841, #58947)"
-    assert f"wedgewatch report --upstream {bundle}" in now["attach upstream"]
+    command = rows[-1].command
+    assert command.endswith(f"-m wedgewatch report --upstream {bundle.absolute()}"), command
+    assert "`" not in now["attach upstream"]
+    assert f"writes {bundle.absolute()}/upstream-issue.md" in now["attach upstream"]
+    # The command runs from any directory: it names the bundle by its absolute path.
+    done = subprocess.run(
+        shlex.split(command), cwd="/", capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert (bundle / "upstream-issue.md").is_file()
     assert markdown.index("## What now") < markdown.index("## Timeline")
+    # The known-issue line names the issue and whether this release has it; what to do is
+    # the what-now box's alone.
+    known = next(line for line in markdown.splitlines() if line.startswith("Known issue"))
+    assert known.startswith("Known issue: #57841 ("), known
+    assert "vLLM 0.30.0+wedgewatch.sim is affected (before 0.31.0)" in known, known
+    for action in ("meanwhile", "upgrade to", "restart the server"):
+        assert action not in known, known
+    assert "-0.0" not in markdown
+    # The demo names the possible match the way the report does (#45406, not vllm-45406).
+    summary["known_issues"] = [m.to_json() for m in model.matches]
+    (bundle / "summary.json").write_text(json.dumps(summary))
+    told = "\n".join(write_demo_report(bundle))
+    assert "possibly also #45406 (see the report)" in told, told
     write_report(bundle)
     html = (bundle / "report.html").read_text()
     assert html.index("id=verdict") < html.index("id=what-now") < html.index("id=known-line")
@@ -287,6 +314,10 @@ def test_the_report_reads_at_3am(tmp_path: Path) -> None:
     assert "42811392" not in html
     assert "<td>1 min 30 s</td>" in html  # stall_after_seconds 90
     assert "<td>256.0 MiB</td>" in html
+    assert f"<code>{html_escape(command)}</code>" in html
+    assert "`" not in html[html.index("id=what-now") : html.index("id=known-line")]
+    assert f"- **attach upstream**: `{command}` writes" in markdown
+    assert "\\`" not in markdown
     svg = html[html.index("<svg") : html.index("</svg>")]
     for legend in ("suspect", "wedged", "restart", "back"):
         assert legend in svg, legend
@@ -302,6 +333,13 @@ def test_durations_read_as_people_say_them(value: float | None, text: str) -> No
     assert human_seconds(value) == text
 
 
+def test_relative_times_never_read_minus_zero() -> None:
+    """A reading a few hundredths before the wedge is at 0.0, not -0.0."""
+    assert [relative_seconds(t) for t in (-0.04, 0.0, -0.0, 0.04, -9.0, 2.46)] == [
+        "0.0", "0.0", "0.0", "0.0", "-9.0", "+2.5",
+    ]  # fmt: skip
+
+
 def test_sizes_read_as_people_say_them() -> None:
     """Sizes with units, never raw bytes."""
     assert [human_bytes(v) for v in (512, 2048, 42811392, 3 * 1024**3, "x")] == [
@@ -310,8 +348,62 @@ def test_sizes_read_as_people_say_them() -> None:
 
 
 def test_mark_labels_close_in_time_never_share_a_row() -> None:
-    """ "restart" and "back" a second apart stack; labels far apart stay on the top row."""
+    """ "restart" and "back" a second apart stack; labels far apart stay on the top row; five
+    moments within a tenth of the axis get five rows."""
     marks = [(-10.0, "suspect"), (0.0, "wedged"), (3.1, "restart"), (4.6, "back")]
     rows = label_rows(marks, span=30.0)
     assert rows[0] == rows[1] == 0
     assert rows[2] != rows[3]
+    crowd = [(0.0, "suspect"), (0.5, "wedged"), (1.0, "unreachable"), (1.5, "restart"),
+             (2.0, "back")]  # fmt: skip
+    assert sorted(label_rows(crowd, span=30.0)) == [0, 1, 2, 3, 4]
+
+
+def _text_boxes(fig: Any) -> list[tuple[str, Any]]:
+    """The on-screen box of every text and legend in the drawn figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes: list[tuple[str, Any]] = []
+    for ax in fig.axes:
+        for text in ax.texts:
+            boxes.append((f"label {text.get_text().strip()}", text.get_window_extent(renderer)))
+        legend = ax.get_legend()
+        if legend is not None:
+            boxes.append(("legend", legend.get_window_extent(renderer)))
+        for label in (ax.xaxis.label, ax.yaxis.label):
+            if label.get_visible() and label.get_text():
+                boxes.append((f"axis {label.get_text()}", label.get_window_extent(renderer)))
+    for legend in fig.legends:
+        boxes.append(("moments legend", legend.get_window_extent(renderer)))
+    return boxes
+
+
+@pytest.mark.parametrize(
+    "marks",
+    [
+        # `wedgewatch demo --stall-after-seconds 20`: "suspect" in the left half.
+        [(-19.0, "suspect"), (0.0, "wedged"), (2.0, "restart"), (3.5, "back")],
+        [(-29.0, "suspect"), (-28.0, "wedged")],
+        # Five moments within a tenth of the axis.
+        [(1.0, "suspect"), (1.5, "wedged"), (2.0, "unreachable"), (2.5, "restart"),
+         (3.0, "back")],
+    ],
+)  # fmt: skip
+def test_no_chart_label_or_legend_overlaps_another(marks: list[tuple[float, str]]) -> None:
+    """On the drawn figure no moment label covers a legend, an axis label or another label."""
+    points = [
+        Point(t=float(t), state="ok", running=4, capacity=2, deferred=1, kv_cache_usage=0.5,
+              generation_rate=100.0, prompt_rate=50.0, failure="timeout" if t == -5 else None)
+        for t in range(-30, 6)
+    ]  # fmt: skip
+    fig = timeline_figure(points, marks)
+    assert fig is not None
+    boxes = _text_boxes(fig)
+    assert sum(name.startswith("label") for name, _ in boxes) == len(marks)
+    assert sum(name == "legend" for name, _ in boxes) == 3
+    for i, (name_a, a) in enumerate(boxes):
+        for name_b, b in boxes[i + 1 :]:
+            assert not a.overlaps(b), f"{name_a} {a} overlaps {name_b} {b}"

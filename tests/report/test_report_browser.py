@@ -39,6 +39,12 @@ window.addEventListener('load', () => {
       out[id] = {top: r.top, bottom: r.bottom, left: r.left, right: r.right,
                  text: el.innerText.slice(0, 2000)}; }
   }
+  const chart = document.getElementById('chart');
+  const svg = chart && chart.querySelector('svg');
+  if (svg) { const r = svg.getBoundingClientRect(); const box = svg.viewBox.baseVal;
+    out.chart_svg = {left: r.left, right: r.right, width: r.width, height: r.height,
+                     ratio: box.width / box.height,
+                     scroll: chart.scrollWidth - chart.clientWidth}; }
   out.page_width = document.documentElement.scrollWidth;
   out.client_width = document.documentElement.clientWidth;
   const pre = document.createElement('pre'); pre.id = 'probe';
@@ -136,6 +142,12 @@ def test_report_of_a_real_wedge_reads_at_3am_on_a_laptop_and_a_phone(
         assert where["known-line"]["bottom"] <= where["chart"]["top"]
         assert where["chart"]["left"] >= 0
         assert where["chart"]["right"] <= where["client_width"]
+        # The chart itself scales to the width: no sideways scroll inside its box either.
+        drawn = where["chart_svg"]
+        assert drawn["left"] >= 0, (size, drawn)
+        assert drawn["right"] <= where["client_width"], (size, drawn)
+        assert drawn["scroll"] <= 0, (size, drawn)
+        assert drawn["width"] / drawn["height"] == pytest.approx(drawn["ratio"], rel=0.05)
 
     where = probe(demo_report, tmp_path, (WIDTH, HEIGHT))
     chart = where["chart"]

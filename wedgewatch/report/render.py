@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import shlex
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from wedgewatch import __version__
 from wedgewatch.core.escape import md_fence, md_inline, md_text, neutralise
@@ -111,9 +114,16 @@ def verdict_sentence(model: BundleModel) -> str:
     return " ".join(parts)
 
 
+def relative_seconds(t: float) -> str:
+    """Seconds relative to the wedge to a tenth, signed: `-9.0`, `+2.5`, and `0.0` (never
+    `-0.0`: a reading a few hundredths before the wedge is at 0.0)."""
+    rounded = round(t, 1) + 0.0
+    return "0.0" if rounded == 0 else f"{rounded:+.1f}"
+
+
 def _moments(model: BundleModel) -> str:
     """`suspect at -9.0 s, wedged at 0.0 s, ...` (never `-0.0`)."""
-    return ", ".join(f"{label} at {round(t, 1) + 0.0:+.1f} s" for t, label in model.marks)
+    return ", ".join(f"{label} at {relative_seconds(t)} s" for t, label in model.marks)
 
 
 def _known_line(model: BundleModel) -> str:
@@ -121,7 +131,8 @@ def _known_line(model: BundleModel) -> str:
         return NO_MATCH
     first, rest = model.matches[0], model.matches[1:]
     also = f" (also {', '.join(_ref(m) for m in rest)}: see below)" if rest else ""
-    return f"Known issue: {first.action}{also}"
+    # What to do is the what-now box's; this line names the issue and whether it applies.
+    return f"Known issue: {_ref(first)} ({first.issue.title}): {first.release_verdict}{also}"
 
 
 def _ref(match: Match) -> str:
@@ -158,31 +169,48 @@ def _num(value: object) -> float | None:
     return float(value)
 
 
-def what_now(model: BundleModel) -> list[tuple[str, str]]:
+class NowRow(NamedTuple):
+    """One row of the what-now box: its key, its text, and a command to run first (or "")."""
+
+    key: str
+    text: str
+    command: str = ""
+
+
+def wedgewatch_program() -> str:
+    """How the user ran wedgewatch, so printed commands run the same one from any directory."""
+    invoked = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if invoked is not None and invoked.name == "wedgewatch":
+        return shlex.quote(str(invoked))
+    return f"{shlex.quote(sys.executable)} -m wedgewatch"
+
+
+def what_now(model: BundleModel) -> list[NowRow]:
     """The 3 a.m. box: what wedgewatch did, what to do next, the upgrade, what to attach."""
-    rows = [("wedgewatch did", _did(model))]
+    rows = [NowRow("wedgewatch did", _did(model))]
     first = model.matches[0] if model.matches else None
-    upstream = f"wedgewatch report --upstream {model.path}"
+    bundle = Path(model.path).absolute()
+    upstream = f"{wedgewatch_program()} report --upstream {shlex.quote(str(bundle))}"
     if first is None:
         rows.append(
-            (
+            NowRow(
                 "do next",
                 "No known issue matches: keep the server watched (wedgewatch restarts it "
                 "within its budget) and report this wedge upstream with the Markdown below.",
             )
         )
-        rows.append(("upgrade", "none known to close this"))
+        rows.append(NowRow("upgrade", "none known to close this"))
     else:
         label = "possibly " if first.possible else ""
         rows.append(
-            (
+            NowRow(
                 "do next",
                 f"{label}{first.issue.ref} ({first.issue.title}): {first.release_verdict}; "
                 f"meanwhile: {first.issue.workaround}.",
             )
         )
         rows.append(
-            (
+            NowRow(
                 "upgrade",
                 f"vLLM {first.issue.fixed_in} or later closes this path "
                 f"({', '.join(first.issue.refs)})"
@@ -192,9 +220,10 @@ def what_now(model: BundleModel) -> list[tuple[str, str]]:
         )
     where = first.issue.ref if first is not None else "a new vLLM issue"
     rows.append(
-        (
+        NowRow(
             "attach upstream",
-            f"`{upstream}` writes {model.path}/upstream-issue.md; attach it to {where}",
+            f"writes {bundle / 'upstream-issue.md'}; attach it to {where}",
+            upstream,
         )
     )
     return rows
@@ -218,13 +247,13 @@ pre{background:#fff;border:1px solid #ddd;padding:8px;overflow:auto;max-height:4
 .frames li{font:12px/1.5 ui-monospace,Menlo,Consolas,monospace;list-style:none}
 .frames{padding-left:12px;margin:2px 0 8px}
 mark{background:#fff59d}.muted{color:#757575}.chart{background:#fff;border:1px solid #ddd}
-.chart svg{width:100%;height:auto}details{margin:4px 0}summary{cursor:pointer}
+.chart svg{display:block;width:100%;max-width:100%;height:auto}
+details{margin:4px 0}summary{cursor:pointer}
 .issue{background:#fff;border:1px solid #ddd;padding:6px 12px;margin:8px 0}
 .now{background:#e8f5e9;border-left:6px solid #2e7d32;padding:6px 14px;margin-top:8px}
 .now dt{font-weight:bold;float:left;clear:left;width:9.5em}.now dd{margin:2px 0 4px 10em}
 .possible{color:#757575}
-.chart{overflow-x:auto}
-@media (max-width:600px){main{padding:8px 10px}.chart svg{min-width:640px}
+@media (max-width:600px){main{padding:8px 10px}
  td,code,.frames li,.now dd,h1{overflow-wrap:anywhere}.now dt{float:none;width:auto}
  .now dd{margin:0 0 6px 0}table{display:block;overflow-x:auto}}
 """
@@ -252,7 +281,7 @@ def _points_table(points: Sequence[Point], limit: int | None = None) -> list[lis
         chosen = [chosen[int(i * step)] for i in range(limit - 1)] + [chosen[-1]]
     return [
         [
-            f"{p.t:+.1f}",
+            relative_seconds(p.t),
             p.state,
             _fmt(p.running),
             _fmt(p.capacity),
@@ -327,7 +356,10 @@ def render_html(model: BundleModel, chart_svg: str | None) -> str:
         f"<h1>wedgewatch report <span class=muted>{_e(model.name)}</span></h1>",
         f"<p class=verdict id=verdict>{_e(verdict_sentence(model))}</p>",
         "<div class=now id=what-now><b>What now</b><dl>"
-        + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in what_now(model))
+        + "".join(
+            f"<dt>{_e(k)}</dt><dd>{f'<code>{_e(c)}</code> ' if c else ''}{_e(v)}</dd>"
+            for k, v, c in what_now(model)
+        )
         + "</dl></div>",
         f"<p class='known{'' if model.matches else ' none'}' id=known-line>"
         f"{_e(_known_line(model))}</p>",
@@ -509,7 +541,9 @@ def render_markdown(model: BundleModel) -> str:
         f"**{md_text(verdict_sentence(model))}**",
         "",
     ]
-    lines += ["## What now", ""] + [f"- **{k}**: {md_text(v)}" for k, v in what_now(model)]
+    lines += ["## What now", ""] + [
+        f"- **{k}**: {f'{md_inline(c)} ' if c else ''}{md_text(v)}" for k, v, c in what_now(model)
+    ]
     lines += [""]
     lines.append(md_text(_known_line(model)))
     if model.problems:
