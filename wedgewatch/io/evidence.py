@@ -571,22 +571,16 @@ async def complete_bundle(
 
 def resolve_bundle(bundle: Path, deps: EvidenceDeps, note: str = "episode resolved") -> str | None:
     """Mark a suspect bundle `resolved` (the episode ended without a wedge); an error or None."""
-    try:
-        summary = json.loads((bundle / "summary.json").read_text(encoding="utf-8"))
-        if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
-            return f"{bundle}: not a wedgewatch evidence bundle"
-        if summary.get("verdict") == CapturePhase.WEDGED:
-            return None
+
+    def resolved(summary: dict[str, Any]) -> None:
         summary.update(
             verdict="resolved",
             resolution=note,
             resolved_timestamp=deps.wall_clock(),
             resolved_at=deps.monotonic(),
         )
-        write_bundle_file(bundle, "summary.json", json_bytes(summary))
-    except (OSError, ValueError) as exc:
-        return f"{bundle}: cannot mark resolved: {exc}"
-    return None
+
+    return _update_suspect_summary(bundle, resolved, "cannot mark resolved")
 
 
 def mark_cut_off(bundle: Path, deps: EvidenceDeps, detail: str) -> str | None:
@@ -595,12 +589,8 @@ def mark_cut_off(bundle: Path, deps: EvidenceDeps, detail: str) -> str | None:
     The bundle is final then (no round follows), so `on_bundle` ships a summary that says
     what the episode was. An error or None.
     """
-    try:
-        summary = json.loads((bundle / "summary.json").read_text(encoding="utf-8"))
-        if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
-            return f"{bundle}: not a wedgewatch evidence bundle"
-        if summary.get("verdict") == CapturePhase.WEDGED:
-            return None
+
+    def cut_off(summary: dict[str, Any]) -> None:
         phases = summary.setdefault("phases", {})
         phases[str(CapturePhase.WEDGED)] = {"failures": [detail], "cut_off": True}
         summary.update(
@@ -609,9 +599,26 @@ def mark_cut_off(bundle: Path, deps: EvidenceDeps, detail: str) -> str | None:
             updated_timestamp=deps.wall_clock(),
             updated_at=deps.monotonic(),
         )
+
+    return _update_suspect_summary(bundle, cut_off, "cannot record the cut-off wedged round")
+
+
+def _update_suspect_summary(
+    bundle: Path, change: Callable[[dict[str, Any]], None], failure: str
+) -> str | None:
+    """Apply `change` to the summary of a bundle not yet wedged and write it back.
+
+    A bundle whose verdict is already `wedged` is left as it is. An error or None."""
+    try:
+        summary = json.loads((bundle / "summary.json").read_text(encoding="utf-8"))
+        if not isinstance(summary, dict) or summary.get("schema") != SCHEMA:
+            return f"{bundle}: not a wedgewatch evidence bundle"
+        if summary.get("verdict") == CapturePhase.WEDGED:
+            return None
+        change(summary)
         write_bundle_file(bundle, "summary.json", json_bytes(summary))
     except (OSError, ValueError) as exc:
-        return f"{bundle}: cannot record the cut-off wedged round: {exc}"
+        return f"{bundle}: {failure}: {exc}"
     return None
 
 
