@@ -170,15 +170,14 @@ def ready(target: TargetSnapshot) -> tuple[int, dict[str, Any]]:
 
 
 def status(snapshot: Snapshot) -> dict[str, Any]:
-    """The full JSON status document: every target and engine (redacted, #21)."""
-    document = {
+    """The full JSON status document: every target and engine."""
+    return {
         "version": snapshot.version,
         "started": _iso(snapshot.started_timestamp),
         "last_tick": _iso(snapshot.last_tick_timestamp),
         "ticks": snapshot.ticks,
         "targets": [_target_json(t) for t in snapshot.targets.values()],
     }
-    return dict(redact_value(document))
 
 
 def make_app(
@@ -194,15 +193,14 @@ def make_app(
 
     async def health_endpoint(request: Request) -> Response:
         code, body = health(snapshot(), monotonic())
-        return JSONResponse(body, status_code=code, headers=_NO_STORE)
+        return _json(body, code)
 
     async def probe_endpoint(request: Request) -> Response:
         target = _chosen_target(request, snapshot().targets)
         if isinstance(target, Response):
             return target
         code, body = probe(target)
-        body = redact_value(body)  # what leaves the process is redacted (#21)
-        response = JSONResponse(body, status_code=code, headers=_NO_STORE)
+        response = _json(body, code)
         if code == 503 and on_probe_failed is not None:
             on_probe_failed(target.name)
         return response
@@ -212,15 +210,14 @@ def make_app(
         if isinstance(target, Response):
             return target
         code, body = ready(target)
-        body = redact_value(body)  # what leaves the process is redacted (#21)
-        return JSONResponse(body, status_code=code, headers=_NO_STORE)
+        return _json(body, code)
 
     async def metrics_endpoint(request: Request) -> Response:
         body, content_type = render(registry, request.headers.get("accept", ""))
         return Response(body, media_type=content_type, headers=_NO_STORE)
 
     async def status_endpoint(request: Request) -> Response:
-        return JSONResponse(status(snapshot()), headers=_NO_STORE)
+        return _json(status(snapshot()))
 
     return Starlette(
         routes=[
@@ -327,9 +324,13 @@ def _chosen_target(
 
 
 def _error(code: int, message: str, targets: Mapping[str, TargetSnapshot]) -> Response:
-    return JSONResponse(
-        {"error": message, "targets": sorted(targets)}, status_code=code, headers=_NO_STORE
-    )
+    return _json({"error": message, "targets": sorted(targets)}, code)
+
+
+def _json(body: Mapping[str, Any], code: int = 200) -> Response:
+    """Every JSON document the server sends: redacted (what leaves the process, #21), and
+    never cached."""
+    return JSONResponse(redact_value(body), status_code=code, headers=_NO_STORE)
 
 
 def _iso(timestamp: float | None) -> str | None:
