@@ -49,8 +49,8 @@ from wedgewatch.core.detect import (
     step,
 )
 from wedgewatch.core.detect_state import dump_state, load_state
-from wedgewatch.core.escape import neutralise
-from wedgewatch.core.redact import redact_text, redact_url, redact_value
+from wedgewatch.core.escape import safe_line
+from wedgewatch.core.redact import redact_url, redact_value
 from wedgewatch.core.restart_policy import (
     Phase,
     PolicyEvent,
@@ -229,7 +229,7 @@ class CheckReport:
         lines.extend(f"note: {note}" for note in self.notes)
         # The target's values are data: secrets masked, no control character reaches the
         # terminal, one line stays one line (#21).
-        text = "\n".join(neutralise(redact_text(line), newlines=False) for line in lines)
+        text = "\n".join(safe_line(line) for line in lines)
         text = text.replace("|", "\u00a6")
         perfdata = nagios.render_perfdata(self.perfdata())
         if not perfdata:

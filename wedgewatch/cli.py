@@ -28,8 +28,8 @@ from typer.core import TyperCommand
 from wedgewatch import __version__, check, check_settings, config
 from wedgewatch.config import SETTINGS, Config
 from wedgewatch.core import nagios
-from wedgewatch.core.escape import neutralise
-from wedgewatch.core.redact import redact_text, redact_url
+from wedgewatch.core.escape import safe_line
+from wedgewatch.core.redact import redact_url
 from wedgewatch.logsetup import configure_logging
 from wedgewatch.report import cli as report_cli
 from wedgewatch.sim.cli import sim_app
@@ -351,7 +351,7 @@ def _check(
         try:
             metrics_url = config.metrics_url_of(url)
         except ValueError as exc:
-            raise typer.BadParameter(f"{_shown(url)!r} {exc}", param_hint="URL") from None
+            raise typer.BadParameter(f"{safe_line(url)!r} {exc}", param_hint="URL") from None
         try:
             loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
         except config.ConfigError as exc:
@@ -404,14 +404,9 @@ def _stall_thresholds(
     return check.StallThresholds(warning=ranges[0], critical=ranges[1])
 
 
-def _shown(text: str) -> str:
-    """A line for the terminal: secrets redacted, control characters visible (#21)."""
-    return neutralise(redact_text(text), newlines=False)
-
-
 def _internal_error(exc: BaseException, *, as_json: bool) -> typer.Exit:
     """Any failure inside `check` that is not a verdict: one line (or one JSON object), exit 3."""
-    detail = _shown(" ".join(f"{type(exc).__name__}: {exc}".split()))
+    detail = safe_line(" ".join(f"{type(exc).__name__}: {exc}".split()))
     message = f"internal error in wedgewatch check ({detail})"
     if as_json:
         typer.echo(json.dumps({"status": "unknown", "engines": [], "error": message}))
@@ -511,7 +506,7 @@ def _capture(
             config.metrics_url_of(target_url)
         except ValueError as exc:
             raise typer.BadParameter(
-                f"{_shown(target_url)!r} {exc}", param_hint="--target"
+                f"{safe_line(target_url)!r} {exc}", param_hint="--target"
             ) from None
     configure_logging(settings.log_level)
     from wedgewatch.daemon.adapters import capture_on_demand  # noqa: PLC0415 - heavy: only for `capture`
@@ -533,10 +528,10 @@ def _capture(
         )
     else:
         if result.bundle is not None:
-            typer.echo(_shown(f"bundle: {result.bundle}"))
-        typer.echo(_shown(f"triage: {result.triage.kind}: {result.triage.summary}"))
+            typer.echo(safe_line(f"bundle: {result.bundle}"))
+        typer.echo(safe_line(f"triage: {result.triage.kind}: {result.triage.summary}"))
         for failure in result.failures:
-            typer.echo(_shown(f"failed: {failure}"), err=True)
+            typer.echo(safe_line(f"failed: {failure}"), err=True)
     raise typer.Exit(0 if result.bundle is not None else 1)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 
+from wedgewatch.core.redact import redact_text
 from wedgewatch.vllm.signals import TRUNCATION_MARKER, truncate
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "md_inline",
     "md_text",
     "neutralise",
+    "safe_line",
     "slack_text",
     "truncate",
 ]
@@ -59,6 +61,11 @@ def neutralise(text: str, limit: int = 4096, *, newlines: bool = True) -> str:
     if pattern.search(text):
         text = pattern.sub(_visible, text)
     return truncate(text, limit)
+
+
+def safe_line(text: str, limit: int = 4096) -> str:
+    """One line for a terminal or a log: secrets redacted, then `neutralise`d on one line."""
+    return neutralise(redact_text(text), limit, newlines=False)
 
 
 def _longest_backticks(text: str) -> int:

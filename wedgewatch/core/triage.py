@@ -36,9 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from wedgewatch.core.escape import neutralise
+from wedgewatch.core.escape import safe_line
 from wedgewatch.core.profile import FoldedProfile, profile_line
-from wedgewatch.core.redact import redact_text
 from wedgewatch.vllm.semantics import Role, is_engine_core_of
 
 _DEAD_STATUSES = frozenset({"zombie", "dead"})
@@ -396,7 +395,7 @@ def _observe(label: str, process: ProcessStacks) -> _Seen:
 def _line(seen: _Seen) -> str:
     p = seen.process
     posture = seen.posture or "no_stacks"
-    title = neutralise(redact_text(p.title), 60, newlines=False)  # a title is the target's text
+    title = safe_line(p.title, 60)  # a title is the target's text
     return f"{seen.label}: {p.role} pid {p.pid} ({title}): {posture}: {seen.where}"
 
 
