@@ -9,7 +9,7 @@ existing way of finding a tool is marked without anyone remembering to.
 
 | marker | the test needs | found by |
 |---|---|---|
-| `vllm` | a real vLLM's venv (tests/vllm_venvs.py; `run.sh --real` builds it) | `vllm_python` |
+| `vllm` | a real vLLM's venv (`run.sh --real` builds them) | `vllm_python`, `serve_python` |
 | `prometheus` | Debian's `prometheus` (prometheus, promtool) | `promtool`, `prometheus` |
 | `chromium` | Chromium (renders the report) | `chromium`, `chromium-browser` |
 | `kubectl` | kubectl >= 1.21 (`kubectl kustomize`) | `kubectl` |
@@ -38,7 +38,7 @@ TOOLS = {
     "systemd-analyze": "systemd",
     "node": "node",
 }
-ROOTS = {("vllm_venvs", "vllm_python"): "vllm"}
+ROOTS = {("vllm_venvs", "vllm_python"): "vllm", ("real_vllm", "serve_python"): "vllm"}
 MARKERS = {
     "vllm": "needs a venv with a real vLLM (the real tier: tests/run.sh --real)",
     "prometheus": "needs Debian's prometheus (prometheus, promtool)",

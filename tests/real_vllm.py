@@ -1,0 +1,282 @@
+"""A real `vllm serve` on a CPU for the real-server tier: vLLM's CPU build and a tiny local model.
+
+The serving venvs are built by `bash wedgewatch/sim/install-vllm.sh --serve VERSION` into the
+same cache as the scheduler venvs (tests/vllm_venvs.py); the tiny model
+(wedgewatch/sim/tiny_model.py) is made once per recipe into
+`${XDG_CACHE_HOME:-~/.cache}/wedgewatch/models/`. Every server runs in its own process group,
+with its own VLLM_CACHE_ROOT and TMPDIR under the test's directory, and `RealServer.stop()`
+ends the group and removes the /dev/shm files it left (docs/real-vllm.md).
+
+A test reaching `serve_python` is marked `vllm` (tests/needs.py): it runs in the real tier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.vllm_venvs import INSTALL, REQUIRE_VARIABLE, ROOT, STAMP
+
+SERVE_VERSIONS = ("0.30.0", "0.32.0")
+MODEL_NAME = "tiny"
+KV_CACHE_BYTES = 64 * 1024 * 1024
+START_DEADLINE_S = 900.0  # a cold start on a busy 2-core machine; ~40 s when quiet
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wedgewatch"
+
+
+def serve_venv(version: str) -> Path:
+    """The cache directory of the serving vLLM `version` venv (built or not)."""
+    done = subprocess.run(
+        ["bash", str(INSTALL), "--dir", "--serve", version],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return Path(done.stdout.strip())
+
+
+def serve_python(version: str) -> Path:
+    """The python of the complete serving venv for `version`; else skip (fail under --real)."""
+    venv = serve_venv(version)
+    python = venv / "bin" / "python"
+    if (venv / STAMP).is_file() and python.exists():
+        return python
+    message = (
+        f"no complete serving vLLM {version} venv at {venv}; build it with "
+        f"`bash wedgewatch/sim/install-vllm.sh --serve {version}` (or `bash tests/run.sh --real`)"
+    )
+    if os.environ.get(REQUIRE_VARIABLE) == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def tiny_model(python: Path) -> Path:
+    """The tiny model's directory in the cache, made (once, under a lock) with `python`."""
+    models = CACHE / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    out = models / "tiny-llama"
+    with open(models / "tiny-llama.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run(
+            [str(python), "-m", "wedgewatch.sim.tiny_model", str(out)],
+            env=serve_env(),
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+    return out
+
+
+def serve_env(**extra: str) -> dict[str, str]:
+    """The environment a real CPU vLLM needs here (../shared/docs/real-vllm-cpu.md)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"VLLM_CPU_KVCACHE_SPACE", "PYTHONPATH"}}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_DO_NOT_TRACK="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("vllm")}
+    except OSError:
+        return set()
+
+
+@dataclass
+class RealServer:
+    """One real `vllm serve` and what it is made of."""
+
+    version: str
+    python: Path
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    argv: list[str]
+    shm_before: set[str] = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.url}/metrics"
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def processes(self) -> list[psutil.Process]:
+        """The API server and every process below it."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def named(self, title: str) -> list[psutil.Process]:
+        """The processes whose title starts with `title` (e.g. VLLM::EngineCore, VLLM::Worker)."""
+        found = []
+        for p in self.processes():
+            with contextlib.suppress(psutil.Error):
+                words = p.cmdline()
+                if (words and words[0].startswith(title)) or p.name().startswith(title):
+                    found.append(p)
+        return found
+
+    def wait_healthy(self, deadline_s: float = START_DEADLINE_S) -> None:
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"vllm serve {self.version} exited {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            time.sleep(1)
+        raise AssertionError(f"vllm serve {self.version} not healthy in time:\n{self.log_tail()}")
+
+    def complete(self, prompt: Sequence[int] | str, max_tokens: int = 16, **kw: object) -> dict:  # type: ignore[type-arg]
+        body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, **kw}
+        r = httpx.post(f"{self.url}/v1/completions", json=body, timeout=300)
+        r.raise_for_status()
+        return r.json()  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        """End the whole process group (SIGCONT first: a stopped member would hold it up)."""
+        pgid = self.proc.pid
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        end = time.monotonic() + 30
+        while time.monotonic() < end and _group_alive(pgid):
+            time.sleep(0.2)
+        for name in _shm_entries() - self.shm_before:
+            with contextlib.suppress(OSError):
+                (Path("/dev/shm") / name).unlink()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serve_argv(
+    python: Path, model: Path, port: int, extra: Sequence[str] = (), tp: int = 1
+) -> list[str]:
+    argv = [
+        str(python.parent / "vllm"),
+        "serve",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL_NAME,
+        "--max-model-len",
+        "512",
+        "--dtype",
+        "bfloat16",
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(KV_CACHE_BYTES),
+    ]
+    if tp > 1:
+        argv += ["--tensor-parallel-size", str(tp)]
+    return argv + list(extra)
+
+
+def start(
+    version: str,
+    workdir: Path,
+    *,
+    extra_args: Sequence[str] = (),
+    tp: int = 1,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+) -> RealServer:
+    """Start a real `vllm serve` (not yet healthy: call `wait_healthy`)."""
+    python = serve_python(version)
+    model = tiny_model(python)
+    port = port or free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    extra_env = {"VLLM_CACHE_ROOT": str(workdir / "vllm-cache"), "TMPDIR": str(tmp)}
+    if tp > 1:
+        extra_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
+    extra_env.update(env or {})
+    argv = serve_argv(python, model, port, extra_args, tp)
+    log = workdir / f"vllm-serve-{port}.log"
+    shm_before = _shm_entries()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=serve_env(**extra_env),
+            start_new_session=True,
+            cwd=workdir,
+        )
+    return RealServer(version, python, port, proc, log, argv, shm_before)
+
+
+@contextlib.contextmanager
+def running(
+    version: str,
+    workdir: Path,
+    *,
+    extra_args: Sequence[str] = (),
+    tp: int = 1,
+    env: dict[str, str] | None = None,
+) -> Iterator[RealServer]:
+    """A healthy real `vllm serve`, stopped (group and leftovers) however the block ends."""
+    server = start(version, workdir, extra_args=extra_args, tp=tp, env=env)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
