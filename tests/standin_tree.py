@@ -170,7 +170,13 @@ class EngineCore:
         return {}, bool(scheduled)
 
     def schedule(self) -> list[str]:
-        # Every waiting request is deferred: nothing is admitted.
+        # Every waiting request is deferred: nothing is admitted. A real scheduler spends a
+        # moment on its queues each step; so does this one (about 0.2 ms of the 1.2 ms loop),
+        # so a sampling profiler, which drops idle samples, always sees the loop's busy part
+        # (with a bare sleep loop, a loaded machine left a 2 s profile with no sample at all).
+        until = time.perf_counter() + 0.0002
+        while time.perf_counter() < until:
+            pass
         return [r for r in self.waiting if r.startswith("admitted")]
 
     def execute_model(self, scheduled: list[str]) -> Future[object]:
