@@ -337,7 +337,7 @@ def report(table: dict[str, dict[str, float]], probes: dict[str, dict[str, float
     print(
         f"exec probe: h11 adds {h11['wall_median_ms'] - home['wall_median_ms']:+.1f} ms wall"
         f" (median), {h11['cpu_min_ms'] - home['cpu_min_ms']:+.1f} ms CPU (min) per probe;"
-        f" a probe every 10 s: {(h11['cpu_median_ms'] - home['cpu_median_ms']) * 8.64:+.0f} ms"
+        f" a probe every 10 s: {(h11['cpu_median_ms'] - home['cpu_median_ms']) * 8.64:+.0f} s"
         " of CPU a day"
     )
 
