@@ -1,8 +1,9 @@
 """The exec probe's blocking scrape: the same answers and failures as the daemon's, in time.
 
 Every case runs against a real server on 127.0.0.1, through `io.http_get` and through the
-daemon's asynchronous transport (`io.scrape`): both must return the same body, or fail for
-the same closed-set reason in the same words (`io.scrape_rules.Failures`).
+daemon's asynchronous transport (`io.scrape`), with its lean client (`ScrapeClient`, what
+the daemon scrapes with) and with a plain httpx client: all must return the same body, or
+fail for the same closed-set reason in the same words (`io.scrape_rules.Failures`).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ def blocking(url: str, timeout_seconds: float = 5.0, max_body_bytes: int = 16 * 
 
 
 async def asynchronous(
-    url: str, timeout_seconds: float = 5.0, max_body_bytes: int = 16 * MIB
+    url: str, timeout_seconds: float = 5.0, max_body_bytes: int = 16 * MIB, *, lean: bool = False
 ) -> object:
-    async with scrape.new_client() as client:
+    """The daemon's fetch, with its own client (`lean`) or with a plain httpx client."""
+    client = scrape.new_scrape_client() if lean else scrape.new_client()
+    async with client:
         return await scrape.fetch(
             client, url, timeout_seconds=timeout_seconds, max_body_bytes=max_body_bytes
         )
@@ -104,16 +107,18 @@ async def test_blocking_and_asynchronous_scrapes_agree(case: str) -> None:
     with ScriptedServer(CASES[case]) as server:
         limits = {"timeout_seconds": 0.5, "max_body_bytes": MIB}
         expected = outcome(await asynchronous(server.url, **limits))
+        daemon = outcome(await asynchronous(server.url, **limits, lean=True))
         started = time.monotonic()
         got = outcome(blocking(server.url, **limits))
         took = time.monotonic() - started
     if case in ("trickle", "silent"):
-        assert got[0] == "timeout"
+        assert got[0] == daemon[0] == "timeout"
         assert took < 2.0  # the total deadline holds; generous for a loaded machine
         # How much of a trickle arrives before the deadline differs from run to run.
-        assert str(got[1]).split(" (")[0] == str(expected[1]).split(" (")[0]
+        words = {str(r[1]).split(" (")[0] for r in (got, expected, daemon)}
+        assert len(words) == 1, words
     else:
-        assert got == expected
+        assert got == expected == daemon
     if case in ("ok", "close-delimited", "gzip", "gzip-two-members", "redirect"):
         assert got == ("body", BODY)
 
@@ -192,10 +197,12 @@ async def test_raw_responses_are_read_or_failed_like_the_daemon_does(case: str) 
     """Chunked bodies are read, 1xx skipped; broken HTTP is `connect_error` from both."""
     with RawServer(RAW_CASES[case]) as server:
         expected = outcome(await asynchronous(server.url))
+        daemon = outcome(await asynchronous(server.url, lean=True))
         got = outcome(blocking(server.url))
+    assert got == daemon  # one parser, one set of rules: the same words
     if case in WHOLE:
         assert got == expected == ("body", BODY)
-    else:  # the detail names the library's exception, which differs
+    else:  # httpx's detail names its own exception
         assert got[0] == expected[0] == "connect_error"
         assert f"from 127.0.0.1:{server.port}: " in str(got[1])
 

@@ -15,9 +15,11 @@ parser of `io.http_parse` as they arrive:
   the caller's `BodySink` so the caller caps it (and decodes gzip) while it arrives,
   never after.
 
-Anything else (TLS, credentials in the URL, redirects, proxies) is not its job: the caller
-(`io.scrape`) hands those URLs to httpx. Deadlines are the caller's too: cancelling a
-request (`asyncio.timeout`) closes its connection, whatever state it was in.
+Anything else is the caller's (`io.scrape`): redirects and credentials in the URL by the
+rules of `io.scrape_rules` (a redirect is one more `get`; the `Authorization` header is in
+the request's bytes), TLS by handing `https://` URLs to httpx; proxies are never used.
+Deadlines are the caller's too: cancelling a request (`asyncio.timeout`) closes its
+connection, whatever state it was in.
 """
 
 from __future__ import annotations

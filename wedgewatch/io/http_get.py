@@ -12,8 +12,8 @@ transport (`io.scrape`) does:
   after it, so a server that trickles its answer a byte at a time is cut off on time;
 * the body is read in bounded pieces and decoded as it arrives (`scrape_rules.Inflater`),
   never held past `max_body_bytes` raw or decoded;
-* redirects are followed (vLLM's `/metrics` may answer with one to `/metrics/`), at most
-  `MAX_REDIRECTS`; credentials in the URL are sent as basic auth to that URL's origin only;
+* redirects are followed and credentials in the URL sent as basic auth to that URL's origin
+  only, by `scrape_rules.follow_redirect`, at most `MAX_REDIRECTS` times;
 * proxies from the environment are never used (the sidecar scrapes its neighbour), and
   https verifies the server against certifi's roots when installed (as httpx does).
 
@@ -29,7 +29,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import urlsplit
 
 from wedgewatch.core.detect import Observation
 from wedgewatch.io import scrape_rules
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 
 
 _READ_BYTES = 64 * 1024
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 class _Timeout(Exception):
@@ -77,7 +76,7 @@ def fetch(
     deadline = time.monotonic() + timeout_seconds  # the sockets wait in real time
     sink = scrape_rules.Body(max_body_bytes)
     current = url
-    authorization = _basic_auth(url)
+    authorization = scrape_rules.basic_auth(url)
     try:
         for _ in range(scrape_rules.MAX_REDIRECTS + 1):
             result = _get_once(
@@ -88,10 +87,9 @@ def fetch(
                 failures=failures,
             )
             if isinstance(result, str):  # a redirect: follow it, credentials to one origin
-                target = urljoin(current, result)
-                if _origin(target) != _origin(current):
-                    authorization = _basic_auth(target)
-                current = target
+                current, authorization = scrape_rules.follow_redirect(
+                    current, result, authorization
+                )
                 continue
             return result
         return failures.too_many_redirects()
@@ -149,7 +147,7 @@ def _get_once(
             raise ProtocolError(f"a response without a head: {head!r}")
         status, response_headers = head.status, head.headers
         location = response_headers.get("location")
-        if status in _REDIRECTS and location:
+        if status in scrape_rules.REDIRECT_STATUSES and location:
             return location
         sink.open(status, response_headers)
         try:
@@ -237,19 +235,3 @@ def _receive(sock: socket.socket, deadline: float) -> bytes:
         return sock.recv(_READ_BYTES)
     except TimeoutError:
         raise _Timeout from None
-
-
-def _origin(url: str) -> tuple[str, str | None, int | None]:
-    parts = urlsplit(url)
-    return parts.scheme, parts.hostname, parts.port
-
-
-def _basic_auth(url: str) -> str | None:
-    """`Basic ...` for the credentials in a URL (`user:password@host`), if any."""
-    parts = urlsplit(url)
-    if parts.username is None:
-        return None
-    import base64  # noqa: PLC0415 - only a URL with credentials pays for it
-
-    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-    return "Basic " + base64.b64encode(pair.encode()).decode("ascii")

@@ -5,10 +5,11 @@ timeout (including a body that trickles in forever), an HTTP error status or a b
 the size cap come back as `FetchFailed` with a reason from a closed set and a one-line
 detail. `observe` turns a fetch into a detector observation by parsing the body.
 
-The rules every scrape follows (request headers, limits, results, the bounded gzip
-inflate that caps the decoded size, the failure wording) are `io.scrape_rules`', shared
-with the exec probe's blocking transport (`io.http_get`). This module is the asynchronous
-transport under them: the lean client of `io.http1` for plain `http://`, httpx for the rest.
+The rules every scrape follows (request headers, basic auth and redirects, limits,
+results, the bounded gzip inflate that caps the decoded size, the failure wording) are
+`io.scrape_rules`', shared with the exec probe's blocking transport (`io.http_get`), which
+reads with the same HTTP/1.1 parser (`io.http_parse`). This module is the asynchronous
+transport under them: the lean client of `io.http1` for `http://`, httpx for `https://`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from wedgewatch.core.detect import Observation
 from wedgewatch.io import http1
 from wedgewatch.io.http_parse import ProtocolError, get_request
 from wedgewatch.io.scrape_rules import (
+    MAX_REDIRECTS,
+    REDIRECT_STATUSES,
     REQUEST_HEADERS,
     BadEncoding,
     Body,
@@ -33,6 +36,8 @@ from wedgewatch.io.scrape_rules import (
     Inflater,
     ScrapeLimits,
     TooLarge,
+    basic_auth,
+    follow_redirect,
     observation,
 )
 
@@ -56,27 +61,31 @@ def new_client(keepalive: int = 20, tls: ssl.SSLContext | None = None) -> httpx.
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=keepalive)
     return httpx.AsyncClient(
-        trust_env=False, follow_redirects=True, limits=limits, verify=tls or True
+        trust_env=False,
+        follow_redirects=True,
+        max_redirects=MAX_REDIRECTS,
+        limits=limits,
+        verify=tls or True,
     )
 
 
 class ScrapeClient:
     """One target's scrape client: the lean HTTP/1.1 client of `io.http1` where it serves.
 
-    A plain `http://` URL without credentials is fetched by `io.http1` over one kept-alive
-    connection (a sixth of httpx's CPU per scrape: `bench/bench_scrape.py`, 2026-12-02).
-    Everything else goes to an httpx client made by `new_client`, created on first need: `https://`
-    (verified with `tls`, or the default context), credentials in the URL (basic auth),
-    and a URL that answered with a redirect (httpx follows it, from then on). Neither
-    reads the environment's proxy settings.
+    An `http://` URL is fetched by `io.http1` over one kept-alive connection (a sixth of
+    httpx's CPU per scrape: `bench/bench_scrape.py`, 2026-12-02), with the exec probe's
+    rules (`io.scrape_rules`): credentials in the URL as basic auth to its origin only,
+    redirects followed by `follow_redirect` on every scrape. `https://` (a target, or where
+    a redirect leads) goes to an httpx client made by `new_client`, created on first need
+    and verified with `tls` (or the default context); it follows the same redirect limit.
+    Neither reads the environment's proxy settings.
     """
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._tls = tls
         self.lean = http1.Http1Client()
         self._httpx: httpx.AsyncClient | None = None
-        self._redirected: set[str] = set()
-        self._requests: dict[str, tuple[str, int, bytes] | None] = {}
+        self._requests: dict[tuple[str, str | None], tuple[str, int, bytes] | None] = {}
 
     def httpx_client(self) -> httpx.AsyncClient:
         """The httpx client for what the lean one does not serve (one keep-alive connection)."""
@@ -84,17 +93,19 @@ class ScrapeClient:
             self._httpx = new_client(keepalive=1, tls=self._tls)
         return self._httpx
 
-    def lean_request(self, url: str) -> tuple[str, int, bytes] | None:
-        """(host, port, GET request bytes) when the lean client serves `url`, else None."""
-        if url in self._redirected:
-            return None
-        if url not in self._requests:
-            self._requests[url] = _lean_request(url)
-        return self._requests[url]
+    def lean_request(
+        self, url: str, authorization: str | None = None
+    ) -> tuple[str, int, bytes] | None:
+        """(host, port, GET request bytes) when the lean client serves `url`, else None.
 
-    def redirected(self, url: str) -> None:
-        """`url` answered with a redirect: httpx fetches (and follows) it from now on."""
-        self._redirected.add(url)
+        `authorization` is sent as the `Authorization` header (`scrape_rules.basic_auth`).
+        """
+        key = (url, authorization)
+        if key not in self._requests:
+            if len(self._requests) >= _MAX_REQUESTS_KEPT:  # redirects to ever-new URLs
+                self._requests.clear()
+            self._requests[key] = _lean_request(url, authorization)
+        return self._requests[key]
 
     async def aclose(self) -> None:
         """Close the connections."""
@@ -115,15 +126,21 @@ def new_scrape_client(tls: ssl.SSLContext | None = None) -> ScrapeClient:
     return ScrapeClient(tls)
 
 
-def _lean_request(url: str) -> tuple[str, int, bytes] | None:
+_MAX_REQUESTS_KEPT = 64
+
+
+def _lean_request(url: str, authorization: str | None) -> tuple[str, int, bytes] | None:
     parts = urlsplit(url)
-    if parts.scheme != "http" or "@" in parts.netloc or not parts.hostname:
+    if parts.scheme != "http" or not parts.hostname:
         return None
     try:
         port = parts.port or 80
     except ValueError:
         return None
-    return parts.hostname, port, get_request(parts, REQUEST_HEADERS)
+    headers = REQUEST_HEADERS
+    if authorization is not None:
+        headers = {**REQUEST_HEADERS, "Authorization": authorization}
+    return parts.hostname, port, get_request(parts, headers)
 
 
 async def fetch(
@@ -165,15 +182,21 @@ async def fetch(
 async def _get(
     client: httpx.AsyncClient | ScrapeClient, url: str, sink: Body, timeout_seconds: float
 ) -> None:
-    """Send the GET and read the response into `sink`."""
+    """Send the GET and read the response into `sink`, following redirects."""
     if isinstance(client, ScrapeClient):
-        lean = client.lean_request(url)
-        if lean is not None:
+        authorization = basic_auth(url)
+        for _ in range(MAX_REDIRECTS + 1):
+            lean = client.lean_request(url, authorization)
+            if lean is None:  # https: httpx from here on
+                break
             host, port, request = lean
             status, headers, _ = await client.lean.get(host, port, request, sink.open)
-            if not (300 <= status < 400 and "location" in headers):
+            location = headers.get("location")
+            if status not in REDIRECT_STATUSES or not location:
                 return
-            client.redirected(url)
+            url, authorization = follow_redirect(url, location, authorization)
+        else:
+            raise _TooManyRedirects
         client = client.httpx_client()
     await _get_httpx(client, url, sink, timeout_seconds)
 

@@ -6,6 +6,9 @@ lives a fraction of a second). Both follow the rules kept here, so they ask the 
 question and fail for the same reasons in the same words:
 
 * `REQUEST_HEADERS`: plain text only, gzip accepted;
+* `basic_auth` and `follow_redirect`: credentials in the URL are sent as basic auth to that
+  URL's origin only; a redirect (`REDIRECT_STATUSES` with a `Location`) is followed, at
+  most `MAX_REDIRECTS` times, and keeps the credentials only on the same origin;
 * `ScrapeLimits`: a total deadline, a cap on the decoded body and on the engines parsed;
 * `Inflater`: gzip decoded in bounded steps, the cap applied to the decoded size, so a gzip
   bomb is cut off after `max_body_bytes` of output;
@@ -24,7 +27,7 @@ import errno
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 from wedgewatch import __version__
 from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
@@ -41,6 +44,8 @@ REQUEST_HEADERS = {
 }
 #: How many redirects a scrape follows before it fails (httpx's default).
 MAX_REDIRECTS = 20
+#: The statuses that redirect a GET (vLLM's `/metrics` may answer one to `/metrics/`).
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: The bytes of an error response's body kept for its failure detail (decoded, one line).
 SNIPPET_CHARS = 200
 _INFLATE_STEP_BYTES = 256 * 1024
@@ -152,6 +157,36 @@ def host_port(url: str) -> str:
         return parts.netloc
     host = parts.hostname or ""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def basic_auth(url: str) -> str | None:
+    """The `Authorization` value (`Basic ...`) for the credentials in a URL, if it has any."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return None
+    import base64  # noqa: PLC0415 - only a URL with credentials pays for it (the probe)
+
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    return "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+
+
+def follow_redirect(
+    current: str, location: str, authorization: str | None
+) -> tuple[str, str | None]:
+    """Where a redirect from `current` leads, and the `Authorization` to send there.
+
+    The credentials go on to the same origin (scheme, host and port) only; another origin
+    gets its own URL's credentials, if any, as a browser and httpx do.
+    """
+    target = urljoin(current, location)
+    if _origin(target) != _origin(current):
+        authorization = basic_auth(target)
+    return target, authorization
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port
 
 
 def is_refused(exc: BaseException) -> bool:
