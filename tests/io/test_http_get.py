@@ -281,11 +281,28 @@ async def test_an_untrusted_certificate_fails_alike(self_signed: ssl.SSLContext)
     assert "CERTIFICATE_VERIFY_FAILED" in str(got[1])
 
 
+async def test_a_redirect_to_https_is_followed_alike(self_signed: ssl.SSLContext) -> None:
+    """http redirecting to https: the lean client hands the https leg to httpx, the probe
+    wraps its own socket; both verify the certificate and fail in the same words."""
+    secure = ScriptedServer(always(Reply(body=BODY)))
+    secure._httpd.socket = self_signed.wrap_socket(secure._httpd.socket, server_side=True)
+    with secure:
+        target = secure.url.replace("http://", "https://")
+        with ScriptedServer(always(Reply(status=301, headers={"Location": target}))) as plain:
+            daemon = outcome(await asynchronous(plain.url, lean=True))
+            got = outcome(blocking(plain.url))
+    assert got == daemon
+    assert got[0] == "connect_error"
+    assert "CERTIFICATE_VERIFY_FAILED" in str(got[1])
+    assert len(plain.requests) == 2  # one each; the https legs failed in the handshake
+
+
 async def test_a_path_with_spaces_and_non_ascii_is_requested_like_the_daemon_does() -> None:
     """The request target is percent-encoded the way httpx encodes it."""
     with ScriptedServer(always(Reply(body=BODY))) as server:
         url = server.base_url + "/vllm metrics/ü?name=a b"
         await asynchronous(url)
+        assert outcome(await asynchronous(url, lean=True)) == ("body", BODY)
         assert outcome(blocking(url)) == ("body", BODY)
-    daemons, probes = (request.path for request in server.requests)
-    assert probes == daemons == "/vllm%20metrics/%C3%BC?name=a%20b"
+    httpxs, leans, probes = (request.path for request in server.requests)
+    assert probes == leans == httpxs == "/vllm%20metrics/%C3%BC?name=a%20b"
