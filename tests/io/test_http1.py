@@ -14,6 +14,7 @@ import contextlib
 import gc
 import gzip
 import socket
+import ssl
 import struct
 import tracemalloc
 from collections.abc import Awaitable, Callable, Iterator
@@ -26,7 +27,7 @@ from wedgewatch.core.detect import Scraped, ScrapeFailed
 from wedgewatch.io import http_get
 from wedgewatch.io.http_parse import MAX_HEAD_BYTES
 from wedgewatch.io.scrape import ScrapeClient, fetch, new_scrape_client, observe
-from wedgewatch.io.scrape_rules import Fetched, FetchFailed, ScrapeLimits
+from wedgewatch.io.scrape_rules import Fetched, FetchFailed, ScrapeLimits, Unfetchable
 from wedgewatch.vllm.signals import EngineKey
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-0.33.0" / "healthy_busy.prom"
@@ -577,29 +578,44 @@ async def test_slow_headers_hit_the_total_deadline() -> None:
     assert result.reason == "timeout"
 
 
-# -- credentials, redirects, and what the lean client hands to httpx -------------------
+# -- URLs, credentials, redirects -------------------------------------------------------
 
 
-def test_http_is_lean_and_https_goes_to_httpx() -> None:
-    """Every http:// URL is lean (credentials as basic auth); https:// goes to httpx."""
-    client = new_scrape_client()
+def test_the_lean_request_of_a_url() -> None:
+    """Host, port, request bytes (basic auth in a header) and TLS for http and https URLs;
+    anything else is Unfetchable."""
+    tls = ssl.create_default_context()
+    client = new_scrape_client(tls)
     v4 = client.lean_request("http://127.0.0.1:8000/metrics")
     v6 = client.lean_request("http://[::1]:8000/metrics")
     default_port = client.lean_request("http://h/m?a=b")
-    assert v4 is not None
     assert v4[:2] == ("127.0.0.1", 8000)
     assert v4[2].startswith(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n")
-    assert v6 is not None
+    assert v4[3] is None
     assert v6[:2] == ("::1", 8000)
     assert b"Host: [::1]:8000\r\n" in v6[2]
-    assert default_port is not None
     assert default_port[2].startswith(b"GET /m?a=b HTTP/1.1\r\nHost: h\r\n")
-    assert client.lean_request("https://127.0.0.1:8000/metrics") is None
+    assert client.lean_request("https://vllm.example/metrics")[1:4:2] == (443, tls)
     with_auth = client.lean_request("http://u:p@127.0.0.1:8000/metrics", "Basic dTpw")
-    assert with_auth is not None
     assert with_auth[:2] == ("127.0.0.1", 8000)
     assert b"\r\nAuthorization: Basic dTpw\r\n" in with_auth[2]
     assert b"u:p" not in with_auth[2]
+    for bad in ("ftp://h/metrics", "http:///metrics", "http://h:99999/metrics"):
+        with pytest.raises(Unfetchable):
+            client.lean_request(bad)
+
+
+async def test_a_url_no_transport_fetches_fails_alike_in_both() -> None:
+    """Not http(s): `connect_error` in the same words from the daemon and the probe."""
+    url = "ftp://user:hunter2@127.0.0.1/metrics"
+    daemon = await lean_fetch(url)
+    probe = http_get.fetch(url, timeout_seconds=5, max_body_bytes=MIB)
+    assert isinstance(daemon, FetchFailed)
+    assert isinstance(probe, FetchFailed)
+    assert (daemon.reason, daemon.detail) == (probe.reason, probe.detail)
+    assert daemon.reason == "connect_error"
+    assert "not an http(s) URL" in daemon.detail
+    assert "hunter2" not in daemon.detail
 
 
 async def test_credentials_in_the_url_are_sent_as_basic_auth_by_the_lean_client() -> None:

@@ -15,7 +15,8 @@ transport (`io.scrape`) does:
 * redirects are followed and credentials in the URL sent as basic auth to that URL's origin
   only, by `scrape_rules.follow_redirect`, at most `MAX_REDIRECTS` times;
 * proxies from the environment are never used (the sidecar scrapes its neighbour), and
-  https verifies the server against certifi's roots when installed (as httpx does).
+  https verifies the server by `scrape_rules.tls_context` (certifi's roots when installed),
+  as the daemon's lean client does.
 
 Name resolution is the one wait the deadline cannot cut short (`getaddrinfo` blocks); a
 probe's URL names the pod's own server, by IP address or `localhost`.
@@ -28,7 +29,6 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from wedgewatch.core.detect import Observation
@@ -42,12 +42,7 @@ from wedgewatch.io.http_parse import (
     ProtocolError,
     ResponseParser,
     get_request,
-    port_of,
 )
-
-if TYPE_CHECKING:
-    import ssl
-
 
 _READ_BYTES = 64 * 1024
 
@@ -128,14 +123,12 @@ def _get_once(
     failures: scrape_rules.Failures,
 ) -> scrape_rules.Fetched | scrape_rules.FetchFailed | str:
     """One request: the response, a failure, or the `Location` of a redirect."""
-    parts = urlsplit(url)
     try:
-        port = port_of(parts)
-    except ValueError as exc:  # a port out of range
-        return failures.failed("connect_error", f"cannot fetch {url}: {exc}")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return failures.failed("connect_error", f"cannot fetch {url}: not an http(s) URL")
-    sock = _connect(parts.hostname, port, parts.scheme == "https", deadline)
+        host, port, tls = scrape_rules.origin_of(url)
+    except scrape_rules.Unfetchable as exc:
+        return failures.unfetchable(exc)
+    parts = urlsplit(url)
+    sock = _connect(host, port, tls, deadline)
     try:
         headers = {**scrape_rules.REQUEST_HEADERS, "Connection": "close"}
         if authorization is not None:
@@ -180,25 +173,13 @@ def _connect(host: str, port: int, tls: bool, deadline: float) -> socket.socket:
         return sock
     try:
         sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-        return _tls_context().wrap_socket(sock, server_hostname=host)
+        return scrape_rules.tls_context().wrap_socket(sock, server_hostname=host)
     except TimeoutError:
         sock.close()
         raise _Timeout from None
     except OSError as exc:  # ssl.SSLError is an OSError: a failed handshake or verification
         sock.close()
         raise _CannotConnect(exc) from exc
-
-
-def _tls_context() -> ssl.SSLContext:
-    """The default verifying context with certifi's roots when present, as httpx has it."""
-    import ssl  # noqa: PLC0415 - only https targets pay for it
-
-    try:
-        import certifi  # noqa: PLC0415 - optional, as in httpx
-
-        return ssl.create_default_context(cafile=certifi.where())
-    except ImportError:
-        return ssl.create_default_context()
 
 
 def _send(sock: socket.socket, data: bytes, deadline: float) -> None:

@@ -9,7 +9,8 @@ The rules every scrape follows (request headers, basic auth and redirects, limit
 results, the bounded gzip inflate that caps the decoded size, the failure wording) are
 `io.scrape_rules`', shared with the exec probe's blocking transport (`io.http_get`), which
 reads with the same HTTP/1.1 parser (`io.http_parse`). This module is the asynchronous
-transport under them: the lean client of `io.http1` for `http://`, httpx for `https://`.
+transport under them: the daemon's `ScrapeClient` (the lean client of `io.http1`, http and
+https); `fetch` also takes a plain httpx client (`new_client`), for one-off fetches.
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ from wedgewatch.io.scrape_rules import (
     Inflater,
     ScrapeLimits,
     TooLarge,
+    Unfetchable,
     basic_auth,
     follow_redirect,
     observation,
+    origin_of,
+    tls_context,
 )
 
 if TYPE_CHECKING:  # httpx is imported when a client is made: a probe may never need it
@@ -70,49 +74,46 @@ def new_client(keepalive: int = 20, tls: ssl.SSLContext | None = None) -> httpx.
 
 
 class ScrapeClient:
-    """One target's scrape client: the lean HTTP/1.1 client of `io.http1` where it serves.
+    """One target's scrape client: the lean HTTP/1.1 client of `io.http1`, over TCP or TLS.
 
-    An `http://` URL is fetched by `io.http1` over one kept-alive connection (a sixth of
-    httpx's CPU per scrape: `bench/bench_scrape.py`, 2026-12-02), with the exec probe's
-    rules (`io.scrape_rules`): credentials in the URL as basic auth to its origin only,
-    redirects followed by `follow_redirect` on every scrape. `https://` (a target, or where
-    a redirect leads) goes to an httpx client made by `new_client`, created on first need
-    and verified with `tls` (or the default context); it follows the same redirect limit.
-    Neither reads the environment's proxy settings.
+    One kept-alive connection (a sixth of httpx's CPU per scrape: `bench/bench_scrape.py`,
+    2026-12-02), read with the exec probe's parser (`io.http_parse`) and following its rules
+    (`io.scrape_rules`): credentials in the URL as basic auth to its origin only, redirects
+    followed by `follow_redirect` on every scrape, at most `MAX_REDIRECTS`. https is
+    verified with `tls`, or with `scrape_rules.tls_context()` made on first need. Never
+    reads the environment's proxy settings.
     """
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._tls = tls
         self.lean = http1.Http1Client()
-        self._httpx: httpx.AsyncClient | None = None
-        self._requests: dict[tuple[str, str | None], tuple[str, int, bytes] | None] = {}
+        self._requests: dict[tuple[str, str | None], _LeanRequest] = {}
 
-    def httpx_client(self) -> httpx.AsyncClient:
-        """The httpx client for what the lean one does not serve (one keep-alive connection)."""
-        if self._httpx is None:
-            self._httpx = new_client(keepalive=1, tls=self._tls)
-        return self._httpx
-
-    def lean_request(
-        self, url: str, authorization: str | None = None
-    ) -> tuple[str, int, bytes] | None:
-        """(host, port, GET request bytes) when the lean client serves `url`, else None.
-
-        `authorization` is sent as the `Authorization` header (`scrape_rules.basic_auth`).
-        """
+    def lean_request(self, url: str, authorization: str | None = None) -> _LeanRequest:
+        """(host, port, GET request bytes, TLS context or None) for `url`; Unfetchable for a
+        URL that is not http(s). `authorization` is sent as the `Authorization` header."""
         key = (url, authorization)
-        if key not in self._requests:
+        request = self._requests.get(key)
+        if request is None:
+            host, port, tls = origin_of(url)
+            headers = REQUEST_HEADERS
+            if authorization is not None:
+                headers = {**REQUEST_HEADERS, "Authorization": authorization}
+            context = self._tls_context() if tls else None
+            request = (host, port, get_request(urlsplit(url), headers), context)
             if len(self._requests) >= _MAX_REQUESTS_KEPT:  # redirects to ever-new URLs
                 self._requests.clear()
-            self._requests[key] = _lean_request(url, authorization)
-        return self._requests[key]
+            self._requests[key] = request
+        return request
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = tls_context()
+        return self._tls
 
     async def aclose(self) -> None:
-        """Close the connections."""
+        """Close the connection."""
         self.lean.close()
-        if self._httpx is not None:
-            await self._httpx.aclose()
-            self._httpx = None
 
     async def __aenter__(self) -> ScrapeClient:
         return self
@@ -126,21 +127,8 @@ def new_scrape_client(tls: ssl.SSLContext | None = None) -> ScrapeClient:
     return ScrapeClient(tls)
 
 
+_LeanRequest = tuple[str, int, bytes, "ssl.SSLContext | None"]
 _MAX_REQUESTS_KEPT = 64
-
-
-def _lean_request(url: str, authorization: str | None) -> tuple[str, int, bytes] | None:
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        return None
-    try:
-        port = parts.port or 80
-    except ValueError:
-        return None
-    headers = REQUEST_HEADERS
-    if authorization is not None:
-        headers = {**REQUEST_HEADERS, "Authorization": authorization}
-    return parts.hostname, port, get_request(parts, headers)
 
 
 async def fetch(
@@ -171,6 +159,8 @@ async def fetch(
         # OSError: the lean client could not connect (errors on an open connection arrive
         # as ProtocolError); _ConnectFailed: httpx could not.
         return failures.cannot_connect(exc)
+    except Unfetchable as exc:
+        return failures.unfetchable(exc)
     except _TooManyRedirects:
         return failures.too_many_redirects()
     except _Broken as exc:  # httpx saw the connection break, or broken HTTP
@@ -183,22 +173,18 @@ async def _get(
     client: httpx.AsyncClient | ScrapeClient, url: str, sink: Body, timeout_seconds: float
 ) -> None:
     """Send the GET and read the response into `sink`, following redirects."""
-    if isinstance(client, ScrapeClient):
-        authorization = basic_auth(url)
-        for _ in range(MAX_REDIRECTS + 1):
-            lean = client.lean_request(url, authorization)
-            if lean is None:  # https: httpx from here on
-                break
-            host, port, request = lean
-            status, headers, _ = await client.lean.get(host, port, request, sink.open)
-            location = headers.get("location")
-            if status not in REDIRECT_STATUSES or not location:
-                return
-            url, authorization = follow_redirect(url, location, authorization)
-        else:
-            raise _TooManyRedirects
-        client = client.httpx_client()
-    await _get_httpx(client, url, sink, timeout_seconds)
+    if not isinstance(client, ScrapeClient):
+        await _get_httpx(client, url, sink, timeout_seconds)
+        return
+    authorization = basic_auth(url)
+    for _ in range(MAX_REDIRECTS + 1):
+        host, port, request, tls = client.lean_request(url, authorization)
+        status, headers, _ = await client.lean.get(host, port, request, sink.open, tls)
+        location = headers.get("location")
+        if status not in REDIRECT_STATUSES or not location:
+            return
+        url, authorization = follow_redirect(url, location, authorization)
+    raise _TooManyRedirects
 
 
 class _ConnectFailed(Exception):

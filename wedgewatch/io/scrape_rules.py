@@ -6,6 +6,7 @@ lives a fraction of a second). Both follow the rules kept here, so they ask the 
 question and fail for the same reasons in the same words:
 
 * `REQUEST_HEADERS`: plain text only, gzip accepted;
+* `tls_context`: https verified against certifi's roots when installed, as httpx does;
 * `basic_auth` and `follow_redirect`: credentials in the URL are sent as basic auth to that
   URL's origin only; a redirect (`REDIRECT_STATUSES` with a `Location`) is followed, at
   most `MAX_REDIRECTS` times, and keeps the credentials only on the same origin;
@@ -27,6 +28,7 @@ import errno
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urljoin, urlsplit
 
 from wedgewatch import __version__
@@ -35,6 +37,9 @@ from wedgewatch.core.redact import redact_url, scrub_text, secret_fragments
 from wedgewatch.core.states import ScrapeFailureReason
 from wedgewatch.io.http_parse import port_of
 from wedgewatch.vllm import signals
+
+if TYPE_CHECKING:
+    import ssl
 
 #: Request headers: plain text only (vLLM's `/metrics/` mount escapes `:` in OpenMetrics).
 REQUEST_HEADERS = {
@@ -82,6 +87,27 @@ class FetchFailed:
 
 class TooLarge(Exception):
     """The body passed `max_body_bytes` (raw or decoded)."""
+
+
+class Unfetchable(Exception):
+    """A URL no transport fetches (not http or https, no host, a port out of range)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(reason)
+        self.url = url
+
+
+def origin_of(url: str) -> tuple[str, int, bool]:
+    """(host, port, whether TLS) of an http(s) URL, the scheme's port by default; else
+    Unfetchable saying why."""
+    parts = urlsplit(url)
+    try:
+        port = port_of(parts)
+    except ValueError as exc:  # a port out of range
+        raise Unfetchable(url, str(exc)) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Unfetchable(url, "not an http(s) URL")
+    return parts.hostname, port, parts.scheme == "https"
 
 
 class BadEncoding(Exception):
@@ -184,6 +210,19 @@ def follow_redirect(
     return target, authorization
 
 
+def tls_context() -> ssl.SSLContext:
+    """The verifying TLS context for https targets: certifi's roots when installed (as
+    httpx has it), else the system's."""
+    import ssl  # noqa: PLC0415 - only https targets pay for it (the probe)
+
+    try:
+        import certifi  # noqa: PLC0415 - optional, as in httpx
+
+        return ssl.create_default_context(cafile=certifi.where())
+    except ImportError:
+        return ssl.create_default_context()
+
+
 def _origin(url: str) -> tuple[str, str | None, int | None]:
     parts = urlsplit(url)
     return parts.scheme, parts.hostname, parts.port
@@ -241,6 +280,10 @@ class Failures:
         secrets = secret_fragments([self._url], keep_path=True)  # only when a scrape failed
         detail = scrub_text(detail.replace(self._url, self._shown), secrets)
         return FetchFailed(reason=reason, detail=detail, elapsed_seconds=self.elapsed())
+
+    def unfetchable(self, exc: Unfetchable) -> FetchFailed:
+        """The scrape's URL, or where a redirect led, is no URL a transport fetches."""
+        return self.failed("connect_error", f"cannot fetch {exc.url}: {exc}")
 
     def http_status(self, status: int, snippet: str) -> FetchFailed:
         """A response other than 200, with the start of its body."""
