@@ -14,6 +14,7 @@ import contextlib
 import gc
 import gzip
 import socket
+import ssl
 import struct
 import tracemalloc
 from collections.abc import Awaitable, Callable, Iterator
@@ -23,9 +24,10 @@ import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, in_turn, zeros
 
 from wedgewatch.core.detect import Scraped, ScrapeFailed
+from wedgewatch.io import http_get
 from wedgewatch.io.http_parse import MAX_HEAD_BYTES
 from wedgewatch.io.scrape import ScrapeClient, fetch, new_scrape_client, observe
-from wedgewatch.io.scrape_rules import Fetched, FetchFailed, ScrapeLimits
+from wedgewatch.io.scrape_rules import Fetched, FetchFailed, ScrapeLimits, Unfetchable
 from wedgewatch.vllm.signals import EngineKey
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-0.33.0" / "healthy_busy.prom"
@@ -576,42 +578,62 @@ async def test_slow_headers_hit_the_total_deadline() -> None:
     assert result.reason == "timeout"
 
 
-# -- what the lean client hands to httpx -----------------------------------------------
+# -- URLs, credentials, redirects -------------------------------------------------------
 
 
-def test_only_plain_http_without_credentials_is_lean() -> None:
-    """https, credentials in the URL and odd ports go to httpx; plain http:// is lean."""
-    client = new_scrape_client()
+def test_the_lean_request_of_a_url() -> None:
+    """Host, port, request bytes (basic auth in a header) and TLS for http and https URLs;
+    anything else is Unfetchable."""
+    tls = ssl.create_default_context()
+    client = new_scrape_client(tls)
     v4 = client.lean_request("http://127.0.0.1:8000/metrics")
     v6 = client.lean_request("http://[::1]:8000/metrics")
     default_port = client.lean_request("http://h/m?a=b")
-    assert v4 is not None
     assert v4[:2] == ("127.0.0.1", 8000)
     assert v4[2].startswith(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n")
-    assert v6 is not None
+    assert v4[3] is None
     assert v6[:2] == ("::1", 8000)
     assert b"Host: [::1]:8000\r\n" in v6[2]
-    assert default_port is not None
     assert default_port[2].startswith(b"GET /m?a=b HTTP/1.1\r\nHost: h\r\n")
-    assert client.lean_request("https://127.0.0.1:8000/metrics") is None
-    assert client.lean_request("http://user:pw@127.0.0.1:8000/metrics") is None
+    assert client.lean_request("https://vllm.example/metrics")[1:4:2] == (443, tls)
+    with_auth = client.lean_request("http://u:p@127.0.0.1:8000/metrics", "Basic dTpw")
+    assert with_auth[:2] == ("127.0.0.1", 8000)
+    assert b"\r\nAuthorization: Basic dTpw\r\n" in with_auth[2]
+    assert b"u:p" not in with_auth[2]
+    for bad in ("ftp://h/metrics", "http:///metrics", "http://h:99999/metrics"):
+        with pytest.raises(Unfetchable):
+            client.lean_request(bad)
 
 
-async def test_credentials_in_the_url_go_through_httpx_as_basic_auth() -> None:
-    """`http://user:pw@host` is sent with basic auth (httpx) and the password never shown."""
+async def test_a_url_no_transport_fetches_fails_alike_in_both() -> None:
+    """Not http(s): `connect_error` in the same words from the daemon and the probe."""
+    url = "ftp://user:hunter2@127.0.0.1/metrics"
+    daemon = await lean_fetch(url)
+    probe = http_get.fetch(url, timeout_seconds=5, max_body_bytes=MIB)
+    assert isinstance(daemon, FetchFailed)
+    assert isinstance(probe, FetchFailed)
+    assert (daemon.reason, daemon.detail) == (probe.reason, probe.detail)
+    assert daemon.reason == "connect_error"
+    assert "not an http(s) URL" in daemon.detail
+    assert "hunter2" not in daemon.detail
+
+
+async def test_credentials_in_the_url_are_sent_as_basic_auth_by_the_lean_client() -> None:
+    """`http://user:pw@host` is sent with basic auth, lean, and the password never shown."""
     with ScriptedServer(in_turn([Reply(body=BODY), Reply(status=500, body=b"no")])) as server:
         url = server.url.replace("http://", "http://scraper:s3cret-pw@")
         async with new_scrape_client() as client:
             good = await lean_fetch(url, client=client)
             bad = await lean_fetch(url, client=client)
+            assert client.lean.connections_opened >= 1
     assert isinstance(good, Fetched)
-    assert server.requests[0].headers["Authorization"].startswith("Basic ")
+    assert server.requests[0].headers["Authorization"] == "Basic c2NyYXBlcjpzM2NyZXQtcHc="
     assert isinstance(bad, FetchFailed)
     assert "s3cret-pw" not in bad.detail
 
 
-async def test_a_redirect_is_followed_by_httpx_from_then_on() -> None:
-    """A 307 (e.g. to `/metrics/`) is followed, and later scrapes go to httpx directly."""
+async def test_a_redirect_is_followed_by_the_lean_client_on_every_scrape() -> None:
+    """A 307 (e.g. to `/metrics/`) is followed each time, as the exec probe follows it."""
 
     def script(_: int, path: str) -> Reply:
         if path == "/metrics":
@@ -622,12 +644,37 @@ async def test_a_redirect_is_followed_by_httpx_from_then_on() -> None:
         async with new_scrape_client() as client:
             first = await lean_fetch(server.url, client=client)
             second = await lean_fetch(server.url, client=client)
+            assert client.lean.connections_opened >= 1
     assert isinstance(first, Fetched)
     assert isinstance(second, Fetched)
     assert first.body == second.body == BODY
-    # lean: /metrics (307); httpx: /metrics, /metrics/; then httpx again: /metrics, /metrics/
-    paths = ["/metrics", "/metrics", "/metrics/", "/metrics", "/metrics/"]
-    assert [r.path for r in server.requests] == paths
+    assert [r.path for r in server.requests] == ["/metrics", "/metrics/"] * 2
+
+
+@pytest.mark.parametrize("transport", ["daemon", "probe"])
+async def test_credentials_follow_a_redirect_to_the_same_origin_only(transport: str) -> None:
+    """Both transports keep basic auth across a redirect on the same origin and drop it
+    on a redirect to another origin (another port here), by the same rule."""
+    with ScriptedServer(always(Reply(body=BODY))) as other:
+
+        def script(_: int, path: str) -> Reply:
+            if path == "/metrics":
+                return Reply(status=302, headers={"Location": "/metrics/"})
+            return Reply(status=307, headers={"Location": other.url})
+
+        with ScriptedServer(script) as server:
+            url = server.url.replace("http://", "http://scraper:pw@")
+            if transport == "daemon":
+                result = await lean_fetch(url)
+            else:
+                result = http_get.fetch(url, timeout_seconds=5, max_body_bytes=MIB)
+    assert isinstance(result, Fetched)
+    assert result.body == BODY
+    first, same_origin = server.requests
+    assert first.headers["Authorization"] == same_origin.headers["Authorization"]
+    assert same_origin.path == "/metrics/"
+    (elsewhere,) = other.requests
+    assert "Authorization" not in elsewhere.headers
 
 
 async def test_a_reset_ends_no_body_delimited_by_the_close() -> None:

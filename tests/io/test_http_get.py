@@ -1,8 +1,9 @@
 """The exec probe's blocking scrape: the same answers and failures as the daemon's, in time.
 
 Every case runs against a real server on 127.0.0.1, through `io.http_get` and through the
-daemon's asynchronous transport (`io.scrape`): both must return the same body, or fail for
-the same closed-set reason in the same words (`io.scrape_rules.Failures`).
+daemon's asynchronous transport (`io.scrape`), with its lean client (`ScrapeClient`, what
+the daemon scrapes with) and with a plain httpx client: all must return the same body, or
+fail for the same closed-set reason in the same words (`io.scrape_rules.Failures`).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ def blocking(url: str, timeout_seconds: float = 5.0, max_body_bytes: int = 16 * 
 
 
 async def asynchronous(
-    url: str, timeout_seconds: float = 5.0, max_body_bytes: int = 16 * MIB
+    url: str, timeout_seconds: float = 5.0, max_body_bytes: int = 16 * MIB, *, lean: bool = False
 ) -> object:
-    async with scrape.new_client() as client:
+    """The daemon's fetch, with its own client (`lean`) or with a plain httpx client."""
+    client = scrape.new_scrape_client() if lean else scrape.new_client()
+    async with client:
         return await scrape.fetch(
             client, url, timeout_seconds=timeout_seconds, max_body_bytes=max_body_bytes
         )
@@ -102,18 +105,23 @@ SLOW_CASES = {"huge-lazy-body", "gzip-bomb", "trickle", "silent"}  # each takes 
 async def test_blocking_and_asynchronous_scrapes_agree(case: str) -> None:
     """A body, or the same reason in the same words, from both transports."""
     with ScriptedServer(CASES[case]) as server:
-        limits = {"timeout_seconds": 0.5, "max_body_bytes": MIB}
+        # A short deadline where it is the point; elsewhere one that a loaded machine
+        # cannot miss (21 requests of a redirect loop took over 0.5 s under load).
+        timeout = 0.5 if case in ("trickle", "silent") else 10.0
+        limits = {"timeout_seconds": timeout, "max_body_bytes": MIB}
         expected = outcome(await asynchronous(server.url, **limits))
+        daemon = outcome(await asynchronous(server.url, **limits, lean=True))
         started = time.monotonic()
         got = outcome(blocking(server.url, **limits))
         took = time.monotonic() - started
     if case in ("trickle", "silent"):
-        assert got[0] == "timeout"
+        assert got[0] == daemon[0] == "timeout"
         assert took < 2.0  # the total deadline holds; generous for a loaded machine
         # How much of a trickle arrives before the deadline differs from run to run.
-        assert str(got[1]).split(" (")[0] == str(expected[1]).split(" (")[0]
+        words = {str(r[1]).split(" (")[0] for r in (got, expected, daemon)}
+        assert len(words) == 1, words
     else:
-        assert got == expected
+        assert got == expected == daemon
     if case in ("ok", "close-delimited", "gzip", "gzip-two-members", "redirect"):
         assert got == ("body", BODY)
 
@@ -192,10 +200,12 @@ async def test_raw_responses_are_read_or_failed_like_the_daemon_does(case: str) 
     """Chunked bodies are read, 1xx skipped; broken HTTP is `connect_error` from both."""
     with RawServer(RAW_CASES[case]) as server:
         expected = outcome(await asynchronous(server.url))
+        daemon = outcome(await asynchronous(server.url, lean=True))
         got = outcome(blocking(server.url))
+    assert got == daemon  # one parser, one set of rules: the same words
     if case in WHOLE:
         assert got == expected == ("body", BODY)
-    else:  # the detail names the library's exception, which differs
+    else:  # httpx's detail names its own exception
         assert got[0] == expected[0] == "connect_error"
         assert f"from 127.0.0.1:{server.port}: " in str(got[1])
 
@@ -245,20 +255,43 @@ def test_observe_stamps_the_start_and_parses() -> None:
 
 
 @pytest.fixture
-def self_signed(tmp_path: Path) -> ssl.SSLContext:
-    """A server-side TLS context with a fresh self-signed certificate."""
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A fresh self-signed certificate for localhost and 127.0.0.1: (key, cert) files."""
     openssl = shutil.which("openssl")
     if openssl is None:
         pytest.skip("needs the openssl command to make a certificate")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
         [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)],
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
+    return key, cert
+
+
+@pytest.fixture
+def self_signed(certificate: tuple[Path, Path]) -> ssl.SSLContext:
+    """A server-side TLS context with the fresh self-signed certificate."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
+    context.load_cert_chain(certificate[1], certificate[0])
     return context
+
+
+async def test_the_daemon_scrapes_https_over_one_kept_alive_connection(
+    certificate: tuple[Path, Path], self_signed: ssl.SSLContext
+) -> None:
+    """https with a trusted certificate: the body, twice, over one TLS connection."""
+    server = ScriptedServer(always(Reply(body=BODY)))
+    server._httpd.socket = self_signed.wrap_socket(server._httpd.socket, server_side=True)
+    trusted = ssl.create_default_context(cafile=certificate[1])
+    with server:
+        url = server.url.replace("http://", "https://")
+        async with scrape.new_scrape_client(trusted) as client:
+            for _ in range(2):
+                result = await scrape.fetch(client, url, timeout_seconds=5, max_body_bytes=MIB)
+                assert outcome(result) == ("body", BODY)
+            assert client.lean.connections_opened == 1
 
 
 async def test_an_untrusted_certificate_fails_alike(self_signed: ssl.SSLContext) -> None:
@@ -274,11 +307,28 @@ async def test_an_untrusted_certificate_fails_alike(self_signed: ssl.SSLContext)
     assert "CERTIFICATE_VERIFY_FAILED" in str(got[1])
 
 
+async def test_a_redirect_to_https_is_followed_alike(self_signed: ssl.SSLContext) -> None:
+    """http redirecting to https: the lean client and the probe each open a TLS connection
+    for the https leg, verify the certificate and fail in the same words."""
+    secure = ScriptedServer(always(Reply(body=BODY)))
+    secure._httpd.socket = self_signed.wrap_socket(secure._httpd.socket, server_side=True)
+    with secure:
+        target = secure.url.replace("http://", "https://")
+        with ScriptedServer(always(Reply(status=301, headers={"Location": target}))) as plain:
+            daemon = outcome(await asynchronous(plain.url, lean=True))
+            got = outcome(blocking(plain.url))
+    assert got == daemon
+    assert got[0] == "connect_error"
+    assert "CERTIFICATE_VERIFY_FAILED" in str(got[1])
+    assert len(plain.requests) == 2  # one each; the https legs failed in the handshake
+
+
 async def test_a_path_with_spaces_and_non_ascii_is_requested_like_the_daemon_does() -> None:
     """The request target is percent-encoded the way httpx encodes it."""
     with ScriptedServer(always(Reply(body=BODY))) as server:
         url = server.base_url + "/vllm metrics/ü?name=a b"
         await asynchronous(url)
+        assert outcome(await asynchronous(url, lean=True)) == ("body", BODY)
         assert outcome(blocking(url)) == ("body", BODY)
-    daemons, probes = (request.path for request in server.requests)
-    assert probes == daemons == "/vllm%20metrics/%C3%BC?name=a%20b"
+    httpxs, leans, probes = (request.path for request in server.requests)
+    assert probes == leans == httpxs == "/vllm%20metrics/%C3%BC?name=a%20b"

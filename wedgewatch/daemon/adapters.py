@@ -104,7 +104,7 @@ class HttpScraper:
     """Scrapes with `scrape.fetch` (bounded in time and size) and parses with `signals.parse`.
 
     Each target gets its own `ScrapeClient` that keeps its connection open between scrapes
-    (the lean HTTP/1.1 client for `http://`; httpx, sharing one TLS context, for the rest):
+    (the lean HTTP/1.1 client, `https://` targets sharing one TLS context):
     a connection pool's cost per request grows with its size, so one pool for many targets
     would make every scrape slower as targets are added.
     """

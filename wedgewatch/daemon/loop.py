@@ -62,9 +62,10 @@ log = structlog.get_logger("wedgewatch.daemon")
 
 # Up to this many targets share a wakeup: their cadences start at the same instant, so
 # their scrapes run back to back while the interpreter's caches are warm. A scrape after a
-# sleep costs about 1.3 ms of CPU, one right after another about 0.8 ms (docs/benchmarks.md,
-# "Daemon: many targets"); a slot of 16 scrapes is ~10 ms of work, and more targets are
-# spread over more slots, so a thousand targets never scrape at one instant.
+# sleep costs about 1.3 ms of CPU, one right after another about 0.8 ms
+# (bench/bench_targets.py, 2026-12-03, docs/benchmarks.md "Shared wakeups"); a slot of 16
+# scrapes is ~10 ms of work, and more targets are spread over more slots, so a thousand
+# targets never scrape at one instant.
 TARGETS_PER_WAKEUP = 16
 
 # How often the state file is refreshed while nothing notable happens (detector clocks).
@@ -492,7 +493,8 @@ def serve(config: Config, *, supervisor: restarters.Supervisor | None = None) ->
         return 2
     # What start-up built (modules, the config, the adapters) lives as long as the daemon:
     # moved out of the collector's reach, a full collection no longer walks it again and
-    # again (measured: several percent of the CPU of every scrape at 100 targets).
+    # again (a py-spy profile of bench/bench_targets.py at 100 targets, 2026-12-02, put 6 % of
+    # the daemon's samples in such collections: docs/benchmarks.md "Daemon: many targets").
     gc.collect()
     gc.freeze()
     try:

@@ -1,12 +1,13 @@
 """A lean HTTP/1.1 GET client on an asyncio protocol: one keep-alive connection per target.
 
 Scraping a 50 KiB `/metrics` body every second from hundreds of targets is dominated by
-the HTTP client's own Python work: httpx and httpcore cost about 3 ms of CPU per request
-on this project's benchmark machine, ten times the parse. This client does only what a
+the HTTP client's own Python work: a fetch through httpx and httpcore costs 1.22 ms of CPU,
+seven times the parse (0.17 ms), and 0.20 ms through this client (`bench/bench_scrape.py`,
+run of 2026-12-02, docs/benchmarks.md "Daemon: many targets"). This client does only what a
 scrape needs, in one `asyncio.Protocol` that hands the bytes to the sans-IO response
 parser of `io.http_parse` as they arrive:
 
-- GET over plain TCP (`http://`), one request at a time on one connection that is kept
+- GET over TCP or TLS, one request at a time on one connection that is kept
   open between requests (HTTP/1.1 keep-alive) and opened anew when the server closed it;
   a request on a reused connection that the server closed before answering is sent once
   more on a fresh one (a GET is idempotent: the race of a keep-alive timeout);
@@ -14,18 +15,23 @@ parser of `io.http_parse` as they arrive:
   the caller's `BodySink` so the caller caps it (and decodes gzip) while it arrives,
   never after.
 
-Anything else (TLS, credentials in the URL, redirects, proxies) is not its job: the caller
-(`io.scrape`) hands those URLs to httpx. Deadlines are the caller's too: cancelling a
-request (`asyncio.timeout`) closes its connection, whatever state it was in.
+Anything else is the caller's (`io.scrape`): redirects and credentials in the URL by the
+rules of `io.scrape_rules` (a redirect is one more `get`; the `Authorization` header is in
+the request's bytes), and the TLS context; proxies are never used.
+Deadlines are the caller's too: cancelling a request (`asyncio.timeout`) closes its
+connection, whatever state it was in.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from wedgewatch.io.http_parse import Data, Head, NeedData, ProtocolError, ResponseParser
+
+if TYPE_CHECKING:
+    import ssl
 
 
 class _StaleConnection(Exception):
@@ -175,11 +181,11 @@ class _Connection(asyncio.Protocol):
 
 
 class Http1Client:
-    """GETs over one kept-alive HTTP/1.1 connection to one host and port at a time."""
+    """GETs over one kept-alive HTTP/1.1 connection (TLS or not) to one origin at a time."""
 
     def __init__(self) -> None:
         self._connection: _Connection | None = None
-        self._origin: tuple[str, int] | None = None
+        self._origin: tuple[str, int, ssl.SSLContext | None] | None = None
         self.connections_opened = 0
 
     @property
@@ -188,21 +194,31 @@ class Http1Client:
         return self._connection.received if self._connection is not None else 0
 
     async def get(
-        self, host: str, port: int, request: bytes, open_sink: OpenSink
+        self,
+        host: str,
+        port: int,
+        request: bytes,
+        open_sink: OpenSink,
+        tls: ssl.SSLContext | None = None,
     ) -> tuple[int, dict[str, str], BodySink]:
         """Send `request` (a whole GET) to `host:port` and read the response into a sink.
 
+        With `tls`, the connection is TLS, the server verified as `tls` says for `host`.
         Raises `OSError` when no connection can be made (`ConnectionRefusedError` when
-        refused) and `ProtocolError` for broken HTTP or a connection closed mid-way.
+        refused, `ssl.SSLError` when the handshake or verification fails) and
+        `ProtocolError` for broken HTTP or a connection closed mid-way.
         """
+        origin = (host, port, tls)
         for attempt in range(2):
             connection = self._connection
-            reused = connection is not None and connection.reusable and self._origin == (host, port)
+            reused = connection is not None and connection.reusable and self._origin == origin
             if connection is None or not reused:
                 self.close()
                 loop = asyncio.get_running_loop()
-                _, connection = await loop.create_connection(_Connection, host, port)
-                self._connection, self._origin = connection, (host, port)
+                _, connection = await loop.create_connection(
+                    _Connection, host, port, ssl=tls, server_hostname=host if tls else None
+                )
+                self._connection, self._origin = connection, origin
                 self.connections_opened += 1
             try:
                 return await connection.request(request, open_sink, reused=reused)

@@ -12,10 +12,11 @@ transport (`io.scrape`) does:
   after it, so a server that trickles its answer a byte at a time is cut off on time;
 * the body is read in bounded pieces and decoded as it arrives (`scrape_rules.Inflater`),
   never held past `max_body_bytes` raw or decoded;
-* redirects are followed (vLLM's `/metrics` may answer with one to `/metrics/`), at most
-  `MAX_REDIRECTS`; credentials in the URL are sent as basic auth to that URL's origin only;
+* redirects are followed and credentials in the URL sent as basic auth to that URL's origin
+  only, by `scrape_rules.follow_redirect`, at most `MAX_REDIRECTS` times;
 * proxies from the environment are never used (the sidecar scrapes its neighbour), and
-  https verifies the server against certifi's roots when installed (as httpx does).
+  https verifies the server by `scrape_rules.tls_context` (certifi's roots when installed),
+  as the daemon's lean client does.
 
 Name resolution is the one wait the deadline cannot cut short (`getaddrinfo` blocks); a
 probe's URL names the pod's own server, by IP address or `localhost`.
@@ -28,8 +29,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import urlsplit
 
 from wedgewatch.core.detect import Observation
 from wedgewatch.io import scrape_rules
@@ -42,15 +42,9 @@ from wedgewatch.io.http_parse import (
     ProtocolError,
     ResponseParser,
     get_request,
-    port_of,
 )
 
-if TYPE_CHECKING:
-    import ssl
-
-
 _READ_BYTES = 64 * 1024
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 class _Timeout(Exception):
@@ -77,7 +71,7 @@ def fetch(
     deadline = time.monotonic() + timeout_seconds  # the sockets wait in real time
     sink = scrape_rules.Body(max_body_bytes)
     current = url
-    authorization = _basic_auth(url)
+    authorization = scrape_rules.basic_auth(url)
     try:
         for _ in range(scrape_rules.MAX_REDIRECTS + 1):
             result = _get_once(
@@ -88,10 +82,9 @@ def fetch(
                 failures=failures,
             )
             if isinstance(result, str):  # a redirect: follow it, credentials to one origin
-                target = urljoin(current, result)
-                if _origin(target) != _origin(current):
-                    authorization = _basic_auth(target)
-                current = target
+                current, authorization = scrape_rules.follow_redirect(
+                    current, result, authorization
+                )
                 continue
             return result
         return failures.too_many_redirects()
@@ -130,14 +123,12 @@ def _get_once(
     failures: scrape_rules.Failures,
 ) -> scrape_rules.Fetched | scrape_rules.FetchFailed | str:
     """One request: the response, a failure, or the `Location` of a redirect."""
-    parts = urlsplit(url)
     try:
-        port = port_of(parts)
-    except ValueError as exc:  # a port out of range
-        return failures.failed("connect_error", f"cannot fetch {url}: {exc}")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return failures.failed("connect_error", f"cannot fetch {url}: not an http(s) URL")
-    sock = _connect(parts.hostname, port, parts.scheme == "https", deadline)
+        host, port, tls = scrape_rules.origin_of(url)
+    except scrape_rules.Unfetchable as exc:
+        return failures.unfetchable(exc)
+    parts = urlsplit(url)
+    sock = _connect(host, port, tls, deadline)
     try:
         headers = {**scrape_rules.REQUEST_HEADERS, "Connection": "close"}
         if authorization is not None:
@@ -149,7 +140,7 @@ def _get_once(
             raise ProtocolError(f"a response without a head: {head!r}")
         status, response_headers = head.status, head.headers
         location = response_headers.get("location")
-        if status in _REDIRECTS and location:
+        if status in scrape_rules.REDIRECT_STATUSES and location:
             return location
         sink.open(status, response_headers)
         try:
@@ -182,25 +173,13 @@ def _connect(host: str, port: int, tls: bool, deadline: float) -> socket.socket:
         return sock
     try:
         sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-        return _tls_context().wrap_socket(sock, server_hostname=host)
+        return scrape_rules.tls_context().wrap_socket(sock, server_hostname=host)
     except TimeoutError:
         sock.close()
         raise _Timeout from None
     except OSError as exc:  # ssl.SSLError is an OSError: a failed handshake or verification
         sock.close()
         raise _CannotConnect(exc) from exc
-
-
-def _tls_context() -> ssl.SSLContext:
-    """The default verifying context with certifi's roots when present, as httpx has it."""
-    import ssl  # noqa: PLC0415 - only https targets pay for it
-
-    try:
-        import certifi  # noqa: PLC0415 - optional, as in httpx
-
-        return ssl.create_default_context(cafile=certifi.where())
-    except ImportError:
-        return ssl.create_default_context()
 
 
 def _send(sock: socket.socket, data: bytes, deadline: float) -> None:
@@ -237,19 +216,3 @@ def _receive(sock: socket.socket, deadline: float) -> bytes:
         return sock.recv(_READ_BYTES)
     except TimeoutError:
         raise _Timeout from None
-
-
-def _origin(url: str) -> tuple[str, str | None, int | None]:
-    parts = urlsplit(url)
-    return parts.scheme, parts.hostname, parts.port
-
-
-def _basic_auth(url: str) -> str | None:
-    """`Basic ...` for the credentials in a URL (`user:password@host`), if any."""
-    parts = urlsplit(url)
-    if parts.username is None:
-        return None
-    import base64  # noqa: PLC0415 - only a URL with credentials pays for it
-
-    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-    return "Basic " + base64.b64encode(pair.encode()).decode("ascii")

@@ -21,6 +21,12 @@ body is handed on as it arrives, so the caller caps it. Anything broken, includi
 connection closed in the middle of a response, raises `ProtocolError` with a message that
 says what. The daemon's asynchronous client (`io.http1`) and the exec probe's blocking
 GET (`io.http_get`) are the IO around it: sockets, deadlines and connection reuse.
+
+Why not h11 itself (installed with httpx): `bench/bench_http_parser.py`, run of 2026-12-03
+(docs/benchmarks.md, "HTTP/1.1 parser"), on the real 50 KB vLLM body. Under the lean client
+a scrape costs 0.135 ms of CPU with this parser and 0.215 ms with h11 (8 % of a core more
+at 1000 targets at 1 Hz); the exec probe takes 117 ms of CPU against 130 ms with h11, whose
+import alone costs 25 ms.
 """
 
 from __future__ import annotations

@@ -5,10 +5,12 @@ timeout (including a body that trickles in forever), an HTTP error status or a b
 the size cap come back as `FetchFailed` with a reason from a closed set and a one-line
 detail. `observe` turns a fetch into a detector observation by parsing the body.
 
-The rules every scrape follows (request headers, limits, results, the bounded gzip
-inflate that caps the decoded size, the failure wording) are `io.scrape_rules`', shared
-with the exec probe's blocking transport (`io.http_get`). This module is the asynchronous
-transport under them: the lean client of `io.http1` for plain `http://`, httpx for the rest.
+The rules every scrape follows (request headers, basic auth and redirects, limits,
+results, the bounded gzip inflate that caps the decoded size, the failure wording) are
+`io.scrape_rules`', shared with the exec probe's blocking transport (`io.http_get`), which
+reads with the same HTTP/1.1 parser (`io.http_parse`). This module is the asynchronous
+transport under them: the daemon's `ScrapeClient` (the lean client of `io.http1`, http and
+https); `fetch` also takes a plain httpx client (`new_client`), for one-off fetches.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from wedgewatch.core.detect import Observation
 from wedgewatch.io import http1
 from wedgewatch.io.http_parse import ProtocolError, get_request
 from wedgewatch.io.scrape_rules import (
+    MAX_REDIRECTS,
+    REDIRECT_STATUSES,
     REQUEST_HEADERS,
     BadEncoding,
     Body,
@@ -33,7 +37,12 @@ from wedgewatch.io.scrape_rules import (
     Inflater,
     ScrapeLimits,
     TooLarge,
+    Unfetchable,
+    basic_auth,
+    follow_redirect,
     observation,
+    origin_of,
+    tls_context,
 )
 
 if TYPE_CHECKING:  # httpx is imported when a client is made: a probe may never need it
@@ -56,52 +65,55 @@ def new_client(keepalive: int = 20, tls: ssl.SSLContext | None = None) -> httpx.
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=keepalive)
     return httpx.AsyncClient(
-        trust_env=False, follow_redirects=True, limits=limits, verify=tls or True
+        trust_env=False,
+        follow_redirects=True,
+        max_redirects=MAX_REDIRECTS,
+        limits=limits,
+        verify=tls or True,
     )
 
 
 class ScrapeClient:
-    """One target's scrape client: the lean HTTP/1.1 client of `io.http1` where it serves.
+    """One target's scrape client: the lean HTTP/1.1 client of `io.http1`, over TCP or TLS.
 
-    A plain `http://` URL without credentials is fetched by `io.http1` over one kept-alive
-    connection (about a tenth of httpx's CPU per scrape). Everything else goes to an httpx
-    client made by `new_client`, created on first need, exactly as before: `https://`
-    (verified with `tls`, or the default context), credentials in the URL (basic auth),
-    and a URL that answered with a redirect (httpx follows it, from then on). Neither
+    One kept-alive connection (a sixth of httpx's CPU per scrape: `bench/bench_scrape.py`,
+    2026-12-02), read with the exec probe's parser (`io.http_parse`) and following its rules
+    (`io.scrape_rules`): credentials in the URL as basic auth to its origin only, redirects
+    followed by `follow_redirect` on every scrape, at most `MAX_REDIRECTS`. https is
+    verified with `tls`, or with `scrape_rules.tls_context()` made on first need. Never
     reads the environment's proxy settings.
     """
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._tls = tls
         self.lean = http1.Http1Client()
-        self._httpx: httpx.AsyncClient | None = None
-        self._redirected: set[str] = set()
-        self._requests: dict[str, tuple[str, int, bytes] | None] = {}
+        self._requests: dict[tuple[str, str | None], _LeanRequest] = {}
 
-    def httpx_client(self) -> httpx.AsyncClient:
-        """The httpx client for what the lean one does not serve (one keep-alive connection)."""
-        if self._httpx is None:
-            self._httpx = new_client(keepalive=1, tls=self._tls)
-        return self._httpx
+    def lean_request(self, url: str, authorization: str | None = None) -> _LeanRequest:
+        """(host, port, GET request bytes, TLS context or None) for `url`; Unfetchable for a
+        URL that is not http(s). `authorization` is sent as the `Authorization` header."""
+        key = (url, authorization)
+        request = self._requests.get(key)
+        if request is None:
+            host, port, tls = origin_of(url)
+            headers = REQUEST_HEADERS
+            if authorization is not None:
+                headers = {**REQUEST_HEADERS, "Authorization": authorization}
+            context = self._tls_context() if tls else None
+            request = (host, port, get_request(urlsplit(url), headers), context)
+            if len(self._requests) >= _MAX_REQUESTS_KEPT:  # redirects to ever-new URLs
+                self._requests.clear()
+            self._requests[key] = request
+        return request
 
-    def lean_request(self, url: str) -> tuple[str, int, bytes] | None:
-        """(host, port, GET request bytes) when the lean client serves `url`, else None."""
-        if url in self._redirected:
-            return None
-        if url not in self._requests:
-            self._requests[url] = _lean_request(url)
-        return self._requests[url]
-
-    def redirected(self, url: str) -> None:
-        """`url` answered with a redirect: httpx fetches (and follows) it from now on."""
-        self._redirected.add(url)
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = tls_context()
+        return self._tls
 
     async def aclose(self) -> None:
-        """Close the connections."""
+        """Close the connection."""
         self.lean.close()
-        if self._httpx is not None:
-            await self._httpx.aclose()
-            self._httpx = None
 
     async def __aenter__(self) -> ScrapeClient:
         return self
@@ -115,15 +127,8 @@ def new_scrape_client(tls: ssl.SSLContext | None = None) -> ScrapeClient:
     return ScrapeClient(tls)
 
 
-def _lean_request(url: str) -> tuple[str, int, bytes] | None:
-    parts = urlsplit(url)
-    if parts.scheme != "http" or "@" in parts.netloc or not parts.hostname:
-        return None
-    try:
-        port = parts.port or 80
-    except ValueError:
-        return None
-    return parts.hostname, port, get_request(parts, REQUEST_HEADERS)
+_LeanRequest = tuple[str, int, bytes, "ssl.SSLContext | None"]
+_MAX_REQUESTS_KEPT = 64
 
 
 async def fetch(
@@ -154,6 +159,8 @@ async def fetch(
         # OSError: the lean client could not connect (errors on an open connection arrive
         # as ProtocolError); _ConnectFailed: httpx could not.
         return failures.cannot_connect(exc)
+    except Unfetchable as exc:
+        return failures.unfetchable(exc)
     except _TooManyRedirects:
         return failures.too_many_redirects()
     except _Broken as exc:  # httpx saw the connection break, or broken HTTP
@@ -165,17 +172,19 @@ async def fetch(
 async def _get(
     client: httpx.AsyncClient | ScrapeClient, url: str, sink: Body, timeout_seconds: float
 ) -> None:
-    """Send the GET and read the response into `sink`."""
-    if isinstance(client, ScrapeClient):
-        lean = client.lean_request(url)
-        if lean is not None:
-            host, port, request = lean
-            status, headers, _ = await client.lean.get(host, port, request, sink.open)
-            if not (300 <= status < 400 and "location" in headers):
-                return
-            client.redirected(url)
-        client = client.httpx_client()
-    await _get_httpx(client, url, sink, timeout_seconds)
+    """Send the GET and read the response into `sink`, following redirects."""
+    if not isinstance(client, ScrapeClient):
+        await _get_httpx(client, url, sink, timeout_seconds)
+        return
+    authorization = basic_auth(url)
+    for _ in range(MAX_REDIRECTS + 1):
+        host, port, request, tls = client.lean_request(url, authorization)
+        status, headers, _ = await client.lean.get(host, port, request, sink.open, tls)
+        location = headers.get("location")
+        if status not in REDIRECT_STATUSES or not location:
+            return
+        url, authorization = follow_redirect(url, location, authorization)
+    raise _TooManyRedirects
 
 
 class _ConnectFailed(Exception):

@@ -6,6 +6,10 @@ lives a fraction of a second). Both follow the rules kept here, so they ask the 
 question and fail for the same reasons in the same words:
 
 * `REQUEST_HEADERS`: plain text only, gzip accepted;
+* `tls_context`: https verified against certifi's roots when installed, as httpx does;
+* `basic_auth` and `follow_redirect`: credentials in the URL are sent as basic auth to that
+  URL's origin only; a redirect (`REDIRECT_STATUSES` with a `Location`) is followed, at
+  most `MAX_REDIRECTS` times, and keeps the credentials only on the same origin;
 * `ScrapeLimits`: a total deadline, a cap on the decoded body and on the engines parsed;
 * `Inflater`: gzip decoded in bounded steps, the cap applied to the decoded size, so a gzip
   bomb is cut off after `max_body_bytes` of output;
@@ -24,7 +28,8 @@ import errno
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urljoin, urlsplit
 
 from wedgewatch import __version__
 from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
@@ -32,6 +37,9 @@ from wedgewatch.core.redact import redact_url, scrub_text, secret_fragments
 from wedgewatch.core.states import ScrapeFailureReason
 from wedgewatch.io.http_parse import port_of
 from wedgewatch.vllm import signals
+
+if TYPE_CHECKING:
+    import ssl
 
 #: Request headers: plain text only (vLLM's `/metrics/` mount escapes `:` in OpenMetrics).
 REQUEST_HEADERS = {
@@ -41,6 +49,8 @@ REQUEST_HEADERS = {
 }
 #: How many redirects a scrape follows before it fails (httpx's default).
 MAX_REDIRECTS = 20
+#: The statuses that redirect a GET (vLLM's `/metrics` may answer one to `/metrics/`).
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: The bytes of an error response's body kept for its failure detail (decoded, one line).
 SNIPPET_CHARS = 200
 _INFLATE_STEP_BYTES = 256 * 1024
@@ -77,6 +87,27 @@ class FetchFailed:
 
 class TooLarge(Exception):
     """The body passed `max_body_bytes` (raw or decoded)."""
+
+
+class Unfetchable(Exception):
+    """A URL no transport fetches (not http or https, no host, a port out of range)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(reason)
+        self.url = url
+
+
+def origin_of(url: str) -> tuple[str, int, bool]:
+    """(host, port, whether TLS) of an http(s) URL, the scheme's port by default; else
+    Unfetchable saying why."""
+    parts = urlsplit(url)
+    try:
+        port = port_of(parts)
+    except ValueError as exc:  # a port out of range
+        raise Unfetchable(url, str(exc)) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Unfetchable(url, "not an http(s) URL")
+    return parts.hostname, port, parts.scheme == "https"
 
 
 class BadEncoding(Exception):
@@ -154,6 +185,49 @@ def host_port(url: str) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def basic_auth(url: str) -> str | None:
+    """The `Authorization` value (`Basic ...`) for the credentials in a URL, if it has any."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return None
+    import base64  # noqa: PLC0415 - only a URL with credentials pays for it (the probe)
+
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+    return "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+
+
+def follow_redirect(
+    current: str, location: str, authorization: str | None
+) -> tuple[str, str | None]:
+    """Where a redirect from `current` leads, and the `Authorization` to send there.
+
+    The credentials go on to the same origin (scheme, host and port) only; another origin
+    gets its own URL's credentials, if any, as a browser and httpx do.
+    """
+    target = urljoin(current, location)
+    if _origin(target) != _origin(current):
+        authorization = basic_auth(target)
+    return target, authorization
+
+
+def tls_context() -> ssl.SSLContext:
+    """The verifying TLS context for https targets: certifi's roots when installed (as
+    httpx has it), else the system's."""
+    import ssl  # noqa: PLC0415 - only https targets pay for it (the probe)
+
+    try:
+        import certifi  # noqa: PLC0415 - optional, as in httpx
+
+        return ssl.create_default_context(cafile=certifi.where())
+    except ImportError:
+        return ssl.create_default_context()
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port
+
+
 def is_refused(exc: BaseException) -> bool:
     """Whether an exception (or its cause chain) is a refused connection."""
     seen: set[int] = set()
@@ -206,6 +280,10 @@ class Failures:
         secrets = secret_fragments([self._url], keep_path=True)  # only when a scrape failed
         detail = scrub_text(detail.replace(self._url, self._shown), secrets)
         return FetchFailed(reason=reason, detail=detail, elapsed_seconds=self.elapsed())
+
+    def unfetchable(self, exc: Unfetchable) -> FetchFailed:
+        """The scrape's URL, or where a redirect led, is no URL a transport fetches."""
+        return self.failed("connect_error", f"cannot fetch {exc.url}: {exc}")
 
     def http_status(self, status: int, snippet: str) -> FetchFailed:
         """A response other than 200, with the start of its body."""
