@@ -785,7 +785,7 @@ def test_cli_internal_error_is_one_unknown_line(monkeypatch: pytest.MonkeyPatch)
     """Any failure inside check is UNKNOWN, exit 3, one line (one JSON object with --json)."""
     from typer.testing import CliRunner
 
-    from wedgewatch import check as check_module
+    from wedgewatch.check import run as check_module
     from wedgewatch.cli import app
 
     async def broken(*_: object, **__: object) -> CheckReport:

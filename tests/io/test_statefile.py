@@ -112,7 +112,7 @@ def test_missing_file_is_a_first_start(tmp_path: Path) -> None:
                     "targets": {"a": {"restart_policy": {"phase": "sleepy"}}},
                 }
             ).encode(),
-            "targets.a.restart_policy.phase",
+            "targets.a: restart_policy: missing field 'consecutive'",
             id="bad-field",
         ),
         pytest.param(

@@ -58,8 +58,10 @@ reports a `RestartOutcome`, which `record_restart` takes.
 #   `to_record` turns monotonic instants into Unix timestamps, `from_record` rebases them onto
 #   the new process's monotonic clock. Restarts stamped in the future (the wall clock went
 #   back) count as happening now; a backoff is never restored longer than
-#   restart_backoff_max_seconds; a restart in flight when wedgewatch died resumes as starting;
-#   health must be observed again (healthy_since is not persisted).
+#   restart_backoff_max_seconds; a restart in flight when wedgewatch died resumes as starting.
+#   healthy_since is recorded, and restored only with `keep_health` (a `wedgewatch check`
+#   probe is a new process every run, so its stretch of health must survive between runs;
+#   the daemon observes health again after its own restart).
 
 from __future__ import annotations
 
@@ -414,6 +416,7 @@ class PolicyRecord:
     consecutive: int
     not_before_timestamp: float | None
     phase_since_timestamp: float | None
+    healthy_since_timestamp: float | None = None
 
 
 def to_record(state: PolicyState, at: float, timestamp: float) -> PolicyRecord:
@@ -428,13 +431,25 @@ def to_record(state: PolicyState, at: float, timestamp: float) -> PolicyRecord:
         consecutive=state.consecutive,
         not_before_timestamp=None if state.not_before_at is None else wall(state.not_before_at),
         phase_since_timestamp=None if state.phase_since_at is None else wall(state.phase_since_at),
+        healthy_since_timestamp=None
+        if state.healthy_since_at is None
+        else wall(state.healthy_since_at),
     )
 
 
 def from_record(
-    record: PolicyRecord, policy: RestartPolicy, at: float, timestamp: float
+    record: PolicyRecord,
+    policy: RestartPolicy,
+    at: float,
+    timestamp: float,
+    *,
+    keep_health: bool = False,
 ) -> PolicyState:
-    """Rebase a persisted record onto this process's monotonic clock (now = at/timestamp)."""
+    """Rebase a persisted record onto this process's monotonic clock (now = at/timestamp).
+
+    `keep_health`: restore the stretch of health too (one not in the future), as a
+    `wedgewatch check` probe must; the daemon observes it again.
+    """
 
     def past(stamp: float) -> float:
         return at - max(timestamp - stamp, 0.0)  # a future stamp (clock went back) is "now"
@@ -455,4 +470,7 @@ def from_record(
         phase_since_at=since,
         healthy_since_at=None,
     )
+    healthy = record.healthy_since_timestamp
+    if keep_health and healthy is not None and healthy <= timestamp:
+        restored = replace(restored, healthy_since_at=at - (timestamp - healthy))
     return _prune(restored, policy, at)
