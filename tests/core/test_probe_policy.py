@@ -9,8 +9,9 @@ import pytest
 
 from wedgewatch.core import probe_policy, restart_codec
 from wedgewatch.core.detect import EngineMemory, EngineState, TargetState
+from wedgewatch.core.events import ReportEvent
 from wedgewatch.core.probe_policy import ProbeMemory, ServerMark
-from wedgewatch.core.restart_policy import Phase, PolicyEventKind, PolicyState, RestartPolicy
+from wedgewatch.core.restart_policy import Phase, PolicyState, RestartPolicy
 from wedgewatch.io import statefile
 from wedgewatch.vllm.signals import EngineKey, EngineReading
 
@@ -84,7 +85,7 @@ def test_p3_a_spent_budget_passes_with_gave_up_once() -> None:
     assert answer.decision == "gave_up"
     assert "3 restarts within the last 3600 s" in answer.detail
     assert step.state.phase is Phase.GAVE_UP
-    assert [e.kind for e in step.events] == [PolicyEventKind.GAVE_UP]
+    assert [e.kind for e in step.events] == [ReportEvent.GAVE_UP]
     again, step2 = verdict(step.state, "wedged", at=5100.0)
     assert again.ok
     assert again.gave_up
@@ -142,7 +143,7 @@ def test_r1_r2_a_served_failure_then_a_new_process_counts_one_restart() -> None:
     assert step.state.consecutive == 1
     assert step.state.not_before_at == 1300.0 + 60.0
     (event,) = step.events
-    assert event.kind is PolicyEventKind.RESTART_SUCCEEDED
+    assert event.kind is ReportEvent.RESTART_SUCCEEDED
     assert event.reason == "probe_restart"
     assert "2 failed liveness probes" in event.detail
 
@@ -317,7 +318,7 @@ def test_a_probe_record_written_by_the_earlier_code_still_loads_and_judges() -> 
         memory, PolicyState(), POLICY, ServerMark.of(detector(1_700_000_500.0, 0.0)),
         scraped=True, target_state="ok", at=510.0, timestamp=1_800_000_010.0,
     )  # fmt: skip
-    assert [e.kind for e in step.events] == [PolicyEventKind.RESTART_SUCCEEDED]
+    assert [e.kind for e in step.events] == [ReportEvent.RESTART_SUCCEEDED]
     assert len(step.state.restarts_at) == 1
 
 

@@ -57,7 +57,8 @@ from wedgewatch.core.detect import (
     TargetVerdict,
     step,
 )
-from wedgewatch.core.restart_policy import PolicyEventKind, RestartPolicy
+from wedgewatch.core.events import ReportEvent
+from wedgewatch.core.restart_policy import RestartPolicy
 from wedgewatch.core.states import EngineState, ScrapeFailureReason
 from wedgewatch.io import http_get
 from wedgewatch.io.scrape_rules import ScrapeLimits
@@ -218,7 +219,7 @@ async def _probe(
             )
         for event in report.events:
             log(
-                "error" if event.kind is PolicyEventKind.GAVE_UP else "info",
+                "error" if event.kind is ReportEvent.GAVE_UP else "info",
                 str(event.kind),
                 url=options.metrics_url,
                 reason=event.reason,

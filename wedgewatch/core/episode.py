@@ -141,7 +141,6 @@ from wedgewatch.core.episode_types import (
     ProbeServed,
     QueueRestart,
     Report,
-    ReportEvent,
     ResetDetector,
     Resolve,
     RestartDone,
@@ -150,13 +149,13 @@ from wedgewatch.core.episode_types import (
     RunRestart,
     Step,
 )
+from wedgewatch.core.events import ReportEvent
 from wedgewatch.core.replacement import (
     NotReplaced,
     ServerIdentity,
     judge_replacement,
     with_listener,
 )
-from wedgewatch.core.restart_policy import PolicyEventKind as Kind
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, CapturePhase, EngineState
 from wedgewatch.core.transitions import transition_reports
 from wedgewatch.vllm.signals import EngineKey
@@ -548,19 +547,19 @@ class _Run:
                     bundle=episode.bundle,
                 )
             match event.kind:
-                case Kind.RESTART_FAILED:
+                case ReportEvent.RESTART_FAILED:
                     self.restart_failed(event, fields)
-                case Kind.RESTART_SUCCEEDED:
-                    self.report(ReportEvent.RESTART_SUCCEEDED, "info", **fields)
+                case ReportEvent.RESTART_SUCCEEDED:
+                    self.report(event.kind, "info", **fields)
                     self.close("restarted")
-                case Kind.GAVE_UP:
-                    self.report(ReportEvent.GAVE_UP, "error", **fields)
-                case Kind.GAVE_UP_CLEARED:
-                    self.report(ReportEvent.GAVE_UP_CLEARED, "info", **fields)
-                case Kind.BACKOFF_RESET:
-                    self.report(ReportEvent.BACKOFF_RESET, "info", **fields)
-                case Kind.BUDGET_RESET:
-                    self.report(ReportEvent.BUDGET_RESET, "info", **fields)
+                case ReportEvent.GAVE_UP:
+                    self.report(event.kind, "error", **fields)
+                case (
+                    ReportEvent.GAVE_UP_CLEARED
+                    | ReportEvent.BACKOFF_RESET
+                    | ReportEvent.BUDGET_RESET
+                ):
+                    self.report(event.kind, "info", **fields)
                 case _:
                     assert_never(event.kind)
 

@@ -46,13 +46,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from wedgewatch.core.detect import TargetState
+from wedgewatch.core.events import ReportEvent
 from wedgewatch.core.replacement import engine_counters
 from wedgewatch.core.restart_policy import (
     Allow,
     DenyReason,
     Phase,
     PolicyEvent,
-    PolicyEventKind,
     PolicyState,
     RestartPolicy,
     Step,
@@ -303,7 +303,7 @@ def count_probe_restart(
         f"{'s' if failures != 1 else ''} ({why}); counted against the restart budget"
     )
     event = PolicyEvent(
-        kind=PolicyEventKind.RESTART_SUCCEEDED,
+        kind=ReportEvent.RESTART_SUCCEEDED,
         at=at,
         timestamp=timestamp,
         reason="probe_restart",
