@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from wedgewatch.check import state as state_file
+import wedgewatch.check.state as state_file
 from wedgewatch.check.log import log
 from wedgewatch.check.render import (
     EXIT_OK,
