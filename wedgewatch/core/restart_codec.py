@@ -6,9 +6,10 @@ served failures (`probe_policy.ProbeRecord`), all in Unix seconds. `encode` turn
 the JSON-ready objects both files embed (`restart_policy` and `probe`), `decode` checks
 them back, field by field, and returns a sentence saying what is wrong instead of raising.
 
-Both files carry a version of their own (`schema_version` of the daemon's `state.json`,
-`version` of a check's state file); this codec's format is part of both and changes only
-with them. `RESTART_STATE_FORMAT` names it in both files' documentation.
+The format is versioned by the files that embed it (`schema_version` of the daemon's
+`state.json`, 2 since `healthy_since_timestamp`; `version` of a check's state file, which
+always had it): it changes only with both. `healthy_since_timestamp` may be absent (a
+version 1 `state.json`).
 
 Pure: no JSON text and no file here (the exec probe imports this without pydantic), so the
 daemon's pydantic schema (`io.statefile`) and the check's store (`check.state`) parse their
@@ -25,8 +26,6 @@ from typing import Any
 from wedgewatch.core.probe_policy import ProbeRecord
 from wedgewatch.core.restart_policy import Phase, PolicyRecord
 
-#: The format of the two objects, as both state files document it.
-RESTART_STATE_FORMAT = 1
 _POLICY_KEYS = frozenset(
     {
         "phase",
