@@ -48,6 +48,7 @@ from wedgewatch.check.render import (
     StallThresholds,
 )
 from wedgewatch.check.settings import CheckSettings
+from wedgewatch.check.state import Clock, Sleep
 from wedgewatch.core import probe_step
 from wedgewatch.core.detect import (
     Observation,
@@ -69,8 +70,6 @@ if TYPE_CHECKING:
 # Scrape failures that say the body is not something the detector can judge: UNKNOWN at once.
 _NOT_JUDGEABLE: frozenset[ScrapeFailureReason] = frozenset({"parse_error", "too_many_engines"})
 
-Clock = Callable[[], float]
-Sleep = Callable[[float], Awaitable[None]]
 #: One scrape and parse of a URL within limits, stamped with the clock when it began.
 Observe = Callable[[str, ScrapeLimits, Clock], Awaitable[Observation]]
 _T = TypeVar("_T")

@@ -43,6 +43,7 @@ LOCK_RETRY_SECONDS = 0.05
 #: Slack on top of a check's own bound (window plus one scrape) when waiting for the lock.
 LOCK_WAIT_MARGIN_SECONDS = 2.0
 
+#: Monotonic seconds, and a sleep (blocking or asyncio's): injected, so tests never wait.
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
