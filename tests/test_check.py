@@ -639,9 +639,11 @@ def test_cli_probe_in_observe_mode_never_asks_for_a_restart(tmp_path: Path) -> N
     """remedy = "none" (rule P0): a wedge still shows, but exits 1 (0 with --critical-only)."""
     fixture = (FIXTURES / "deferred_wedge.prom").read_bytes()
     state = tmp_path / "probe.json"
-    args = ["--for", "0", "--state-file", str(state), "--stall-after-seconds", "5"]
+    # 10 s: the stall needs that long of probes, and the detector's history outlives a gap
+    # between two runs that long (a loaded machine starts the full command line slowly).
+    args = ["--for", "0", "--state-file", str(state), "--stall-after-seconds", "10"]
     observe = {"WEDGEWATCH_REMEDY": "none"}
-    give_up_at = time.monotonic() + 60  # the stall needs 5 s of probes, however fast each is
+    give_up_at = time.monotonic() + 90  # the stall needs 10 s of probes, however fast each is
     with ScriptedServer(always(Reply(body=fixture))) as server:
         while time.monotonic() < give_up_at:
             done = wedgewatch("check", server.url, *args, "--json", env=observe)
