@@ -27,6 +27,7 @@ from wedgewatch.check import (
     run_check,
 )
 from wedgewatch.core.detect import Policy
+from wedgewatch.core.restart_policy import RestartPolicy
 from wedgewatch.io.scrape_rules import ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey
 
@@ -638,9 +639,11 @@ def test_cli_probe_in_observe_mode_never_asks_for_a_restart(tmp_path: Path) -> N
     """remedy = "none" (rule P0): a wedge still shows, but exits 1 (0 with --critical-only)."""
     fixture = (FIXTURES / "deferred_wedge.prom").read_bytes()
     state = tmp_path / "probe.json"
-    args = ["--for", "0", "--state-file", str(state), "--stall-after-seconds", "5"]
+    # 10 s: the stall needs that long of probes, and the detector's history outlives a gap
+    # between two runs that long (a loaded machine starts the full command line slowly).
+    args = ["--for", "0", "--state-file", str(state), "--stall-after-seconds", "10"]
     observe = {"WEDGEWATCH_REMEDY": "none"}
-    give_up_at = time.monotonic() + 60  # the stall needs 5 s of probes, however fast each is
+    give_up_at = time.monotonic() + 90  # the stall needs 10 s of probes, however fast each is
     with ScriptedServer(always(Reply(body=fixture))) as server:
         while time.monotonic() < give_up_at:
             done = wedgewatch("check", server.url, *args, "--json", env=observe)
@@ -785,7 +788,7 @@ def test_cli_internal_error_is_one_unknown_line(monkeypatch: pytest.MonkeyPatch)
     """Any failure inside check is UNKNOWN, exit 3, one line (one JSON object with --json)."""
     from typer.testing import CliRunner
 
-    from wedgewatch import check as check_module
+    from wedgewatch.check import run as check_module
     from wedgewatch.cli import app
 
     async def broken(*_: object, **__: object) -> CheckReport:
@@ -843,3 +846,60 @@ def test_run_blocking_refuses_a_coroutine_that_suspends() -> None:
 
     with pytest.raises(RuntimeError, match="suspended"):
         run_blocking(suspends())
+
+
+# -- the restart state: the daemon's codec (core/restart_codec.py) --------------------------
+
+
+async def _probe_with_budget(path: Path, clock: FakeClock) -> CheckReport:
+    options = CheckOptions(
+        metrics_url=URL,
+        window_seconds=0,
+        interval_seconds=1.0,
+        policy=POLICY,
+        limits=ScrapeLimits(timeout_seconds=5.0, max_body_bytes=16 * 1024 * 1024),
+        state_file=path,
+        restart=RestartPolicy(restart_budget=2),
+    )
+    async with mock_client(bodies(one(busy(0)))) as client:
+        return await run_check(options, client=client, clock=clock, sleep=clock.sleep)
+
+
+async def test_a_malformed_restart_state_is_named_and_replaced(tmp_path: Path) -> None:
+    """A restart_policy the codec refuses is a note saying which field, and a fresh one."""
+    path = tmp_path / "state.json"
+    clock = FakeClock()
+    await _probe_with_budget(path, clock)
+    saved = json.loads(path.read_text())
+    assert saved["restart_policy"]["healthy_since_timestamp"] is not None  # kept between runs
+    saved["restart_policy"]["consecutive"] = -1
+    path.write_text(json.dumps(saved))
+    clock.now += 1
+    report = await _probe_with_budget(path, clock)
+    assert report.status == "ok"
+    (note,) = report.notes
+    assert note == (
+        f"state file {path} holds a malformed restart state (restart_policy: consecutive: "
+        "expected a whole number >= 0, got -1); starting a new history"
+    )
+    assert json.loads(path.read_text())["restart_policy"]["consecutive"] == 0
+
+
+async def test_malformed_probe_failures_alone_keep_the_budget(tmp_path: Path) -> None:
+    """Bad served-failure memory is forgotten with a note; the restarts counted stay counted."""
+    path = tmp_path / "state.json"
+    clock = FakeClock()
+    await _probe_with_budget(path, clock)
+    saved = json.loads(path.read_text())
+    spent = time.time() - 5  # the check's wall clock is the real one
+    saved["restart_policy"]["restart_timestamps"] = [spent]
+    saved["probe"] = {"failures": "two"}
+    path.write_text(json.dumps(saved))
+    clock.now += 1
+    report = await _probe_with_budget(path, clock)
+    (note,) = report.notes
+    assert note.startswith(f"state file {path} holds malformed probe failures (probe: ")
+    assert note.endswith("; forgot them")
+    again = json.loads(path.read_text())
+    assert again["restart_policy"]["restart_timestamps"] == [pytest.approx(spent, abs=60)]
+    assert again["probe"] is None

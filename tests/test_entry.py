@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from scripted_http import Reply, ScriptedServer, always
 
-from wedgewatch import check_settings, entry
-from wedgewatch.check_settings import settings_key
+from wedgewatch import entry
+from wedgewatch.check import settings as check_settings
+from wedgewatch.check.settings import settings_key
 from wedgewatch.core.detect import Policy
 from wedgewatch.core.restart_policy import RestartPolicy
 from wedgewatch.io.scrape_rules import ScrapeLimits

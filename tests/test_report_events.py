@@ -9,11 +9,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from wedgewatch.core.episode import Report, ReportEvent
 from wedgewatch.core.episode_types import notify_event
+from wedgewatch.core.events import ReportEvent as CoreEvent
 from wedgewatch.core.restart_policy import PolicyEventKind
 from wedgewatch.core.states import NotifyEvent
 
@@ -29,10 +31,20 @@ def test_webhooks_are_keyed_by_report_events_of_the_same_name() -> None:
         assert Report(event, "info", {}).notify == webhook
 
 
-def test_policy_events_are_report_events_of_the_same_name() -> None:
-    """The restart policy's facts are reported under their own names (a subset)."""
-    for kind in PolicyEventKind:
-        assert ReportEvent(str(kind)).name == kind.name
+def test_policy_events_are_members_of_the_one_report_event_type() -> None:
+    """The restart policy's facts are not a second enum: they are six `ReportEvent` members
+    (one closed type, the one the episode core and the shell re-export)."""
+    kinds = get_args(PolicyEventKind)
+    assert all(isinstance(kind, ReportEvent) for kind in kinds), kinds
+    assert {str(kind) for kind in kinds} == {
+        "restart_succeeded",
+        "restart_failed",
+        "gave_up",
+        "gave_up_cleared",
+        "backoff_reset",
+        "budget_reset",
+    }
+    assert CoreEvent is ReportEvent
 
 
 def test_every_reported_event_is_in_the_log_table() -> None:
@@ -62,7 +74,7 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 def _rename(core: Path, old: str, new: str) -> None:
     """Rename the ReportEvent member `old` in its definition and in every use in the core."""
-    _edit(core / "episode_types.py", f"    {old} = ", f"    {new} = ")
+    _edit(core / "events.py", f"    {old} = ", f"    {new} = ")
     for path in core.glob("*.py"):
         text = path.read_text()
         path.write_text(text.replace(f"ReportEvent.{old}", f"ReportEvent.{new}"))
@@ -98,7 +110,7 @@ def test_renaming_or_adding_an_event_without_the_shell_fails_mypy(tmp_path: Path
     # 2. Undo that; add an event nobody decided about: every dispatch fails at assert_never.
     _rename(core, "WEDGE_SEEN", "WEDGE_DETECTED")
     _edit(
-        core / "episode_types.py",
+        core / "events.py",
         '    BUDGET_RESET = "budget_reset"\n',
         '    BUDGET_RESET = "budget_reset"\n    ENGINE_HAUNTED = "engine_haunted"\n',
     )
@@ -112,10 +124,25 @@ def test_renaming_or_adding_an_event_without_the_shell_fails_mypy(tmp_path: Path
     }, added.stdout
     assert all("ENGINE_HAUNTED" in line for line in never), added.stdout
 
-    # 3. Undo that; rename one of the restart policy's events: the core's match fails.
-    _edit(core / "episode_types.py", '    ENGINE_HAUNTED = "engine_haunted"\n', "")
-    _edit(core / "restart_policy.py", "    BUDGET_RESET = ", "    BUDGET_CLEARED = ")
+    # 3. Undo that; rename one of the restart policy's events in the one type, but not in
+    #    the policy: the policy's own Literal and its uses fail, in the core.
+    _edit(core / "events.py", '    ENGINE_HAUNTED = "engine_haunted"\n', "")
+    _edit(core / "events.py", "    BUDGET_RESET = ", "    BUDGET_CLEARED = ")
     policy = _mypy(project, cache)
     assert policy.returncode == 1, policy.stdout + policy.stderr
-    assert "wedgewatch/core/episode.py" in policy.stdout, policy.stdout
     assert 'has no attribute "BUDGET_RESET"' in policy.stdout, policy.stdout
+    assert "wedgewatch/core/restart_policy.py" in policy.stdout, policy.stdout
+
+    # 4. Undo that; the policy reports one more kind that the episode core does not
+    #    handle: its match on the policy's events fails at assert_never.
+    _edit(core / "events.py", "    BUDGET_CLEARED = ", "    BUDGET_RESET = ")
+    _edit(
+        core / "restart_policy.py",
+        "    ReportEvent.BUDGET_RESET,\n]",
+        "    ReportEvent.BUDGET_RESET,\n    ReportEvent.RESTART_DEFERRED,\n]",
+    )
+    unhandled = _mypy(project, cache)
+    assert unhandled.returncode == 1, unhandled.stdout + unhandled.stderr
+    never = [line for line in unhandled.stdout.splitlines() if '"assert_never"' in line]
+    assert [line.split(":")[0] for line in never] == ["wedgewatch/core/episode.py"], never
+    assert "RESTART_DEFERRED" in never[0], never

@@ -25,7 +25,8 @@ from typer._click.core import Context
 from typer._click.exceptions import ClickException, UsageError
 from typer.core import TyperCommand
 
-from wedgewatch import __version__, check, check_settings, config
+from wedgewatch import __version__, check, config
+from wedgewatch.check import settings as check_settings
 from wedgewatch.config import SETTINGS, Config
 from wedgewatch.core import nagios
 from wedgewatch.core.escape import safe_line

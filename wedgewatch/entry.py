@@ -10,7 +10,7 @@ invocation without it:
   full CLI, which gives the usual messages and exit codes;
 * the settings come from the probe's state file, where the previous run cached them under
   a digest of everything they are made from (the URL, the config file's bytes, every
-  `WEDGEWATCH_*` variable and the flags, see `check_settings.settings_key`). A changed input is a
+  `WEDGEWATCH_*` variable and the flags, see `check.settings.settings_key`). A changed input is a
   different digest: that run takes the full CLI, validates the configuration and caches
   the new settings. Nothing is validated twice and nothing stale is used.
 
@@ -119,7 +119,8 @@ def fast_check(args: list[str]) -> int | None:
     parsed = parse_probe_args(args)
     if parsed is None:
         return None
-    from wedgewatch import check, check_settings  # noqa: PLC0415 - the fast path's imports
+    from wedgewatch import check  # noqa: PLC0415 - the fast path's imports
+    from wedgewatch.check import settings as check_settings  # noqa: PLC0415 - ditto
 
     key = check_settings.settings_key(parsed.url, parsed.config_file, os.environ, parsed.flags)
     if key is None:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from wedgewatch.core import probe_policy
+from wedgewatch.core import probe_policy, restart_codec
 from wedgewatch.core.detect import EngineMemory, EngineState, TargetState
+from wedgewatch.core.events import ReportEvent
 from wedgewatch.core.probe_policy import ProbeMemory, ServerMark
-from wedgewatch.core.restart_policy import Phase, PolicyEventKind, PolicyState, RestartPolicy
+from wedgewatch.core.restart_policy import Phase, PolicyState, RestartPolicy
 from wedgewatch.io import statefile
 from wedgewatch.vllm.signals import EngineKey, EngineReading
 
@@ -83,7 +85,7 @@ def test_p3_a_spent_budget_passes_with_gave_up_once() -> None:
     assert answer.decision == "gave_up"
     assert "3 restarts within the last 3600 s" in answer.detail
     assert step.state.phase is Phase.GAVE_UP
-    assert [e.kind for e in step.events] == [PolicyEventKind.GAVE_UP]
+    assert [e.kind for e in step.events] == [ReportEvent.GAVE_UP]
     again, step2 = verdict(step.state, "wedged", at=5100.0)
     assert again.ok
     assert again.gave_up
@@ -141,7 +143,7 @@ def test_r1_r2_a_served_failure_then_a_new_process_counts_one_restart() -> None:
     assert step.state.consecutive == 1
     assert step.state.not_before_at == 1300.0 + 60.0
     (event,) = step.events
-    assert event.kind is PolicyEventKind.RESTART_SUCCEEDED
+    assert event.kind is ReportEvent.RESTART_SUCCEEDED
     assert event.reason == "probe_restart"
     assert "2 failed liveness probes" in event.detail
 
@@ -239,27 +241,33 @@ def test_three_proven_restarts_spend_the_budget_and_the_probe_gives_up() -> None
     assert answer.restarts == 3
 
 
-def test_memory_survives_a_round_trip_through_json_and_garbage_is_forgotten() -> None:
-    """Persistence: served failures survive the sidecar's restart; a bad record is dropped."""
+def test_memory_survives_a_round_trip_through_the_codec_and_garbage_is_named() -> None:
+    """Persistence: served failures survive the sidecar's restart through the one codec of
+    the restart state (`core.restart_codec`); a bad record is refused with what is wrong."""
     memory = probe_policy.served_failure(
         ProbeMemory(), ServerMark.of(detector(100.0, 50.0)), at=1000.0
     )
-    raw = probe_policy.memory_to_json(memory, at=1000.0, timestamp=1e9)
-    assert raw is not None
-    back = probe_policy.memory_from_json(raw, at=20.0, timestamp=1e9 + 5)
+    record = probe_policy.memory_to_record(memory, at=1000.0, timestamp=1e9)
+    assert record is not None
+    raw = restart_codec.encode(restart_codec.RestartRecord(probe=record))["probe"]
+    decoded = restart_codec.decode(None, json.loads(json.dumps(raw)))
+    assert isinstance(decoded, restart_codec.RestartRecord)
+    back = probe_policy.memory_from_record(decoded.probe, at=20.0, timestamp=1e9 + 5)
     assert back.failures == 1
     assert back.server == memory.server
     assert back.last_failed_at is not None
     assert math.isclose(back.last_failed_at, 15.0)
-    assert probe_policy.memory_to_json(ProbeMemory(), 1.0, 1.0) is None
-    for bad in (
-        None,
-        [],
-        {"failures": 0},
-        {**raw, "progress": {"x": "y"}},
-        {**raw, "failures": True},
+    assert probe_policy.memory_to_record(ProbeMemory(), 1.0, 1.0) is None
+    assert probe_policy.memory_from_record(None, 1.0, 1.0) == ProbeMemory()
+    for bad, why in (
+        ([], "probe: expected an object, got []"),
+        ({**raw, "failures": 0}, "probe: failures: expected a whole number >= 1, got 0"),
+        ({**raw, "progress": {"x": "y"}}, "probe: progress['x']: expected a number, got 'y'"),
+        ({**raw, "failures": True}, "probe: failures: expected a whole number >= 1, got True"),
+        ({**raw, "extra": 1}, "probe: unknown field 'extra'"),
+        ({k: v for k, v in raw.items() if k != "failures"}, "probe: missing field 'failures'"),
     ):
-        assert probe_policy.memory_from_json(bad, 1.0, 1.0) == ProbeMemory()
+        assert restart_codec.decode(None, bad) == why
 
 
 def test_server_mark_takes_the_start_time_and_counter_sums() -> None:
@@ -297,7 +305,7 @@ def test_a_probe_record_written_by_the_earlier_code_still_loads_and_judges() -> 
     of today's code, and a new server after them counts one probe restart."""
     saved = statefile.decode(STATE_FILE_PROBE_RECORD)
     assert isinstance(saved, statefile.SavedState)
-    memory = probe_policy.memory_from_json(
+    memory = probe_policy.memory_from_record(
         saved.targets["vllm"].probe, at=500.0, timestamp=1_800_000_000.0
     )
     assert memory.failures == 2
@@ -310,7 +318,7 @@ def test_a_probe_record_written_by_the_earlier_code_still_loads_and_judges() -> 
         memory, PolicyState(), POLICY, ServerMark.of(detector(1_700_000_500.0, 0.0)),
         scraped=True, target_state="ok", at=510.0, timestamp=1_800_000_010.0,
     )  # fmt: skip
-    assert [e.kind for e in step.events] == [PolicyEventKind.RESTART_SUCCEEDED]
+    assert [e.kind for e in step.events] == [ReportEvent.RESTART_SUCCEEDED]
     assert len(step.state.restarts_at) == 1
 
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wedgewatch.core import restart_policy
+from wedgewatch.core.events import ReportEvent
 from wedgewatch.core.restart_policy import (
     Allow,
     Deny,
@@ -80,7 +81,7 @@ TABLE = [
             SPENT,
             _decide(1300),
             Phase.GAVE_UP,
-            ((PolicyEventKind.GAVE_UP, "budget_exhausted"),),
+            ((ReportEvent.GAVE_UP, "budget_exhausted"),),
             DenyReason.BUDGET_EXHAUSTED,
         ),
         id="armed-budget-spent-gives-up",
@@ -114,7 +115,7 @@ TABLE = [
             RESTARTING,
             _restart(1010, FAILED),
             Phase.ARMED,
-            ((PolicyEventKind.RESTART_FAILED, "remedy_error"),),
+            ((ReportEvent.RESTART_FAILED, "remedy_error"),),
         ),
         id="restarting-remedy-error",
     ),
@@ -123,7 +124,7 @@ TABLE = [
             RESTARTING,
             _restart(1010, TIMED_OUT),
             Phase.ARMED,
-            ((PolicyEventKind.RESTART_FAILED, "timeout"),),
+            ((ReportEvent.RESTART_FAILED, "timeout"),),
         ),
         id="restarting-timeout",
     ),
@@ -132,7 +133,7 @@ TABLE = [
             STARTING,
             _scrape(1200),
             Phase.ARMED,
-            ((PolicyEventKind.RESTART_SUCCEEDED, "came_back"),),
+            ((ReportEvent.RESTART_SUCCEEDED, "came_back"),),
         ),
         id="starting-good-scrape-succeeds",
     ),
@@ -142,7 +143,7 @@ TABLE = [
             STARTING,
             _tick(1900, False),
             Phase.ARMED,
-            ((PolicyEventKind.RESTART_FAILED, "not_recovered"),),
+            ((ReportEvent.RESTART_FAILED, "not_recovered"),),
         ),
         id="starting-timeout-not-recovered",
     ),
@@ -156,7 +157,7 @@ TABLE = [
             HEALTHY_GAVE_UP,
             _tick(2500, True),
             Phase.ARMED,
-            ((PolicyEventKind.GAVE_UP_CLEARED, "healthy"),),
+            ((ReportEvent.GAVE_UP_CLEARED, "healthy"),),
         ),
         id="gave-up-cleared-by-health",
     ),
@@ -168,7 +169,7 @@ TABLE = [
             HEALTHY_BACKOFF,
             _tick(1200, True),
             Phase.ARMED,
-            ((PolicyEventKind.BACKOFF_RESET, "healthy"),),
+            ((ReportEvent.BACKOFF_RESET, "healthy"),),
         ),
         id="armed-backoff-reset-by-health",
     ),
@@ -177,12 +178,12 @@ TABLE = [
             GAVE_UP,
             _reset(2000),
             Phase.ARMED,
-            ((PolicyEventKind.GAVE_UP_CLEARED, "operator_reset"),),
+            ((ReportEvent.GAVE_UP_CLEARED, "operator_reset"),),
         ),
         id="gave-up-operator-reset",
     ),
     pytest.param(
-        Row(SPENT, _reset(1000), Phase.ARMED, ((PolicyEventKind.BUDGET_RESET, "operator_reset"),)),
+        Row(SPENT, _reset(1000), Phase.ARMED, ((ReportEvent.BUDGET_RESET, "operator_reset"),)),
         id="armed-operator-reset",
     ),
 ]
@@ -235,7 +236,7 @@ def test_health_counted_from_a_zero_clock() -> None:
     state = restart_policy.record_tick(state, POLICY, 0.0, 0.0, healthy=True).state
     step = restart_policy.record_tick(state, POLICY, 900.0, 900.0, healthy=True)
     assert step.state.phase is Phase.ARMED
-    assert [e.kind for e in step.events] == [PolicyEventKind.GAVE_UP_CLEARED]
+    assert [e.kind for e in step.events] == [ReportEvent.GAVE_UP_CLEARED]
 
 
 def test_budget_remaining_counts_the_sliding_window() -> None:
@@ -368,9 +369,9 @@ def _simulate(policy: RestartPolicy, ops: list[tuple[int, str]], with_resets: bo
         state = step.state
         for event in step.events:
             events.append((wall, event.kind, event.reason))
-            if event.kind is PolicyEventKind.GAVE_UP:
+            if event.kind is ReportEvent.GAVE_UP:
                 healthy_run = None
-            if event.kind is PolicyEventKind.GAVE_UP_CLEARED and event.reason == "healthy":
+            if event.kind is ReportEvent.GAVE_UP_CLEARED and event.reason == "healthy":
                 run_start = healthy_run if healthy_run is not None else wall + 1
                 cleared_ok = cleared_ok and wall - run_start >= policy.reset_after_seconds
     return Run(allows, events, cleared_ok)
@@ -399,9 +400,9 @@ def test_backoff_is_respected(policy: RestartPolicy, ops: list[tuple[int, str]])
         for w, kind, _ in run.events
         if kind
         in (
-            PolicyEventKind.BACKOFF_RESET,
-            PolicyEventKind.GAVE_UP_CLEARED,
-            PolicyEventKind.BUDGET_RESET,
+            ReportEvent.BACKOFF_RESET,
+            ReportEvent.GAVE_UP_CLEARED,
+            ReportEvent.BUDGET_RESET,
         )
     ]
     since_reset = 0
@@ -424,9 +425,9 @@ def test_gave_up_is_sticky(policy: RestartPolicy, ops: list[tuple[int, str]]) ->
     )
     gave_up = False
     for _, _, what in timeline:
-        if what == PolicyEventKind.GAVE_UP:
+        if what == ReportEvent.GAVE_UP:
             gave_up = True
-        elif what == PolicyEventKind.GAVE_UP_CLEARED:
+        elif what == ReportEvent.GAVE_UP_CLEARED:
             gave_up = False
         elif what == "allow":
             assert not gave_up

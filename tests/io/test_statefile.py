@@ -18,6 +18,7 @@ import pytest
 
 from wedgewatch.core import restart_policy
 from wedgewatch.core.episode_store import EpisodeRecord
+from wedgewatch.core.events import ReportEvent
 from wedgewatch.core.restart_policy import Phase, PolicyRecord
 from wedgewatch.io import statefile
 from wedgewatch.io.statefile import (
@@ -112,7 +113,7 @@ def test_missing_file_is_a_first_start(tmp_path: Path) -> None:
                     "targets": {"a": {"restart_policy": {"phase": "sleepy"}}},
                 }
             ).encode(),
-            "targets.a.restart_policy.phase",
+            "targets.a: restart_policy: missing field 'consecutive'",
             id="bad-field",
         ),
         pytest.param(
@@ -253,7 +254,7 @@ def test_restart_budget_holds_across_a_kill_9(
     decision, step = restart_policy.decide(state, policy, time.monotonic(), time.time())
     assert isinstance(decision, restart_policy.Deny)
     assert decision.reason is restart_policy.DenyReason.BUDGET_EXHAUSTED
-    assert [e.kind for e in step.events] == [restart_policy.PolicyEventKind.GAVE_UP]
+    assert [e.kind for e in step.events] == [ReportEvent.GAVE_UP]
 
 
 def test_second_writer_is_refused_until_the_first_dies(

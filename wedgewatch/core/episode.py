@@ -58,9 +58,10 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  (`core.replacement`): Replaced -> record_good_scrape(proof)
 #                                  (P*); NotReplaced -> keep why (not_replaced), and
 #                                  CheckListener once when the old listener is known.
-#                              P2  always: policy.record_tick(healthy = calm, not_replaced)
-#                                  (not_recovered, not_replaced, backoff_reset,
-#                                  gave_up_cleared: rule P*).
+#                              P2  always, with Q1 in one `core.probe_step.step` (the step
+#                                  `check --state-file` takes too): policy.record_tick(healthy =
+#                                  calm, not_replaced) (not_recovered, not_replaced,
+#                                  backoff_reset, gave_up_cleared: rule P*).
 #                              R4  a restart is pending (R2 backoff, R3 failure), the worker is
 #                                  idle and the backoff has passed: still acted on ->
 #                                  QueueRestart for the worst acted-on engine; else drop it.
@@ -88,9 +89,9 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  evidence_capture_failed; nothing else (never block R2).
 #   ListenerSeen(pid, created) N2  the port's listener after a restart: kept for the next P1.
 #   OperatorReset              O1  policy.reset (budget_reset or gave_up_cleared).
-#   Observed (last)            Q1  the liveness probe (core.probe_policy R2-R4, P1-P3): count a
-#                                  proven probe restart (restart_succeeded, probe_restart), then
-#                                  keep what /probe answers until the next scrape.
+#   Observed (with P2)         Q1  the liveness probe (core.probe_policy R2-R4, P1-P3): count a
+#                                  proven probe restart (restart_succeeded, probe_restart) before
+#                                  P2's tick, then keep what /probe answers until the next scrape.
 #   ProbeServed(mark)          Q2  /probe sent a 503 about the server `mark` (R1); Persist soon.
 #
 # Notify (H1): a Report sends a webhook exactly when its event is a `NotifyEvent` (core/states.py):
@@ -122,7 +123,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, assert_never
 
-from wedgewatch.core import probe_policy, restart_policy
+from wedgewatch.core import probe_policy, probe_step, restart_policy
 from wedgewatch.core.detect import CaptureEvidence, Restart, TargetVerdict
 from wedgewatch.core.episode_types import (
     Capture,
@@ -140,7 +141,6 @@ from wedgewatch.core.episode_types import (
     ProbeServed,
     QueueRestart,
     Report,
-    ReportEvent,
     ResetDetector,
     Resolve,
     RestartDone,
@@ -149,13 +149,13 @@ from wedgewatch.core.episode_types import (
     RunRestart,
     Step,
 )
+from wedgewatch.core.events import ReportEvent
 from wedgewatch.core.replacement import (
     NotReplaced,
     ServerIdentity,
     judge_replacement,
     with_listener,
 )
-from wedgewatch.core.restart_policy import PolicyEventKind as Kind
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, CapturePhase, EngineState
 from wedgewatch.core.transitions import transition_reports
 from wedgewatch.vllm.signals import EngineKey
@@ -269,7 +269,6 @@ class _Run:
 
     def observed(self, event: Observed) -> None:
         verdict = event.verdict
-        policy = self.rules.restart_policy
         for name, level, fields in transition_reports(self.state, verdict, self.rules, self.at):
             self.report(name, level, **fields)  # T1
         self.state = replace(self.state, verdict=verdict)
@@ -280,39 +279,37 @@ class _Run:
             self.on_action(verdict, action)
         if event.good:  # P1
             self.good_scrape(event.identity)
-        calm = bool(verdict.engines) and verdict.state in CALM
-        starting = self.state.policy.phase is restart_policy.Phase.STARTING
-        self.policy_step(  # P2
-            restart_policy.record_tick(
-                self.state.policy,
-                policy,
-                self.at,
-                self.timestamp,
-                healthy=calm,
-                not_replaced=self.state.not_replaced if starting else None,
-            )
-        )
+        self.probe_step(event)  # P2, Q1
         if event.worker_idle:
             self.retry_restart(verdict)
-        if event.mark is not None:
-            self.probe(event, event.mark)
 
-    def probe(self, event: Observed, mark: probe_policy.ServerMark) -> None:  # Q1
-        rules, target = self.rules, str(event.verdict.state)
-        memory, result = probe_policy.observe_server(
-            self.state.probe, self.state.policy, rules.restart_policy, mark,
-            scraped=event.good, target_state=target, at=self.at, timestamp=self.timestamp,
-        )  # fmt: skip
-        if memory != self.state.probe:
-            self.state = replace(self.state, probe=memory)
+    def probe_step(self, event: Observed) -> None:
+        """P2 and Q1: the one probe step (`core.probe_step`) that `check` takes too."""
+        verdict, rules = event.verdict, self.rules
+        starting = self.state.policy.phase is restart_policy.Phase.STARTING
+        scrape = probe_step.ProbeScrape(
+            target_state=verdict.state,
+            healthy=bool(verdict.engines) and verdict.state in CALM,
+            scraped=event.good,
+            mark=event.mark,
+            not_replaced=self.state.not_replaced if starting else None,
+        )
+        config = probe_step.ProbeConfig(
+            rules.restart_policy, rules.probe_respects_budget, observe=rules.remedy == "none"
+        )
+        done = probe_step.step(
+            probe_step.ProbeState(self.state.policy, self.state.probe),
+            scrape,
+            self.at,
+            self.timestamp,
+            config,
+        )
+        if done.state.memory != self.state.probe:
+            self.state = replace(self.state, probe=done.state.memory)
             self.effects.append(Persist())
-        self.policy_step(result)
-        answer, result = probe_policy.probe_verdict(
-            self.state.policy, rules.restart_policy, target, self.at, self.timestamp,
-            respects_budget=rules.probe_respects_budget, observe=rules.remedy == "none",
-        )  # fmt: skip
-        self.policy_step(result)
-        self.state = replace(self.state, probe_answer=answer)
+        self.policy_step(restart_policy.Step(done.state.policy, done.events))
+        if done.verdict is not None:
+            self.state = replace(self.state, probe_answer=done.verdict)
 
     def good_scrape(self, identity: ServerIdentity | None) -> None:
         """P1 and N1: a good scrape ends the startup grace only from a new server."""
@@ -550,19 +547,19 @@ class _Run:
                     bundle=episode.bundle,
                 )
             match event.kind:
-                case Kind.RESTART_FAILED:
+                case ReportEvent.RESTART_FAILED:
                     self.restart_failed(event, fields)
-                case Kind.RESTART_SUCCEEDED:
-                    self.report(ReportEvent.RESTART_SUCCEEDED, "info", **fields)
+                case ReportEvent.RESTART_SUCCEEDED:
+                    self.report(event.kind, "info", **fields)
                     self.close("restarted")
-                case Kind.GAVE_UP:
-                    self.report(ReportEvent.GAVE_UP, "error", **fields)
-                case Kind.GAVE_UP_CLEARED:
-                    self.report(ReportEvent.GAVE_UP_CLEARED, "info", **fields)
-                case Kind.BACKOFF_RESET:
-                    self.report(ReportEvent.BACKOFF_RESET, "info", **fields)
-                case Kind.BUDGET_RESET:
-                    self.report(ReportEvent.BUDGET_RESET, "info", **fields)
+                case ReportEvent.GAVE_UP:
+                    self.report(event.kind, "error", **fields)
+                case (
+                    ReportEvent.GAVE_UP_CLEARED
+                    | ReportEvent.BACKOFF_RESET
+                    | ReportEvent.BUDGET_RESET
+                ):
+                    self.report(event.kind, "info", **fields)
                 case _:
                     assert_never(event.kind)
 

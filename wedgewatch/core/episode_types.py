@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Literal, assert_never
 
 from wedgewatch.core import probe_policy, restart_policy
 from wedgewatch.core.detect import Policy, TargetVerdict
+from wedgewatch.core.events import ReportEvent
 from wedgewatch.core.replacement import ServerIdentity
 from wedgewatch.core.states import CaptureFailureReason, EpisodePhase, NotifyEvent
 from wedgewatch.vllm.signals import EngineKey
@@ -212,45 +212,6 @@ class Persist:
 
 #: How loud a `Report`'s log line is.
 Level = Literal["debug", "info", "warning", "error"]
-
-
-class ReportEvent(StrEnum):
-    """Every event the episode core reports: a closed set, the `event` of its log lines.
-
-    The shell matches on it (own metrics in `daemon/report.py`, remedy notes in
-    `daemon/target.py`) with `assert_never` in the last case, so renaming or adding a member
-    without deciding what the shell does with it fails mypy. The values are the log lines'
-    event names (docs/daemon.md) and never change with a member's name.
-    """
-
-    # T1: detector transitions (core/transitions.py)
-    STALL_SUSPECTED = "stall_suspected"
-    WEDGE_DETECTED = "wedge_detected"
-    TARGET_UNREACHABLE = "target_unreachable"
-    ENGINE_RECOVERED = "engine_recovered"
-    ENGINE_UNKNOWN = "engine_unknown"
-    ENGINE_DISCOVERED = "engine_discovered"
-    ENGINE_STATE_CHANGED = "engine_state_changed"
-    # E1, E2: the episode
-    EPISODE_OPENED = "episode_opened"
-    EPISODE_CLOSED = "episode_closed"
-    # C3, C4: evidence
-    EVIDENCE_CAPTURED = "evidence_captured"
-    EVIDENCE_CAPTURE_FAILED = "evidence_capture_failed"
-    SUSPECT_CAPTURE_SKIPPED = "suspect_capture_skipped"
-    # R1-R3, W1: restarts
-    RESTART_SKIPPED = "restart_skipped"
-    RESTART_WAITING = "restart_waiting"
-    RESTART_DEFERRED = "restart_deferred"
-    RESTART_REQUESTED = "restart_requested"
-    RESTART_COMPLETED = "restart_completed"
-    # P*: the restart policy's events (`restart_policy.PolicyEventKind`)
-    RESTART_SUCCEEDED = "restart_succeeded"
-    RESTART_FAILED = "restart_failed"
-    GAVE_UP = "gave_up"
-    GAVE_UP_CLEARED = "gave_up_cleared"
-    BACKOFF_RESET = "backoff_reset"
-    BUDGET_RESET = "budget_reset"
 
 
 def notify_event(event: ReportEvent) -> NotifyEvent | None:

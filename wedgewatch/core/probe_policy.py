@@ -46,13 +46,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from wedgewatch.core.detect import TargetState
+from wedgewatch.core.events import ReportEvent
 from wedgewatch.core.replacement import engine_counters
 from wedgewatch.core.restart_policy import (
     Allow,
     DenyReason,
     Phase,
     PolicyEvent,
-    PolicyEventKind,
     PolicyState,
     RestartPolicy,
     Step,
@@ -80,11 +80,11 @@ class ServerMark:
 
     Read from the detector's memory (`of`), so a probe that fails while scrapes fail still
     names the server it judged, with non-finite counters already replaced by the last finite
-    ones; persisted (`memory_to_json`) in the state files of the daemon and of `wedgewatch
-    check --state-file`, hence one finite sum per engine. `core.replacement.ServerIdentity`
-    describes the same server for rule N1 (did our own restart replace it?) from a good
-    scrape, per counter and with the port's listener; both take their counters from
-    `core.replacement.engine_counters`.
+    ones; persisted (`memory_to_record`, `core.restart_codec`) in the state files of the
+    daemon and of `wedgewatch check --state-file`, hence one finite sum per engine.
+    `core.replacement.ServerIdentity` describes the same server for rule N1 (did our own
+    restart replace it?) from a good scrape, per counter and with the port's listener; both
+    take their counters from `core.replacement.engine_counters`.
     """
 
     process_start_time_seconds: float | None
@@ -303,7 +303,7 @@ def count_probe_restart(
         f"{'s' if failures != 1 else ''} ({why}); counted against the restart budget"
     )
     event = PolicyEvent(
-        kind=PolicyEventKind.RESTART_SUCCEEDED,
+        kind=ReportEvent.RESTART_SUCCEEDED,
         at=at,
         timestamp=timestamp,
         reason="probe_restart",
@@ -312,10 +312,21 @@ def count_probe_restart(
     return Step(counted, (event,))
 
 
-# -- persistence (Unix timestamps, as the state files hold them) -------------------------
+# -- persistence (Unix timestamps, as the state files hold them; `core.restart_codec`) ------
 
 
-def memory_to_json(memory: ProbeMemory, at: float, timestamp: float) -> dict[str, Any] | None:
+@dataclass(frozen=True, slots=True)
+class ProbeRecord:
+    """A `ProbeMemory` with a pending failure, in wall-clock form (Unix seconds)."""
+
+    first_failed_timestamp: float | None
+    last_failed_timestamp: float | None
+    failures: int
+    process_start_time_seconds: float | None
+    progress: Mapping[str, float]
+
+
+def memory_to_record(memory: ProbeMemory, at: float, timestamp: float) -> ProbeRecord | None:
     """The memory with monotonic instants as Unix timestamps; None when nothing is pending."""
     if not memory.pending or memory.server is None:
         return None
@@ -323,50 +334,29 @@ def memory_to_json(memory: ProbeMemory, at: float, timestamp: float) -> dict[str
     def wall(instant: float | None) -> float | None:
         return None if instant is None else timestamp - (at - instant)
 
-    return {
-        "first_failed_timestamp": wall(memory.first_failed_at),
-        "last_failed_timestamp": wall(memory.last_failed_at),
-        "failures": memory.failures,
-        "process_start_time_seconds": memory.server.process_start_time_seconds,
-        "progress": dict(sorted(memory.server.progress.items())),
-    }
-
-
-def memory_from_json(raw: object, at: float, timestamp: float) -> ProbeMemory:
-    """Rebase a stored memory onto this process's monotonic clock; garbage is forgotten."""
-    if not isinstance(raw, dict):
-        return ProbeMemory()
-
-    def past(value: object) -> float | None:
-        if not _number(value):
-            return None
-        return at - max(timestamp - float(value), 0.0)  # type: ignore[arg-type]
-
-    failures = raw.get("failures")
-    start = raw.get("process_start_time_seconds")
-    progress = raw.get("progress")
-    if not isinstance(failures, int) or isinstance(failures, bool) or failures < 1:
-        return ProbeMemory()
-    if start is not None and not _number(start):
-        return ProbeMemory()
-    if not isinstance(progress, dict) or not all(
-        isinstance(k, str) and _number(v) for k, v in progress.items()
-    ):
-        return ProbeMemory()
-    return ProbeMemory(
-        first_failed_at=past(raw.get("first_failed_timestamp")),
-        last_failed_at=past(raw.get("last_failed_timestamp")),
-        failures=failures,
-        server=ServerMark(
-            process_start_time_seconds=None if start is None else float(start),
-            progress={k: float(v) for k, v in progress.items()},
-        ),
+    return ProbeRecord(
+        first_failed_timestamp=wall(memory.first_failed_at),
+        last_failed_timestamp=wall(memory.last_failed_at),
+        failures=memory.failures,
+        process_start_time_seconds=memory.server.process_start_time_seconds,
+        progress=dict(sorted(memory.server.progress.items())),
     )
 
 
-def _number(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
+def memory_from_record(record: ProbeRecord | None, at: float, timestamp: float) -> ProbeMemory:
+    """Rebase a stored memory onto this process's monotonic clock (a future stamp is now)."""
+    if record is None or record.failures < 1:
+        return ProbeMemory()
+
+    def past(value: float | None) -> float | None:
+        return None if value is None else at - max(timestamp - value, 0.0)
+
+    return ProbeMemory(
+        first_failed_at=past(record.first_failed_timestamp),
+        last_failed_at=past(record.last_failed_timestamp),
+        failures=record.failures,
+        server=ServerMark(
+            process_start_time_seconds=record.process_start_time_seconds,
+            progress=dict(record.progress),
+        ),
     )

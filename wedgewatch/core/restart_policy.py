@@ -58,14 +58,19 @@ reports a `RestartOutcome`, which `record_restart` takes.
 #   `to_record` turns monotonic instants into Unix timestamps, `from_record` rebases them onto
 #   the new process's monotonic clock. Restarts stamped in the future (the wall clock went
 #   back) count as happening now; a backoff is never restored longer than
-#   restart_backoff_max_seconds; a restart in flight when wedgewatch died resumes as starting;
-#   health must be observed again (healthy_since is not persisted).
+#   restart_backoff_max_seconds; a restart in flight when wedgewatch died resumes as starting.
+#   healthy_since is recorded, and restored only with `keep_health` (a `wedgewatch check`
+#   probe is a new process every run, so its stretch of health must survive between runs;
+#   the daemon observes health again after its own restart).
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Literal, TypeAlias
+
+from wedgewatch.core.events import ReportEvent
 
 
 class Phase(StrEnum):
@@ -86,15 +91,15 @@ class DenyReason(StrEnum):
     IN_PROGRESS = "in_progress"
 
 
-class PolicyEventKind(StrEnum):
-    """Facts the policy reports; the daemon logs each as one line with this event name."""
-
-    RESTART_SUCCEEDED = "restart_succeeded"
-    RESTART_FAILED = "restart_failed"
-    GAVE_UP = "gave_up"
-    GAVE_UP_CLEARED = "gave_up_cleared"
-    BACKOFF_RESET = "backoff_reset"
-    BUDGET_RESET = "budget_reset"
+#: The facts the policy reports: six members of the core's one closed `ReportEvent`.
+PolicyEventKind: TypeAlias = Literal[
+    ReportEvent.RESTART_SUCCEEDED,
+    ReportEvent.RESTART_FAILED,
+    ReportEvent.GAVE_UP,
+    ReportEvent.GAVE_UP_CLEARED,
+    ReportEvent.BACKOFF_RESET,
+    ReportEvent.BUDGET_RESET,
+]
 
 
 class FailureReason(StrEnum):
@@ -269,7 +274,7 @@ def decide(
             f"(restart_budget = {policy.restart_budget}); giving up, reporting only"
         )
         gave_up = replace(state, phase=Phase.GAVE_UP, phase_since_at=at, healthy_since_at=None)
-        event = _event(PolicyEventKind.GAVE_UP, at, timestamp, "budget_exhausted", detail)
+        event = _event(ReportEvent.GAVE_UP, at, timestamp, "budget_exhausted", detail)
         return Deny(DenyReason.BUDGET_EXHAUSTED, detail), Step(gave_up, (event,))
     if state.not_before_at is not None and at < state.not_before_at:
         detail = (
@@ -314,7 +319,7 @@ def record_restart(
     if outcome.ok:
         return Step(replace(state, phase=Phase.STARTING, phase_since_at=at))
     reason = outcome.failure or FailureReason.REMEDY_ERROR
-    event = _event(PolicyEventKind.RESTART_FAILED, at, timestamp, reason, outcome.detail)
+    event = _event(ReportEvent.RESTART_FAILED, at, timestamp, reason, outcome.detail)
     return Step(_resolved(state, policy, at), (event,))
 
 
@@ -330,7 +335,7 @@ def record_good_scrape(
     detail = f"the server answered its first scrape {seconds_text(at - since)} after the restart"
     if proof:
         detail += f"; {proof}"
-    event = _event(PolicyEventKind.RESTART_SUCCEEDED, at, timestamp, "came_back", detail)
+    event = _event(ReportEvent.RESTART_SUCCEEDED, at, timestamp, "came_back", detail)
     return Step(_resolved(state, policy, at), (event,))
 
 
@@ -364,7 +369,7 @@ def record_tick(
         else:
             reason = FailureReason.NOT_RECOVERED
             detail = f"no good scrape within startup_timeout_seconds = {timeout} after the restart"
-        event = _event(PolicyEventKind.RESTART_FAILED, at, timestamp, reason, detail)
+        event = _event(ReportEvent.RESTART_FAILED, at, timestamp, reason, detail)
         return Step(_resolved(state, policy, at), (event,))
     if state.phase is Phase.RESTARTING:
         return Step(state)
@@ -383,12 +388,12 @@ def record_tick(
         cleared = replace(
             state, phase=Phase.ARMED, consecutive=0, not_before_at=None, phase_since_at=at
         )
-        event = _event(PolicyEventKind.GAVE_UP_CLEARED, at, timestamp, "healthy", detail)
+        event = _event(ReportEvent.GAVE_UP_CLEARED, at, timestamp, "healthy", detail)
         return Step(cleared, (event,))
     if state.consecutive == 0 and state.not_before_at is None:
         return Step(state)
     detail = f"the target has been healthy for {seconds_text(healthy_for)}; restart backoff reset"
-    event = _event(PolicyEventKind.BACKOFF_RESET, at, timestamp, "healthy", detail)
+    event = _event(ReportEvent.BACKOFF_RESET, at, timestamp, "healthy", detail)
     return Step(replace(state, consecutive=0, not_before_at=None), (event,))
 
 
@@ -398,10 +403,10 @@ def reset(state: PolicyState, at: float, timestamp: float) -> Step:
     if state.phase is Phase.GAVE_UP:
         detail = "an operator reset the restart budget; restarts re-armed"
         cleared = replace(cleared, phase=Phase.ARMED, phase_since_at=at, healthy_since_at=None)
-        event = _event(PolicyEventKind.GAVE_UP_CLEARED, at, timestamp, "operator_reset", detail)
+        event = _event(ReportEvent.GAVE_UP_CLEARED, at, timestamp, "operator_reset", detail)
         return Step(cleared, (event,))
     detail = "an operator reset the restart budget and backoff"
-    event = _event(PolicyEventKind.BUDGET_RESET, at, timestamp, "operator_reset", detail)
+    event = _event(ReportEvent.BUDGET_RESET, at, timestamp, "operator_reset", detail)
     return Step(cleared, (event,))
 
 
@@ -414,6 +419,7 @@ class PolicyRecord:
     consecutive: int
     not_before_timestamp: float | None
     phase_since_timestamp: float | None
+    healthy_since_timestamp: float | None = None
 
 
 def to_record(state: PolicyState, at: float, timestamp: float) -> PolicyRecord:
@@ -428,13 +434,25 @@ def to_record(state: PolicyState, at: float, timestamp: float) -> PolicyRecord:
         consecutive=state.consecutive,
         not_before_timestamp=None if state.not_before_at is None else wall(state.not_before_at),
         phase_since_timestamp=None if state.phase_since_at is None else wall(state.phase_since_at),
+        healthy_since_timestamp=None
+        if state.healthy_since_at is None
+        else wall(state.healthy_since_at),
     )
 
 
 def from_record(
-    record: PolicyRecord, policy: RestartPolicy, at: float, timestamp: float
+    record: PolicyRecord,
+    policy: RestartPolicy,
+    at: float,
+    timestamp: float,
+    *,
+    keep_health: bool = False,
 ) -> PolicyState:
-    """Rebase a persisted record onto this process's monotonic clock (now = at/timestamp)."""
+    """Rebase a persisted record onto this process's monotonic clock (now = at/timestamp).
+
+    `keep_health`: restore the stretch of health too (one not in the future), as a
+    `wedgewatch check` probe must; the daemon observes it again.
+    """
 
     def past(stamp: float) -> float:
         return at - max(timestamp - stamp, 0.0)  # a future stamp (clock went back) is "now"
@@ -455,4 +473,7 @@ def from_record(
         phase_since_at=since,
         healthy_since_at=None,
     )
+    healthy = record.healthy_since_timestamp
+    if keep_health and healthy is not None and healthy <= timestamp:
+        restored = replace(restored, healthy_since_at=at - (timestamp - healthy))
     return _prune(restored, policy, at)

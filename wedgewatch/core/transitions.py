@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from wedgewatch.core.detect import Policy, TargetVerdict, Transition
-from wedgewatch.core.episode_types import Episode, EpisodeState, Level, ReportEvent, Rules
+from wedgewatch.core.episode_types import Episode, EpisodeState, Level, Rules
+from wedgewatch.core.events import ReportEvent
 from wedgewatch.core.states import ACTED_ON, CALM, STALLED, EngineState, Family
 
 

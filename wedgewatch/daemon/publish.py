@@ -145,7 +145,7 @@ def target_record(
         restart_policy=policy_record,
         open_episodes=episodes,
         detector=episode_store.saved_detector(detector, target.metrics_url, at, now),
-        probe=probe_policy.memory_to_json(core.probe, at, now),
+        probe=probe_policy.memory_to_record(core.probe, at, now),
     )
 
 
@@ -169,5 +169,5 @@ def restored_core(
     )
     # The liveness probe's served failures survive any restart of wedgewatch (they carry
     # their own server identity, so a new boot does not make them meaningless).
-    probe = probe_policy.memory_from_json(record.probe, at, now)
+    probe = probe_policy.memory_from_record(record.probe, at, now)
     return replace(back, state=replace(back.state, probe=probe))

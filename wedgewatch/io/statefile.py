@@ -1,9 +1,9 @@
 """Atomic JSON persistence of what must survive a wedgewatch restart.
 
-One file, `<state_dir>/state.json`, holds per target the restart policy (in wall-clock
-form, see `restart_policy.to_record`), the open wedge episodes with their bundle paths, and the
-detector's state and the liveness probe's served failures (`probe_policy`) as opaque JSON
-objects. Rules:
+One file, `<state_dir>/state.json`, holds per target the restart state (the restart policy
+in wall-clock form and the liveness probe's served failures, through `core.restart_codec`,
+the one codec `wedgewatch check --state-file` uses too), the open wedge episodes with their
+bundle paths, and the detector's state as an opaque JSON object. Rules:
 
 * **Atomic.** `write_atomic` writes a temporary file in the same directory, fsyncs it,
   renames it over the old file and fsyncs the directory: a reader (or a wedgewatch started
@@ -11,7 +11,8 @@ objects. Rules:
   Temporary files left by a killed writer are removed by the next `load`.
 * **Private.** The directory is created 0700 and the file is written 0600.
 * **Versioned.** The file carries `schema_version`; a file from a newer wedgewatch is not
-  guessed at.
+  guessed at. Version 2 added the restart policy's `healthy_since_timestamp`; version 1
+  files are read as they are.
 * **Never a crash.** A missing file is a first start (empty state, no problem). A file that
   cannot be read, is not JSON, or does not match the schema is set aside as
   `state.json.corrupt` and reported as `Loaded.problem`; the caller starts empty and its
@@ -45,15 +46,17 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 from urllib.parse import quote, unquote
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from wedgewatch import __version__
+from wedgewatch.core import restart_codec
 from wedgewatch.core.episode_store import EpisodeRecord
-from wedgewatch.core.restart_policy import Phase, PolicyRecord
+from wedgewatch.core.probe_policy import ProbeRecord
+from wedgewatch.core.restart_policy import PolicyRecord
 from wedgewatch.io.atomic import remove_leftovers, write_atomic
 from wedgewatch.io.private_paths import UnsafePath, open_lock_file, private_dir, read_private
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STATE_FILE_NAME = "state.json"
 LOCK_FILE_NAME = "lock"
 _RESET_PREFIX = "reset-request."
@@ -67,7 +70,7 @@ class TargetRecord:
     restart_policy: PolicyRecord | None = None
     open_episodes: tuple[EpisodeRecord, ...] = ()
     detector: Mapping[str, Any] | None = None  # `detect_state.dump_state` output, opaque here
-    probe: Mapping[str, Any] | None = None  # `probe_policy.memory_to_json` output, opaque here
+    probe: ProbeRecord | None = None  # the probe's served failures (`core.restart_codec`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,14 +111,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class _PolicyModel(_Strict):
-    phase: Phase
-    restart_timestamps: list[float]
-    consecutive: int = Field(ge=0)
-    not_before_timestamp: float | None
-    phase_since_timestamp: float | None
-
-
 class _EpisodeModel(_Strict):
     episode_id: str = Field(min_length=1)
     model_name: str
@@ -126,14 +121,26 @@ class _EpisodeModel(_Strict):
 
 
 class _TargetModel(_Strict):
-    restart_policy: _PolicyModel | None = None
+    restart_policy: dict[str, Any] | None = None  # checked by `core.restart_codec.decode`
     open_episodes: list[_EpisodeModel] = []
     detector: dict[str, Any] | None = None
-    probe: dict[str, Any] | None = None
+    probe: dict[str, Any] | None = None  # ditto
+
+    @model_validator(mode="after")
+    def _restart_state(self) -> _TargetModel:
+        decoded = restart_codec.decode(self.restart_policy, self.probe)
+        if isinstance(decoded, str):
+            raise ValueError(decoded)
+        return self
+
+    def restart(self) -> restart_codec.RestartRecord:
+        decoded = restart_codec.decode(self.restart_policy, self.probe)
+        assert not isinstance(decoded, str)  # noqa: S101 - validated above
+        return decoded
 
 
 class _FileModel(_Strict):
-    schema_version: Literal[1]
+    schema_version: Literal[1, 2]
     written_timestamp: float
     wedgewatch_version: str
     targets: dict[str, _TargetModel]
@@ -142,20 +149,12 @@ class _FileModel(_Strict):
 def _to_state(model: _FileModel) -> SavedState:
     targets: dict[str, TargetRecord] = {}
     for name, target in model.targets.items():
-        policy = target.restart_policy
+        restart = target.restart()
         targets[name] = TargetRecord(
-            restart_policy=None
-            if policy is None
-            else PolicyRecord(
-                phase=policy.phase,
-                restart_timestamps=tuple(policy.restart_timestamps),
-                consecutive=policy.consecutive,
-                not_before_timestamp=policy.not_before_timestamp,
-                phase_since_timestamp=policy.phase_since_timestamp,
-            ),
+            restart_policy=restart.policy,
             open_episodes=tuple(EpisodeRecord(**e.model_dump()) for e in target.open_episodes),
             detector=target.detector,
-            probe=target.probe,
+            probe=restart.probe,
         )
     return SavedState(targets=targets, written_timestamp=model.written_timestamp)
 
@@ -165,20 +164,11 @@ def encode(state: SavedState, timestamp: float) -> bytes:
     targets: dict[str, Any] = {}
     for name in sorted(state.targets):
         record = state.targets[name]
-        policy = record.restart_policy
+        restart = restart_codec.RestartRecord(record.restart_policy, record.probe)
         targets[name] = {
-            "restart_policy": None
-            if policy is None
-            else {
-                "phase": policy.phase.value,
-                "restart_timestamps": list(policy.restart_timestamps),
-                "consecutive": policy.consecutive,
-                "not_before_timestamp": policy.not_before_timestamp,
-                "phase_since_timestamp": policy.phase_since_timestamp,
-            },
+            **restart_codec.encode(restart),  # restart_policy, probe
             "open_episodes": [dataclasses.asdict(e) for e in record.open_episodes],
             "detector": None if record.detector is None else dict(record.detector),
-            "probe": None if record.probe is None else dict(record.probe),
         }
     document = {
         "schema_version": SCHEMA_VERSION,
@@ -194,7 +184,8 @@ def _first_error(error: ValidationError) -> str:
     problems = []
     for item in error.errors()[:3]:
         where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        problems.append(f"{where}: {item['msg']}")
+        message = item["msg"].removeprefix("Value error, ")  # the restart codec's sentence
+        problems.append(f"{where}: {message}")
     more = error.error_count() - len(problems)
     return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
 
