@@ -19,8 +19,10 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 import real_vllm
+from prometheus_client.parser import text_string_to_metric_families
 from wedgewatch_daemon import DaemonProcess, clean_env
 
 from wedgewatch.io.procs import read_proc_state
@@ -61,6 +63,30 @@ class Load:
         self.pool.shutdown(wait=True)
 
 
+def gauge(server: real_vllm.RealServer, name: str) -> float:
+    """The sum of a metric's samples on the server's /metrics."""
+    body = httpx.get(server.metrics_url, timeout=30).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+def wait_running(server: real_vllm.RealServer) -> None:
+    """Until the server reports requests running and tokens made: the engine is stepping, so
+    a stop of its worker freezes a moving server (a stop before its first step would leave
+    the gauges at idle: vLLM publishes them after a step)."""
+    deadline = time.monotonic() + 300
+    while not (
+        gauge(server, "vllm:num_requests_running") > 0
+        and gauge(server, "vllm:generation_tokens_total") > 0
+    ):
+        assert time.monotonic() < deadline, "the load never showed on /metrics"
+        time.sleep(0.5)
+
+
 def wait_stopped(pid: int) -> None:
     """Until /proc shows the process stopped (a SIGSTOP takes effect when it next runs)."""
     deadline = time.monotonic() + 120
@@ -80,6 +106,7 @@ def wedgewatch(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.timeout(1800)  # the module's server start (minutes on a busy machine) counts too
 def test_stopped_worker_is_named_in_the_wedge_bundle_and_report(
     server: real_vllm.RealServer, tmp_path: Path
 ) -> None:
@@ -90,8 +117,9 @@ def test_stopped_worker_is_named_in_the_wedge_bundle_and_report(
     load = Load(server)
     daemon: DaemonProcess | None = None
     try:
-        for _ in range(20):  # every client has sent its request
+        for _ in range(20):  # every client is sending its request
             assert load.started.acquire(timeout=300)
+        wait_running(server)
         os.kill(worker.pid, signal.SIGSTOP)
         wait_stopped(worker.pid)
         daemon = DaemonProcess(["--target", f"real={server.url}", *FAST], tmp_path)
