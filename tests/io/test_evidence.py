@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,8 +32,10 @@ from wedgewatch.io.evidence import (
     resolve_bundle,
 )
 from wedgewatch.io.nvidia_smi import NVIDIA_SMI_NOT_FOUND
-from wedgewatch.io.procs import ProcessSelector
+from wedgewatch.io.procs import ProcessSelector, read_proc_state
 from wedgewatch.io.pyspy import PTRACE_FIX, PySpyRunner
+from wedgewatch.report.model import read_bundle
+from wedgewatch.report.render import render_html, render_markdown
 
 SUSPECT_BODY = b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
 WEDGED_BODY = b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n# later\n'
@@ -527,3 +532,49 @@ async def test_collective_hang_tree_is_triaged(tmp_path: Path) -> None:
             request_for(url_of(hung), phase=CapturePhase.WEDGED, family="progress_stall"), deps
         )
     assert summary_of(result)["triage"]["kind"] == "collective_hang"
+
+
+def wait_stopped(pid: int) -> None:
+    """Until /proc shows the (not our child) process stopped: there is no event to await."""
+    while read_proc_state(pid).word != "stopped":
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+async def test_a_stopped_worker_is_read_named_and_left_stopped(tmp_path: Path) -> None:
+    """A stand-in worker SIGSTOPped (a hung collective tree, so the stacks alone would say
+    collective_hang): the wedge bundle says in words that it is stopped, with its /proc state
+    and kernel wait, triage names it, the report shows it, and it is never resumed."""
+    deps = EvidenceDeps(settings_for(tmp_path, profile_seconds=0))
+    with standin_tree("collective_hang") as hung:
+        worker = hung.worker_pids[1]
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            wait_stopped(worker)
+            result = await capture_bundle(
+                request_for(url_of(hung), phase=CapturePhase.WEDGED, family="progress_stall"),
+                deps,
+            )
+            assert read_proc_state(worker).word == "stopped"  # left as found
+        finally:
+            os.kill(worker, signal.SIGCONT)
+    summary = summary_of(result)
+    assert summary["triage"]["kind"] == "process_stopped"
+    assert summary["triage"]["summary"] == (
+        f"worker pid {worker} (VLLM::Worker_TP1) is stopped (SIGSTOP or a debugger): "
+        "the engine waits for it"
+    )
+    record = next(r for r in summary["phases"]["wedged"]["stacks"] if r["pid"] == worker)
+    assert record["why"].startswith(f"process {worker} state T: stopped (SIGSTOP or a debugger)")
+    assert record["process_state"]["state"] == "T"
+    assert not record["resumed_target"]
+    assert all(a["nonblocking"] for a in record["attempts"])
+    if os.geteuid() == 0:
+        assert record["process_state"]["wchan"] == "do_signal_stop"
+        assert "do_signal_stop" in record["process_state"]["kernel_stack"]
+    assert result.bundle is not None
+    model = read_bundle(result.bundle)
+    html, md = render_html(model, None), render_markdown(model)
+    for page in (html, md):
+        assert f"worker pid {worker} (VLLM::Worker_TP1) is stopped" in page
+        assert f"process {worker} state T: stopped (SIGSTOP or a debugger)" in page

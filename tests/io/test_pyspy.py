@@ -14,12 +14,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from wedgewatch.core.proc_state import parse_stat_state
 from wedgewatch.core.triage import Frame, Thread
 from wedgewatch.io.pyspy import (
     PTRACE_FIX,
@@ -29,7 +29,6 @@ from wedgewatch.io.pyspy import (
     build_argv,
     classify_output,
     first_error_line,
-    parse_stat_state,
     render_text,
     resolve_pyspy,
 )
@@ -302,20 +301,57 @@ async def test_native_failure_falls_back_to_plain(
     assert dump.attempts[0].error == "Error: native unwinding failed"
 
 
+def stopped(pid: int) -> None:
+    """SIGSTOP our child and wait for its stop (waitid, WNOWAIT: the stop is not consumed)."""
+    os.kill(pid, signal.SIGSTOP)
+    os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOWAIT)
+
+
 @needs_pyspy
-async def test_already_stopped_target_is_left_as_found(target: subprocess.Popen[str]) -> None:
-    """A target someone else stopped is not resumed by wedgewatch; the note says so."""
-    os.kill(target.pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 5
-    while state_of(target.pid) != "T":
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
-    dump = await PySpyRunner(timeout_seconds=5).dump(target.pid)
-    assert f"process {target.pid} was already stopped (state T) before capture; left as found" in (
-        dump.notes
-    )
+@pytest.mark.parametrize("nonblocking", [False, True], ids=["blocking", "gentle"])
+async def test_already_stopped_target_is_read_without_attaching_and_left_as_found(
+    target: subprocess.Popen[str], nonblocking: bool
+) -> None:
+    """A target someone else stopped is never resumed nor ptrace-attached (a blocking py-spy
+    fails on it: "Failed to suspend process"): its memory is read with --nonblocking, and the
+    dump says in words that it is stopped, with its kernel wait."""
+    stopped(target.pid)
+    dump = await PySpyRunner(timeout_seconds=20, nonblocking=nonblocking).dump(target.pid)
+    assert dump.status is DumpStatus.OK, dump
+    assert dump.threads is not None
+    assert any(t.frames for t in dump.threads)  # the stopped main thread's Python frames
+    assert dump.attempts
+    assert all(a.nonblocking and not a.native for a in dump.attempts)
     assert not dump.resumed_target
+    assert dump.process_state is not None
+    assert dump.process_state.word == "stopped"
+    assert dump.why is not None
+    assert dump.why.startswith(f"process {target.pid} state T: stopped (SIGSTOP or a debugger)")
+    assert any(
+        n.startswith(f"process {target.pid} was already stopped (state T: stopped")
+        for n in dump.notes
+    )
+    record = dump.to_json()
+    assert record["why"] == dump.why
+    assert isinstance(record["process_state"], dict)
+    assert record["process_state"]["state"] == "T"
+    if os.geteuid() == 0:  # root reads the kernel stack: the stop is in it
+        assert "do_signal_stop" in dump.process_state.kernel_stack, dump.process_state
     assert state_of(target.pid) == "T"
+
+
+def test_a_zombie_is_not_dumped_and_the_reason_is_its_state() -> None:
+    """An exited, unreaped child is `no_process` with "zombie" in words; py-spy is not run."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, left unreaped
+        dump = asyncio.run(PySpyRunner().dump(child.pid))
+        assert dump.status is DumpStatus.NO_PROCESS
+        assert dump.error == f"process {child.pid} is zombie: nothing to dump"
+        assert dump.attempts == ()
+        assert dump.why == f"process {child.pid} state Z: zombie (exited, not reaped by its parent)"
+    finally:
+        child.wait()
 
 
 @pytest.fixture

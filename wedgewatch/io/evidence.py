@@ -255,15 +255,21 @@ def _process_stacks(
     out: list[ProcessStacks] = []
     for p in discovery.processes:
         dump = dumps.get(p.pid)
+        # /proc read at the dump is fresher than discovery's (a SIGSTOP pending shows there)
+        state = dump.process_state if dump is not None else None
+        status = state.word if state is not None else p.status
+        note = dump.why if dump is not None else None
         if dump is not None and dump.threads is not None:
-            out.append(ProcessStacks(p.pid, p.ppid, p.role, p.title, dump.threads, None, p.status))
+            out.append(
+                ProcessStacks(p.pid, p.ppid, p.role, p.title, dump.threads, None, status, note)
+            )
         else:
             reason = (
-                f"{dump.status}: {dump.error}"
+                f"{note + '; ' if note else ''}py-spy {dump.status}: {dump.error}"
                 if dump is not None
                 else missing.get(p.pid, "not dumped")
             )
-            out.append(ProcessStacks(p.pid, p.ppid, p.role, p.title, None, reason, p.status))
+            out.append(ProcessStacks(p.pid, p.ppid, p.role, p.title, None, reason, status, note))
     return tuple(out)
 
 
@@ -357,7 +363,9 @@ async def _capture_round(
                 rnd.files[files[-1]] = redact_pyspy_text(outcome.text).encode()
             if outcome.status is not DumpStatus.OK:
                 rnd.failures.append(
-                    f"py-spy {p.role} {p.pid}: {outcome.status}: {outcome.error}"
+                    f"py-spy {p.role} {p.pid}: "
+                    + (f"{outcome.why}; py-spy " if outcome.why else "")
+                    + f"{outcome.status}: {outcome.error}"
                     + (f" (fix: {outcome.fix})" if outcome.fix else "")
                 )
             rnd.stacks.append(_stack_record(p, outcome, files, None))

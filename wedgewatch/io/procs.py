@@ -25,6 +25,12 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from wedgewatch.core.proc_state import (
+    ProcState,
+    parse_kernel_stack,
+    parse_stat_state,
+    sigstop_pending,
+)
 from wedgewatch.core.redact import redact_url
 from wedgewatch.core.server_proof import cgroup_in_unit, is_this_machine, plain_ip, prove_server
 from wedgewatch.io.http_parse import port_of
@@ -401,6 +407,57 @@ def read_reading(pid: int) -> ProcessReading | str:
 def read_readings(pids: Iterable[int]) -> dict[int, ProcessReading | str]:
     """Counters of several processes."""
     return {pid: read_reading(pid) for pid in pids}
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def read_proc_state(pid: int, proc: str = "/proc") -> ProcState:
+    """The process's state letter, pending SIGSTOP, stopped threads, wchan and kernel stack.
+
+    Only reads /proc: never signals or attaches to the process, so reading it cannot change
+    the state it reports. `/proc/PID/stack` needs root (CAP_SYS_ADMIN); without it the
+    reason is kept in `kernel_stack_error`.
+    """
+    stat = _read_text(f"{proc}/{pid}/stat")
+    state = parse_stat_state(stat) if stat is not None else None
+    if state is None:
+        return ProcState(pid, None)
+    status = _read_text(f"{proc}/{pid}/status") or ""
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        tids = []
+    stopped = 0
+    for tid in tids:
+        task_stat = _read_text(f"{proc}/{pid}/task/{tid}/stat")
+        if task_stat is not None and parse_stat_state(task_stat) in ("T", "t"):
+            stopped += 1
+    wchan = (_read_text(f"{proc}/{pid}/wchan") or "").strip()
+    stack: tuple[str, ...] = ()
+    stack_error: str | None = None
+    try:
+        with open(f"{proc}/{pid}/stack", encoding="utf-8", errors="replace") as f:
+            stack = parse_kernel_stack(f.read())
+    except PermissionError:
+        stack_error = "kernel stack not readable (needs root)"
+    except OSError as exc:
+        stack_error = f"kernel stack not readable ({exc.strerror or exc})"
+    return ProcState(
+        pid,
+        state,
+        stop_pending=sigstop_pending(status),
+        stopped_threads=stopped,
+        threads=len(tids),
+        wchan=wchan if wchan and wchan != "0" else None,
+        kernel_stack=stack,
+        kernel_stack_error=stack_error,
+    )
 
 
 class PsutilProcessFinder:

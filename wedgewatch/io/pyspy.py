@@ -5,8 +5,14 @@ people), first with `--native` and, if that fails for any reason other than perm
 a missing process, again without it (native unwinding fails on some builds). Every py-spy
 run has a hard timeout; on timeout its whole process group is killed. After every run
 the target's `/proc/<pid>/stat` (and its threads') state is checked: a target left in
-state `T` (stopped) gets SIGCONT, and the dump records that it did. A target that was
-already stopped before wedgewatch touched it is left as found, and that is recorded.
+state `T` (stopped) gets SIGCONT, and the dump records that it did.
+
+Before any run the target's /proc state is read (`io/procs.read_proc_state`: read only,
+never a signal). A zombie or gone process is not dumped. A target that is already stopped
+(state `T`/`t`, or a SIGSTOP pending) is left as found and never ptrace-attached: a
+blocking py-spy fails on it ("Failed to suspend process ... unexpected waitpid result
+PtraceEvent(..., SIGSTOP, ...)"), so it gets the gentle `--nonblocking` read below, and the
+dump's `why` says in words that it is stopped (with its wchan and kernel stack).
 
 Failures are data (`DumpStatus`), never exceptions. Several pids may be dumped at once.
 
@@ -37,7 +43,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
+from wedgewatch.core.proc_state import ProcState, parse_stat_state, sigstop_pending
 from wedgewatch.core.triage import Thread, parse_pyspy_json
+from wedgewatch.io.procs import read_proc_state
 from wedgewatch.io.runner import run_command
 
 PTRACE_FIX = (
@@ -113,12 +121,24 @@ class StackDump:
     error: str | None = None
     fix: str | None = None
     duration_seconds: float = 0.0
+    process_state: ProcState | None = None  # /proc at the dump: stopped, zombie, gone, ...
+
+    @property
+    def why(self) -> str | None:
+        """In words, why the process could not be dumped normally (stopped, zombie, gone, D),
+        from /proc; None when its state says nothing unusual."""
+        state = self.process_state
+        if state is None or state.word in ("running", "sleeping"):
+            return None
+        return f"process {self.pid} {state.describe()}"
 
     def to_json(self) -> dict[str, object]:
         """JSON-safe form (without the dumps themselves)."""
         return {
             "pid": self.pid,
             "status": str(self.status),
+            "why": self.why,
+            "process_state": None if self.process_state is None else self.process_state.to_json(),
             "native": self.native,
             "have_json": self.json_text is not None,
             "have_text": self.text is not None,
@@ -171,15 +191,6 @@ def first_error_line(text: str) -> str | None:
     return " | ".join(lines)[:500]
 
 
-def parse_stat_state(stat: str) -> str | None:
-    """The state letter in `/proc/<pid>/stat`, after the comm (which may hold spaces)."""
-    _, sep, rest = stat.rpartition(")")
-    if not sep:
-        return None
-    fields = rest.split()
-    return fields[0] if fields else None
-
-
 def build_argv(
     pyspy: str,
     pid: int,
@@ -222,20 +233,14 @@ def resolve_pyspy(pyspy_path: str) -> str | None:
 # --------------------------------------------------------------------------- stop safety
 
 
-_SIGSTOP_BIT = 1 << (signal.SIGSTOP - 1)
-
-
 def stop_pending(pid: int) -> bool:
     """Whether a SIGSTOP was sent to the process and has not taken effect yet: on a busy machine
     a stopped process shows state `T` only once it next runs (its ShdPnd mask in /proc)."""
     try:
         with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("ShdPnd:"):
-                    return bool(int(line.split(":", 1)[1].strip(), 16) & _SIGSTOP_BIT)
-    except (OSError, ValueError):
+            return sigstop_pending(f.read())
+    except OSError:
         return False
-    return False
 
 
 def stopped_tasks(pid: int) -> tuple[bool, bool]:
@@ -305,27 +310,37 @@ class PySpyRunner:
                 error=f"py-spy not found (pyspy_path = {self.pyspy_path!r})",
                 fix=PYSPY_MISSING_FIX,
             )
-        exists, stopped_before = stopped_tasks(pid)
-        if not exists:
+        state = read_proc_state(pid)  # /proc only: never changes what it reads
+        if state.dead:
+            what = "does not exist" if state.gone else f"is {state.word}: nothing to dump"
             return StackDump(
-                pid=pid, status=DumpStatus.NO_PROCESS, error=f"process {pid} does not exist"
+                pid=pid,
+                status=DumpStatus.NO_PROCESS,
+                error=f"process {pid} {what}",
+                process_state=state,
+                duration_seconds=self.clock() - started,
             )
+        stopped_before = state.stopped
         notes: list[str] = []
         if stopped_before:
+            # A blocking py-spy must ptrace-suspend it, which fails on a stopped process (and
+            # would meddle with the stop): read its memory without attaching instead.
             notes.append(
-                f"process {pid} was already stopped (state T) before capture; left as found"
+                f"process {pid} was already stopped ({state.describe()}) before capture; left "
+                "as found, its stacks read without attaching (py-spy --nonblocking)"
             )
+        gentle = self.nonblocking or stopped_before
         attempts: list[Attempt] = []
-        if self.nonblocking:
+        if gentle:
             runs: list[_Run] = []
             while len(runs) < NONBLOCKING_ATTEMPTS:
-                run = await self._run(pyspy, pid, "json", False, stopped_before)
+                run = await self._run(pyspy, pid, "json", False, stopped_before, nonblocking=True)
                 if run.status is DumpStatus.OK and isinstance(_decode(run.stdout), str):
                     run = _Run(DumpStatus.FAILED, run.stdout, run.attempt)
                 runs.append(run)
                 if run.status is not DumpStatus.FAILED:
                     break  # done, or a failure a retry cannot fix (permissions, gone, timeout)
-            return self._gentle_result(pid, runs, notes, started)
+            return self._gentle_result(pid, runs, notes, started, state)
         json_run, native = await self._with_fallback(pyspy, pid, "json", stopped_before, attempts)
         threads: tuple[Thread, ...] | None = None
         json_text: str | None = None
@@ -369,10 +384,11 @@ class PySpyRunner:
             error=error,
             fix=PTRACE_FIX if status is DumpStatus.PERMISSION_DENIED else None,
             duration_seconds=self.clock() - started,
+            process_state=_state_after(pid, state, status),
         )
 
     def _gentle_result(
-        self, pid: int, runs: Sequence[_Run], notes: list[str], started: float
+        self, pid: int, runs: Sequence[_Run], notes: list[str], started: float, state: ProcState
     ) -> StackDump:
         """The nonblocking JSON dump as a dump; the text is rendered from its threads."""
         run = runs[-1]
@@ -405,6 +421,7 @@ class PySpyRunner:
             error=None if status is DumpStatus.OK else error,
             fix=PTRACE_FIX if status is DumpStatus.PERMISSION_DENIED else None,
             duration_seconds=self.clock() - started,
+            process_state=_state_after(pid, state, status),
         )
 
     async def _with_fallback(
@@ -427,8 +444,16 @@ class PySpyRunner:
         return run, False
 
     async def _run(
-        self, pyspy: str, pid: int, output: str, native: bool, stopped_before: bool
+        self,
+        pyspy: str,
+        pid: int,
+        output: str,
+        native: bool,
+        stopped_before: bool,
+        *,
+        nonblocking: bool | None = None,
     ) -> _Run:
+        nonblocking = self.nonblocking if nonblocking is None else nonblocking
         argv = build_argv(
             pyspy,
             pid,
@@ -436,7 +461,7 @@ class PySpyRunner:
             native=native,
             capture_locals=self.capture_locals,
             prefix=self.argv_prefix,
-            nonblocking=self.nonblocking,
+            nonblocking=nonblocking,
         )
         started = self.clock()
         try:
@@ -462,7 +487,7 @@ class PySpyRunner:
                 None,
                 0.0,
                 f"cannot start: {result.start_error}",
-                nonblocking=self.nonblocking,
+                nonblocking=nonblocking,
             )
             return _Run(DumpStatus.FAILED, "", attempt)
         if result.timed_out:
@@ -484,9 +509,17 @@ class PySpyRunner:
             self.clock() - started,
             error,
             resumed,
-            nonblocking=self.nonblocking,
+            nonblocking=nonblocking,
         )
         return _Run(status, stdout, attempt)
+
+
+def _state_after(pid: int, before: ProcState, status: DumpStatus) -> ProcState:
+    """The state to record: as found, or re-read when the dump failed (it may have died or
+    stopped meanwhile: that is the reason then)."""
+    if status is DumpStatus.OK or not before.dumpable:
+        return before
+    return read_proc_state(pid)
 
 
 def render_text(pid: int, threads: Sequence[Thread]) -> str:

@@ -86,6 +86,7 @@ class StackView:
     text: str | None
     problem: str | None
     highlighted: frozenset[tuple[int, int]] = frozenset()  # (thread index, frame index)
+    state: str | None = None  # why it could not be dumped normally (/proc: stopped, zombie, ...)
 
 
 @dataclass(frozen=True)
@@ -346,6 +347,18 @@ def _highlight(view_threads: tuple[Thread, ...], role: str, pid: int) -> frozens
     return frozenset((index, i) for i, f in enumerate(main.frames) if id(f) in wanted)
 
 
+def _state_text(record: Mapping[str, Any]) -> str | None:
+    """The process's state in words (the dump's `why`) and its kernel stack, if recorded."""
+    why = record.get("why")
+    if not isinstance(why, str) or not why:
+        return None
+    state = record.get("process_state")
+    stack = state.get("kernel_stack") if isinstance(state, Mapping) else None
+    if isinstance(stack, list) and stack:
+        why += "; kernel stack: " + " < ".join(str(f) for f in stack[:8])
+    return why
+
+
 def _stacks(
     summary: Mapping[str, Any], files: Mapping[str, bytes | str], problems: list[str]
 ) -> tuple[StackView, ...]:
@@ -371,7 +384,8 @@ def _stacks(
             text: str | None = None
             problem: str | None = None
             if record.get("status") not in (None, "ok"):
-                problem = f"{record.get('status')}: {record.get('error')}"
+                problem = f"py-spy {record.get('status')}: {record.get('error')}"
+            state = _state_text(record)
             for listed in record.get("files") or []:
                 rel = str(listed)
                 raw = files.get(rel)
@@ -397,7 +411,7 @@ def _stacks(
                     threads = parsed
             highlighted = _highlight(threads, role, pid) if threads else frozenset()
             views.append(
-                StackView(str(label), role, pid, title, threads, text, problem, highlighted)
+                StackView(str(label), role, pid, title, threads, text, problem, highlighted, state)
             )
     order = {str(Role.API_SERVER): 0, str(Role.ENGINE_CORE): 1, str(Role.WORKER): 2}
     return tuple(

@@ -323,6 +323,8 @@ def _profiles_html(summary: Mapping[str, Any]) -> list[str]:
 def _stack_html(view: StackView) -> str:
     head = f"{view.role} pid {view.pid} <span class=muted>{_e(view.title[:100])}</span>"
     body: list[str] = []
+    if view.state:
+        body.append(f"<p class=problems><b>Process state:</b> {_e(view.state)}</p>")
     if view.problem:
         body.append(f"<p class=problems>{_e(view.problem)}</p>")
     for ti, thread in enumerate(view.threads or ()):
@@ -523,6 +525,8 @@ def _md_table(rows: Sequence[Sequence[object]], head: Sequence[str]) -> list[str
 
 def _frames_text(view: StackView, threads: int | None = None) -> str:
     lines = [f"{view.role} pid {view.pid}: {view.title[:100]}"]
+    if view.state:
+        lines.append(f"  (process state: {view.state})")
     if view.problem:
         lines.append(f"  ({view.problem})")
     for ti, thread in enumerate((view.threads or ())[:threads]):
