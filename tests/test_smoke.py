@@ -101,8 +101,8 @@ def test_help_version_and_usage_errors() -> None:
      "sim load", "sim install-vllm-shim", "config show", "config check", "config reference"],
 )  # fmt: skip
 def test_every_command_has_help(command: str) -> None:
-    """typer: each command's options and arguments render (typer 0.15.3 and older, beside
-    click 8.2+, fail here on an argument's metavar)."""
+    """typer: each command's options and arguments render (typer 0.12.5-0.15.3, with the
+    click 8.2+ that pip gives them, fail here on an argument's metavar)."""
     helped = run(*command.split(), "--help")
     assert helped.returncode == 0, helped.stderr
     assert "Usage:" in helped.stdout or "usage:" in helped.stdout
@@ -187,7 +187,8 @@ def test_the_daemon_watches_the_simulator_and_serves_its_endpoints(
     simulator: str, tmp_path: Path
 ) -> None:
     """uvicorn with the connection bounds, starlette, structlog: /health, /probe, /status,
-    /metrics answer while the daemon watches the simulator; SIGTERM stops it with exit 0."""
+    /metrics answer while the daemon watches the simulator, a silent connection is closed;
+    SIGTERM stops it with exit 0."""
     daemon = DaemonProcess(["--target", simulator], tmp_path, command=[WEDGEWATCH])
     try:
         daemon.wait_for("engine_discovered", timeout_seconds=60)
@@ -196,6 +197,11 @@ def test_the_daemon_watches_the_simulator_and_serves_its_endpoints(
         (target,) = daemon.get("/status").json()["targets"]
         assert target["state"] == "idle"
         assert "wedgewatch_" in daemon.get("/metrics").text
+        # uvicorn's protocol hook (daemon/connections.py): a connection that sends nothing
+        # is closed by the idle timeout (10 s); plain uvicorn would hold it for ever.
+        host, port = daemon.base_url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=120) as silent:
+            assert silent.recv(1) == b""
     finally:
         assert daemon.stop() == 0
     log = daemon.log_path.read_text(errors="replace")
