@@ -18,8 +18,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -67,7 +69,17 @@ def build(pins: list[str]) -> Path:
         _run([sys.executable, "-m", "venv", "--clear", venv])
         _run([*pip, "install", "--only-binary", ":all:", *pins])
         done.write_text("\n".join(pins) + "\n")
-    _run([*pip, "install", "--no-deps", "--force-reinstall", REPO])
+    with tempfile.TemporaryDirectory() as scratch:  # the build writes build/ where it runs:
+        tree = Path(scratch) / "wedgewatch"  # a copy, so no stale file of an earlier build
+        shutil.copytree(  # in the checkout can end up in the installed package
+            REPO,
+            tree,
+            ignore=shutil.ignore_patterns(
+                ".git", ".venv*", ".vllm-venvs", "__pycache__", "build", "*.egg-info", "dist"
+            ),
+            symlinks=True,
+        )
+        _run([*pip, "install", "--no-deps", "--force-reinstall", tree])
     _run([*pip, "check"])
     _run([*pip[:-1], "list", "--format=freeze"])  # the log shows what was tested
     return venv / "bin"
