@@ -38,11 +38,13 @@ class DaemonProcess:
         tmp_path: Path,
         name: str = "daemon",
         env: dict[str, str] | None = None,
+        command: list[str] | None = None,
     ) -> None:
+        """`command` runs wedgewatch (default: this interpreter's `-m wedgewatch`)."""
         self.log_path = tmp_path / f"{name}.log"
         self.evidence_dir = tmp_path / "evidence"
         self.args = [
-            *WEDGEWATCH,
+            *(WEDGEWATCH if command is None else command),
             "run",
             "--listen-port",
             "0",

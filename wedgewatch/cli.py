@@ -19,10 +19,6 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 import typer.rich_utils
-
-# typer vendors click; usage errors and contexts are typer's own click classes.
-from typer._click.core import Context
-from typer._click.exceptions import ClickException, UsageError
 from typer.core import TyperCommand
 
 from wedgewatch import __version__, check, config
@@ -232,38 +228,57 @@ def _config_reference(
 # -- wedgewatch check ----------------------------------------------------------------------
 
 
-class _UnknownUsageError(UsageError):
-    """A usage error of a Nagios-style command: exit 3 (UNKNOWN), not click's 2."""
+#: click's exit code for a usage error (a bad option or argument, a missing one).
+CLICK_USAGE_EXIT = 2
 
-    exit_code = 3
+
+def _usage_error(exc: Exception) -> bool:
+    """`exc` is click's usage error (exit 2), whichever click typer runs on.
+
+    Since typer 0.26 that is typer's private copy of click, before it the click package, and
+    typer exports neither `UsageError` nor a common base for both, so it is known by what
+    click documents of it: `exit_code` 2 and `format_message()`. `typer.Exit(2)` is not one.
+    """
+    return (
+        not isinstance(exc, typer.Exit)
+        and getattr(exc, "exit_code", None) == CLICK_USAGE_EXIT
+        and callable(getattr(exc, "format_message", None))
+    )
 
 
 class _NagiosCommand(TyperCommand):
     """A command whose usage errors exit 3 (UNKNOWN), as Nagios plugins must.
 
     With `--json` the error is also printed as the command's JSON object on stdout, so a
-    caller that parses stdout gets `{"status": "unknown", ...}` rather than nothing.
+    caller that parses stdout gets `{"status": "unknown", ...}` rather than nothing. The
+    context is typed `Any`: its class is typer's private click `Context` since typer 0.26
+    (`typer.Context` is a subclass, too narrow for these overrides).
     """
 
-    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         wants_json = "--json" in args  # before parsing: click consumes the list in place
         try:
             return super().parse_args(ctx, args)
-        except UsageError as exc:
-            raise self._unknown(exc, wants_json=wants_json) from None
+        except Exception as exc:
+            self._unknown(exc, wants_json=wants_json)
+            raise
 
-    def invoke(self, ctx: Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
-        except UsageError as exc:
-            raise self._unknown(exc, wants_json=bool(ctx.params.get("as_json"))) from None
+        except Exception as exc:
+            self._unknown(exc, wants_json=bool(ctx.params.get("as_json")))
+            raise
 
     @staticmethod
-    def _unknown(exc: UsageError, *, wants_json: bool) -> _UnknownUsageError:
-        message = exc.format_message()
+    def _unknown(exc: Exception, *, wants_json: bool) -> None:
+        """A usage error leaves with exit 3 (and as JSON with --json); others are untouched."""
+        if not _usage_error(exc):
+            return
         if wants_json:
+            message = exc.format_message()  # type: ignore[attr-defined]
             typer.echo(json.dumps({"status": "unknown", "engines": [], "error": message}))
-        return _UnknownUsageError(message, exc.ctx)
+        exc.exit_code = check.EXIT_UNKNOWN  # type: ignore[attr-defined]
 
 
 @app.command("check", cls=_NagiosCommand)
@@ -378,7 +393,7 @@ def _check(
             thresholds=thresholds,
         )
         raise typer.Exit(check.execute(options, as_json=as_json, critical_only=critical_only))
-    except (ClickException, typer.Exit, typer.Abort):
+    except (typer.BadParameter, typer.Exit, typer.Abort):
         raise
     except Exception as exc:  # the Nagios contract: UNKNOWN, never a traceback
         raise _internal_error(exc, as_json=as_json) from None

@@ -22,6 +22,14 @@ The newest connection always wins: a probe, which sends its request at once, is 
 the oldest idle connection, so it is answered while the bounds are hit. Only when every
 connection has a request in flight (handlers here answer in microseconds) is a new one
 refused. Connections with a request in flight are never closed by these rules.
+
+The bounds subclass uvicorn's `H11Protocol`, which uvicorn does not document as API (its
+`Config(http=...)` takes any protocol class). Tested at both ends of the declared range: at
+the uvicorn floor by the declared-minimum-versions smoke test (a silent connection is closed)
+and at the newest release by tests/test_safety_server.py. The import is inside a `try`: a
+uvicorn without the class, or without a method the bounds override, serves on its own
+protocol (no bounds) and the daemon logs `http_connection_bounds_unavailable` once, rather
+than failing to start (docs/development.md, "Dependency floors").
 """
 
 from __future__ import annotations
@@ -32,12 +40,27 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import structlog
-from uvicorn.protocols.http.h11_impl import H11Protocol
+
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+else:
+    try:  # not documented API: see the module docstring
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+    except ImportError:  # the subclass below is then never used (`guarded_protocol`)
+        H11Protocol = asyncio.Protocol
 
 log = structlog.get_logger("wedgewatch.daemon")
+
+#: The methods of uvicorn's `H11Protocol` that the bounds override and call.
+HOOKED_METHODS: Final = (
+    "connection_made",
+    "connection_lost",
+    "data_received",
+    "on_response_complete",
+)
 
 #: How often at most the daemon logs that its connection bounds closed connections.
 REPORT_EVERY_SECONDS: Final = 60.0
@@ -221,6 +244,21 @@ class _GuardedProtocol(H11Protocol):
         self.drop()
 
 
-def guarded_protocol(guard: ConnectionGuard) -> type[asyncio.Protocol]:
-    """An HTTP protocol class for uvicorn (`Config(http=...)`) whose connections `guard` bounds."""
+def guarded_protocol(
+    guard: ConnectionGuard, base: type[asyncio.Protocol] = H11Protocol
+) -> type[asyncio.Protocol] | Literal["auto"]:
+    """An HTTP protocol class for uvicorn (`Config(http=...)`) whose connections `guard` bounds.
+
+    "auto" (uvicorn's own protocol, unbounded; logged) when this uvicorn's `base` lacks a
+    method the bounds override: a uvicorn outside the tested range must not stop the daemon.
+    """
+    missing = [name for name in HOOKED_METHODS if not callable(getattr(base, name, None))]
+    if missing:
+        log.warning(
+            "http_connection_bounds_unavailable",
+            missing=missing,
+            note="this uvicorn's h11 protocol lacks what the connection bounds hook; "
+            "serving without idle/header timeouts and connection bounds (docs/security.md)",
+        )
+        return "auto"
     return type("GuardedH11Protocol", (_GuardedProtocol,), {"guard": guard})
