@@ -80,6 +80,8 @@ def test_the_wheel_builds_installs_into_a_fresh_venv_and_runs(tmp_path: Path) ->
 UNDECLARED_ON_PURPOSE = {
     "vllm": "vLLM's own modules: sim/vllm_core.py and sim/vllm_engine.py run in a vLLM venv",
     "torch": "ditto (sim/vllm_engine.py, inside a vLLM venv)",
+    "transformers": "sim/tiny_model.py runs in a serving vLLM venv (install-vllm.sh --serve)",
+    "tokenizers": "ditto (sim/tiny_model.py, inside a serving vLLM venv)",
     "certifi": "only inside `try: ... except ImportError` (io/http_get.py), as httpx does",
 }
 
