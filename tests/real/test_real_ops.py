@@ -433,7 +433,7 @@ def test_exec_remedy_restarts_a_really_hung_server(
     """`remedy = "exec"`: the operator's command kills the server's group (its pid from the
     supervisor's record); the supervisor starts a new server, which the daemon proves."""
     sup = supervised("own-group")
-    kill = ["/bin/sh", "-c", 'kill -KILL -- "-$(tail -n 1 "$0")"', str(sup.pids_file)]
+    kill = ["/bin/sh", "-c", 'kill -KILL "-$(tail -n 1 "$0")"', str(sup.pids_file)]
     restart_through_the_daemon(
         sup, ["--remedy", "exec", "--exec-command", shlex.join(kill)], tmp_path
     )
