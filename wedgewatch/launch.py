@@ -563,7 +563,9 @@ async def _watch(
     server_task = asyncio.create_task(supervisor.wait(), name="server")
 
     async def on_stopped(daemon: Daemon) -> None:
-        if server_task.done() and not server_task.cancelled() and server_task.result() != 0:
+        # Ending by itself (no stop asked) is a crash whatever the status: vLLM exits 0
+        # after its engine died.
+        if server_task.done() and not server_task.cancelled() and not stop_event.is_set():
             status = exit_status(server_task.result())
             await crash_bundles(config, daemon, status, hook=deps.bundle_hook)
 
@@ -631,10 +633,11 @@ async def _watch(
 async def crash_bundles(
     config: Config, daemon: Daemon, status: int, *, hook: BundleHook | None = None
 ) -> None:
-    """The server crashed (exited by itself, status != 0): a bundle per target from the
-    watchdog's flight recorder and last good /metrics body, with what is left of the server
-    (usually nothing: outcome `server_gone`). Logged as `crash_bundle_written`; the
-    `on_bundle` hook, when set, runs for it before the launcher exits."""
+    """The server crashed (exited by itself, with any status: vLLM exits 0 after its engine
+    died): a bundle per target from the watchdog's flight recorder and last good /metrics
+    body, with what is left of the server (usually nothing: outcome `server_gone`). Logged
+    as `crash_bundle_written`; the `on_bundle` hook, when set, runs for it before the
+    launcher exits."""
     deps = evidence.EvidenceDeps(settings=evidence_settings(config))
     for target, history, body in daemon.flight_records():
         result = await evidence.capture_bundle(
