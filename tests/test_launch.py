@@ -258,6 +258,26 @@ def test_gpu_check_counts_visible_devices_for_real_vllm() -> None:
     check_gpus(command, VllmBinary(path="vllm", version_text="0.33.0 (wedgewatch simulator)"), {})
 
 
+def test_cpu_build_needs_no_gpu_but_a_core_set_per_rank() -> None:
+    """vLLM's CPU build (`+cpu`, or VLLM_TARGET_DEVICE=cpu) is never asked for GPUs; TP=2 on
+    it needs VLLM_CPU_OMP_THREADS_BIND with two core sets, which cpu-tiny-tp2 sets."""
+    profiles = builtin_profiles()
+    cpu_build = VllmBinary(path="vllm", version_text="0.32.0+cpu")
+    real = VllmBinary(path="vllm", version_text="0.32.0")
+    tiny = build_command(vllm_bin="vllm", model="m", profile=profiles["cpu-tiny"])
+    assert tiny.env["VLLM_TARGET_DEVICE"] == "cpu"
+    check_gpus(tiny, real, {"CUDA_VISIBLE_DEVICES": ""})  # its environment says CPU
+    tp2 = build_command(vllm_bin="vllm", model="m", profile=profiles["cpu-tiny-tp2"])
+    check_gpus(tp2, cpu_build, {"CUDA_VISIBLE_DEVICES": ""})
+    unbound = build_command(
+        vllm_bin="vllm", model="m", profile=Profile(), extra_args=["--tensor-parallel-size", "2"]
+    )
+    with pytest.raises(LaunchError, match=r"VLLM_CPU_OMP_THREADS_BIND .* but it is ''"):
+        check_gpus(unbound, cpu_build, {})
+    with pytest.raises(LaunchError, match="needs 2 GPUs but 0 are visible"):
+        check_gpus(unbound, real, {"CUDA_VISIBLE_DEVICES": ""})
+
+
 # -- profiles from the config file ------------------------------------------------------------
 
 
@@ -332,7 +352,7 @@ def test_unknown_profile_name_lists_the_known_ones() -> None:
     """`--profile tp2-offlaod` is refused with a suggestion and the list of profiles."""
     with pytest.raises(
         LaunchError,
-        match=r"did you mean 'tp2-offload'\?.*known: plain, tp2-mitigated, tp2-offload, tp2-offl",
+        match=r"did you mean 'tp2-offload'\?.*known: cpu-tiny, cpu-tiny-tp2, plain, tp2-mitig",
     ):
         select_profile(builtin_profiles(), "tp2-offlaod")
 

@@ -299,9 +299,40 @@ def count_visible_gpus(environ: Mapping[str, str]) -> int | None:
     return runner.blocking(count_gpus(smi, GPU_COUNT_TIMEOUT_SECONDS))
 
 
+#: vLLM's CPU build names itself in its version (`0.32.0+cpu`); its platform detection
+#: looks for the same marker. VLLM_TARGET_DEVICE=cpu asks for it explicitly.
+CPU_VERSION_MARKER = "+cpu"
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def runs_on_cpu(command: LaunchCommand, binary: VllmBinary, environ: Mapping[str, str]) -> bool:
+    """True for vLLM's CPU build (`--version` says `+cpu`) or VLLM_TARGET_DEVICE=cpu."""
+    device = {**environ, **command.env}.get("VLLM_TARGET_DEVICE", "")
+    return CPU_VERSION_MARKER in binary.version_text or device.strip().lower() == "cpu"
+
+
+def check_cpu_ranks(command: LaunchCommand, environ: Mapping[str, str]) -> None:
+    """vLLM on a CPU runs tensor parallel ranks only with one OpenMP core set per rank."""
+    needed = command.tensor_parallel_size
+    if needed <= 1:
+        return
+    bind = {**environ, **command.env}.get(CPU_BIND_ENV, "")
+    sets = [part for part in bind.split("|") if part.strip()]
+    if len(sets) < needed:
+        raise LaunchError(
+            f"tensor parallel size {needed} on a CPU needs {CPU_BIND_ENV} with one core set "
+            f"per rank separated by '|' (e.g. '0|1'), but it is {bind!r}; without it vLLM "
+            "fails with 'Not enough allowed NUMA nodes'"
+        )
+
+
 def check_gpus(command: LaunchCommand, binary: VllmBinary, environ: Mapping[str, str]) -> None:
-    """Real vLLM needs a visible GPU per tensor-parallel rank; the simulator needs none."""
+    """Real vLLM needs a visible GPU per tensor-parallel rank; the simulator needs none, and
+    vLLM's CPU build needs a core set per rank instead."""
     if binary.is_simulator:
+        return
+    if runs_on_cpu(command, binary, environ):
+        check_cpu_ranks(command, environ)
         return
     needed = command.tensor_parallel_size
     found = count_visible_gpus({**environ, **command.env})
@@ -532,7 +563,9 @@ async def _watch(
     server_task = asyncio.create_task(supervisor.wait(), name="server")
 
     async def on_stopped(daemon: Daemon) -> None:
-        if server_task.done() and not server_task.cancelled() and server_task.result() != 0:
+        # Ending by itself (no stop asked) is a crash whatever the status: vLLM exits 0
+        # after its engine died.
+        if server_task.done() and not server_task.cancelled() and not stop_event.is_set():
             status = exit_status(server_task.result())
             await crash_bundles(config, daemon, status, hook=deps.bundle_hook)
 
@@ -600,10 +633,11 @@ async def _watch(
 async def crash_bundles(
     config: Config, daemon: Daemon, status: int, *, hook: BundleHook | None = None
 ) -> None:
-    """The server crashed (exited by itself, status != 0): a bundle per target from the
-    watchdog's flight recorder and last good /metrics body, with what is left of the server
-    (usually nothing: outcome `server_gone`). Logged as `crash_bundle_written`; the
-    `on_bundle` hook, when set, runs for it before the launcher exits."""
+    """The server crashed (exited by itself, with any status: vLLM exits 0 after its engine
+    died): a bundle per target from the watchdog's flight recorder and last good /metrics
+    body, with what is left of the server (usually nothing: outcome `server_gone`). Logged
+    as `crash_bundle_written`; the `on_bundle` hook, when set, runs for it before the
+    launcher exits."""
     deps = evidence.EvidenceDeps(settings=evidence_settings(config))
     for target, history, body in daemon.flight_records():
         result = await evidence.capture_bundle(

@@ -18,6 +18,7 @@ from wedgewatch.core.known_issues import (
     version_in,
 )
 from wedgewatch.report.model import read_bundle
+from wedgewatch.vllm.build_info import cache_config_labels, features
 
 OFFLOAD = TP2_OFFLOAD  # with no VLLM_USE_SIMPLE_KV_OFFLOAD: vLLM's OffloadingConnector
 MTP = ("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}')
@@ -256,3 +257,29 @@ def test_fixed_in_must_be_a_version() -> None:
             "families=['x']\nfixed_in='soon'\n")  # fmt: skip
     with pytest.raises(ValueError, match="issue a: fixed_in 'soon' is not a version"):
         parse_known_issues(text)
+
+
+# The `vllm:cache_config_info` sample of a real vLLM 0.30.0 (CPU build) with no offloading:
+# it names the default offloading backend ("native") although nothing is offloaded.
+REAL_0_30_CACHE_CONFIG = (
+    'vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",'
+    'engine="0",kv_cache_memory_bytes="67108864",kv_offloading_backend="native",'
+    'kv_offloading_size="None",mamba_cache_mode="none",num_cpu_blocks="None"} 1.0\n'
+)
+
+
+def test_the_default_offloading_backend_label_is_not_offloading() -> None:
+    """#57841 is told to a 0.30.0 only when its configuration offloads: a real server's
+    cache_config_info says kv_offloading_backend="native" with kv_offloading_size="None"
+    (no offloading), which must not count; a size does."""
+    wedge = reading(capacity=2, deferred=2)
+    labels = cache_config_labels(REAL_0_30_CACHE_CONFIG)
+    assert labels["kv_offloading_backend"] == "native"
+    issues = shipped_known_issues()
+
+    def refs(cache: dict[str, str]) -> set[str]:
+        facts = Facts("deferred_stall", "scheduler_wedge", "0.30.0", features({}, {}, cache, wedge))
+        return {m.issue.ref for m in match_known_issues(issues, facts)}
+
+    assert "#57841" not in refs(labels)
+    assert "#57841" in refs({**labels, "kv_offloading_size": "60.0"})
