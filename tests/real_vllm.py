@@ -4,8 +4,8 @@ The serving venvs are built by `bash wedgewatch/sim/install-vllm.sh --serve VERS
 same cache as the scheduler venvs (tests/vllm_venvs.py); the tiny model
 (wedgewatch/sim/tiny_model.py) is made once per recipe into
 `${XDG_CACHE_HOME:-~/.cache}/wedgewatch/models/`. Every server runs in its own process group,
-with its own VLLM_CACHE_ROOT and TMPDIR under the test's directory, and `RealServer.stop()`
-ends the group and removes the /dev/shm files it left (docs/real-vllm.md).
+with its own VLLM_CACHE_ROOT under the test's directory and its own short TMPDIR, and
+`RealServer.stop()` ends the group and removes the /dev/shm files it left (docs/real-vllm.md).
 
 A test reaching `serve_python` is marked `vllm` (tests/needs.py): it runs in the real tier.
 """
@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -121,6 +123,7 @@ class RealServer:
     log: Path
     argv: list[str]
     shm_before: set[str] = field(default_factory=set)
+    tmpdir: Path | None = None
 
     @property
     def url(self) -> str:
@@ -191,6 +194,8 @@ class RealServer:
         for name in _shm_entries() - self.shm_before:
             with contextlib.suppress(OSError):
                 (Path("/dev/shm") / name).unlink()
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -243,8 +248,9 @@ def start(
     model = tiny_model(python)
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
-    tmp = workdir / "tmp"
-    tmp.mkdir(exist_ok=True)
+    # A short TMPDIR of its own: vLLM puts its ZMQ IPC sockets there, and a path under
+    # pytest's tmp_path can pass the 107-byte limit of a socket path (ZMQError).
+    tmp = Path(tempfile.mkdtemp(prefix="ww-vllm-", dir="/tmp"))
     extra_env = {"VLLM_CACHE_ROOT": str(workdir / "vllm-cache"), "TMPDIR": str(tmp)}
     if tp > 1:
         extra_env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
@@ -261,7 +267,7 @@ def start(
             start_new_session=True,
             cwd=workdir,
         )
-    return RealServer(version, python, port, proc, log, argv, shm_before)
+    return RealServer(version, python, port, proc, log, argv, shm_before, tmp)
 
 
 @contextlib.contextmanager
