@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from wedgewatch import demo_real
@@ -62,3 +64,15 @@ def test_the_sequence_reaches_the_wedge_only_with_these_sizes() -> None:
     assert real_wedge.PROMPT_A[:32] != real_wedge.PROMPT_S[:32] != real_wedge.PROMPT_W[:32]
     assert max(real_wedge.PROMPT_A + real_wedge.PROMPT_H + real_wedge.PROMPT_W) < 512
     assert real_wedge.LOAD_SECONDS > real_wedge.STORE_SECONDS
+
+
+def test_keep_running_is_refused_with_real() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "wedgewatch", "demo", "--real", "--keep-running"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "--keep-running is not available with --real" in done.stderr

@@ -751,6 +751,9 @@ def _demo(
     """
     from wedgewatch import demo  # noqa: PLC0415  (local: this block is added to a shared file)
 
+    if real and keep_running:
+        typer.echo("wedgewatch demo: --keep-running is not available with --real", err=True)
+        raise typer.Exit(2)
     options = demo.DemoOptions(
         directory=directory,
         keep_running=keep_running,
