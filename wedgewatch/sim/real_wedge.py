@@ -8,7 +8,7 @@ small KV pool; ``drive`` sends, as token-id prompts of exact lengths:
 3. ``H`` = S's prompt and one block more: its lookup answers "not yet" (S's blocks are still
    being stored), so H is deferred holding no blocks;
 4. ``L`` = A's prompt: A's tail was evicted by S, the tier has it, so L is admitted as an
-   asynchronous load, parked ``WAITING_FOR_REMOTE_KVS`` holding 14 of the 15 usable blocks;
+   asynchronous load, parked ``WAITING_FOR_REMOTE_KVS`` holding 12 of the 15 usable blocks;
 5. ``W``, a small unrelated request, waits for capacity.
 
 Then S's store completes before L's load: H's lookup now hits, but H's full sequence does not
