@@ -739,9 +739,21 @@ def _demo(
     ] = 10.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the agentic-burst traffic.")] = 16,
     timeout_seconds: Annotated[
-        float,
-        typer.Option("--timeout-seconds", min=30, help="Give up when the story takes longer."),
-    ] = 300.0,
+        float | None,
+        typer.Option(
+            "--timeout-seconds",
+            min=30,
+            help="Give up when the story takes longer (default 300; 1800 with --real).",
+        ),
+    ] = None,
+    real: Annotated[
+        bool,
+        typer.Option(
+            "--real",
+            help="Against a real vLLM 0.30.0 (its CPU build, built on first use: about 3.5 GB, "
+            "about 3 minutes) driven into the seed's wedge through its API.",
+        ),
+    ] = False,
 ) -> None:
     """Watch a simulated vLLM wedge, get caught, leave evidence, restart and recover.
 
@@ -749,16 +761,22 @@ def _demo(
     OffloadingConnector, runs through `wedgewatch launch --watch` in this process;
     agentic-burst traffic wedges it (the #57841 path, closed from vLLM 0.31.0) and a live
     view shows every engine. It ends with the report and the commands that reopen its
-    bundles. Exit 0 when the whole story happened, 1 when it did not. See docs/demo.md.
+    bundles. With --real, a real CPU vLLM 0.30.0 and the seed's wedge reached through its API
+    (docs/real-vllm.md). Exit 0 when the whole story happened, 1 when it did not. See
+    docs/demo.md.
     """
     from wedgewatch import demo  # noqa: PLC0415  (local: this block is added to a shared file)
 
+    if real and keep_running:
+        typer.echo("wedgewatch demo: --keep-running is not available with --real", err=True)
+        raise typer.Exit(2)
     options = demo.DemoOptions(
         directory=directory,
         keep_running=keep_running,
         seed=seed,
         stall_after_seconds=stall_after_seconds,
-        timeout_seconds=timeout_seconds,
+        timeout_seconds=timeout_seconds or (1800.0 if real else 300.0),
+        real=real,
     )
     raise typer.Exit(demo.run_demo(options, configure_logging=configure_logging))
 

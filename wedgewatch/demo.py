@@ -190,6 +190,7 @@ class DemoOptions:
     seed: int = DEMO_SEED
     stall_after_seconds: float = 10.0
     timeout_seconds: float = 300.0
+    real: bool = False  # a real CPU vLLM and the seed's wedge (wedgewatch/demo_real.py)
 
 
 def demo_settings(options: DemoOptions, *, listen_port: int) -> dict[str, Any]:
@@ -546,6 +547,39 @@ async def _run(
     return 0 if checked_bundle is not None else 1
 
 
+async def _run_real(
+    *,
+    options: DemoOptions,
+    screen: Screen,
+    settings: Mapping[str, Any],
+    config: Config,
+    shim: Path,
+    stop: asyncio.Event,
+    log_path: Path,
+) -> int:
+    """The story against a real CPU vLLM (wedgewatch/demo_real.py); the same summary."""
+    from wedgewatch import demo_real  # noqa: PLC0415  (only `--real` needs it)
+
+    del shim  # a real vllm serves, not the simulator
+    port = free_port()
+    story = await demo_real.run_real(
+        directory=options.directory,
+        screen=screen,
+        settings=settings,
+        config=config,
+        stop=stop,
+        log_path=log_path,
+        timeout_seconds=options.timeout_seconds,
+        port=port,
+    )
+    bundle_lines = _show_bundle(screen, story.bundle, 0.0) if story.bundle else []
+    screen.lines(render_summary(story, settings, bundle_lines, log_path))
+    if story.bundle is not None:
+        screen.lines(await asyncio.to_thread(write_demo_report, Path(story.bundle)))
+        screen.lines(next_commands(Path(story.bundle), Path(settings["evidence_dir"]), _program()))
+    return 0 if story.complete else 1
+
+
 async def _served_version(client: httpx.AsyncClient, server_url: str) -> str:
     """What the server says it is (`GET /version`), as a story line."""
     try:
@@ -636,6 +670,10 @@ def run_demo(options: DemoOptions, *, configure_logging: Callable[[str], None]) 
     """`wedgewatch demo`: 0 when the whole story happened, 1 when it did not, 130 on Ctrl-C."""
     log_path = prepare_directory(options.directory)
     settings = demo_settings(options, listen_port=free_port())
+    if options.real:
+        from wedgewatch import demo_real  # noqa: PLC0415  (only `--real` needs it)
+
+        settings = demo_real.real_settings(settings)
     config = load_config(flags=settings).config
     with tempfile.TemporaryDirectory(prefix="wedgewatch-demo-") as shim_dir:
         shim = install_shim(Path(shim_dir))
@@ -674,7 +712,8 @@ async def _main(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        code = await _run(
+        run = _run_real if options.real else _run
+        code = await run(
             options=options,
             screen=screen,
             settings=settings,
