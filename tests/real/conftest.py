@@ -8,6 +8,7 @@ it healthy or says it does not (docs/development.md, "The real-server tier").
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import real_vllm
@@ -25,4 +26,11 @@ def shaped_server(
     version = str(request.param)
     workdir = tmp_path_factory.mktemp(f"vllm-{version}")
     with real_vllm.running(version, workdir, extra_args=SHAPE_ARGS) as server:
+        # A fresh CPU vLLM's first forward passes are slow (oneDNN primitives made on first use
+        # of each shape): 16 s and 25 s with every counter flat, measured at load averages 10
+        # and 25. A batch of the shapes the tests use is served here first, so a test meets a
+        # server as warm as one in service.
+        with ThreadPoolExecutor(4) as pool:
+            for prompt in ([1, 2, 3], [1, 20, 30, 40], list(range(5, 405)), [7] * 40):
+                pool.submit(server.complete, prompt, max_tokens=16)
         yield server
