@@ -76,6 +76,17 @@ async def test_no_token_within_the_deadline_is_timeout() -> None:
     assert took < 5, took
 
 
+async def test_a_first_token_later_than_httpx_default_deadline_is_in_time() -> None:
+    """A token after 6 s of a 10 s canary is in time: httpx's 5 s default read deadline (the
+    client's) must not turn it into a `timeout` (a loaded real vLLM took that long)."""
+    slow = Reply(200, [EVENT], {"Content-Type": "text/event-stream"}, headers_pause_seconds=6)
+    with ScriptedServer(script(MODELS, slow)) as server:
+        result = await send(server.base_url, deadline=10)
+    assert result.reason is None, result
+    assert result.first_token_seconds is not None
+    assert result.first_token_seconds >= 5.5
+
+
 @pytest.mark.parametrize(
     ("models", "completions", "reason", "detail"),
     [

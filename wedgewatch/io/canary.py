@@ -73,9 +73,13 @@ async def send(
         ttft = first[0] - started if first else None
         return CanaryResult(sent_at, ttft, clock() - started, reason, detail)
 
+    # httpx's own per-request deadline (5 s unless the client sets one) must not cut a canary
+    # short: a first token after 6 s of a 15 s timeout is latency, never a `timeout` (the real
+    # tier caught a loaded CPU vLLM wedged as canary_stall by it; docs/real-vllm.md).
+    http_timeout = httpx.Timeout(spec.timeout_seconds)
     try:
         async with asyncio.timeout(spec.timeout_seconds):
-            model = spec.model or await _first_model(client, spec.base_url)
+            model = spec.model or await _first_model(client, spec.base_url, http_timeout)
             await _complete(
                 client,
                 spec,
@@ -83,6 +87,7 @@ async def send(
                 request_id=request_id or new_request_id(),
                 first=first,
                 clock=clock,
+                http=http_timeout,
             )
     except TimeoutError:
         if first:  # the token came; only the rest of the stream was slow
@@ -105,9 +110,9 @@ async def send(
 _HEADERS = {"User-Agent": f"wedgewatch/{__version__}"}
 
 
-async def _first_model(client: httpx.AsyncClient, base_url: str) -> str:
+async def _first_model(client: httpx.AsyncClient, base_url: str, http: httpx.Timeout) -> str:
     url = f"{base_url}/v1/models"
-    async with client.stream("GET", url, headers=_HEADERS) as response:
+    async with client.stream("GET", url, headers=_HEADERS, timeout=http) as response:
         body = await _read_capped(response)
         if response.status_code != 200:
             raise _Failed("http_status", f"GET {url}: HTTP {response.status_code}")
@@ -129,6 +134,7 @@ async def _complete(
     request_id: str,
     first: list[float],
     clock: Callable[[], float],
+    http: httpx.Timeout,
 ) -> None:
     url = f"{spec.base_url}/v1/completions"
     payload = {
@@ -140,7 +146,7 @@ async def _complete(
         "user": CANARY_USER,
     }
     headers = _HEADERS | {"X-Request-Id": request_id, "Accept": "text/event-stream"}
-    async with client.stream("POST", url, json=payload, headers=headers) as response:
+    async with client.stream("POST", url, json=payload, headers=headers, timeout=http) as response:
         if response.status_code != 200:
             body = await _read_capped(response)
             raise _Failed(
