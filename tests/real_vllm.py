@@ -27,9 +27,9 @@ from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 
-from tests.vllm_venvs import INSTALL, REQUIRE_VARIABLE, ROOT, STAMP
+from tests.vllm_venvs import ROOT, complete_python, venv_dir
+from wedgewatch.demo_real import server_environment
 
 SERVE_VERSIONS = ("0.30.0", "0.32.0")
 MODEL_NAME = "tiny"
@@ -40,30 +40,12 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wedg
 
 def serve_venv(version: str) -> Path:
     """The cache directory of the serving vLLM `version` venv (built or not)."""
-    done = subprocess.run(
-        ["bash", str(INSTALL), "--dir", "--serve", version],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return Path(done.stdout.strip())
+    return venv_dir(version, serve=True)
 
 
 def serve_python(version: str) -> Path:
     """The python of the complete serving venv for `version`; else skip (fail under --real)."""
-    venv = serve_venv(version)
-    python = venv / "bin" / "python"
-    if (venv / STAMP).is_file() and python.exists():
-        return python
-    message = (
-        f"no complete serving vLLM {version} venv at {venv}; build it with "
-        f"`bash wedgewatch/sim/install-vllm.sh --serve {version}` (or `bash tests/run.sh --real`)"
-    )
-    if os.environ.get(REQUIRE_VARIABLE) == "1":
-        pytest.fail(message)
-    pytest.skip(message)
-    raise AssertionError("unreachable")  # pragma: no cover
+    return complete_python(version, serve=True)
 
 
 def tiny_model(python: Path) -> Path:
@@ -84,18 +66,10 @@ def tiny_model(python: Path) -> Path:
 
 
 def serve_env(**extra: str) -> dict[str, str]:
-    """The environment a real CPU vLLM needs here (../shared/docs/real-vllm-cpu.md)."""
-    env = {k: v for k, v in os.environ.items() if k not in {"VLLM_CPU_KVCACHE_SPACE", "PYTHONPATH"}}
-    env.update(
-        PYTHONPATH=str(ROOT),
-        VLLM_TARGET_DEVICE="cpu",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        VLLM_DO_NOT_TRACK="1",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
+    """The environment a real CPU vLLM needs here: the demo's own (wedgewatch/demo_real.py,
+    after ../shared/docs/real-vllm-cpu.md), with `extra` on top."""
+    env = server_environment(ROOT, Path(tempfile.gettempdir()), CACHE / "vllm-cache")
+    env.update(PYTHONUNBUFFERED="1", **extra)
     return env
 
 

@@ -25,10 +25,10 @@ STAMP = ".wedgewatch-complete"
 REQUIRE_VARIABLE = "WEDGEWATCH_REQUIRE_VLLM"
 
 
-def venv_dir(version: str) -> Path:
-    """The cache directory of the vLLM `version` venv (built or not)."""
+def venv_dir(version: str, *, serve: bool = False) -> Path:
+    """The cache directory of the vLLM `version` venv (built or not); `serve`: the serving one."""
     done = subprocess.run(
-        ["bash", str(INSTALL), "--dir", version],
+        ["bash", str(INSTALL), "--dir", *(["--serve"] if serve else []), version],
         capture_output=True,
         text=True,
         timeout=60,
@@ -37,20 +37,27 @@ def venv_dir(version: str) -> Path:
     return Path(done.stdout.strip())
 
 
-def vllm_python(version: str) -> Path:
-    """The python of the complete vLLM `version` venv; else skip (fail under --real)."""
-    venv = venv_dir(version)
+def complete_python(version: str, *, serve: bool = False) -> Path:
+    """The python of the complete venv; else skip (fail under --real) saying how to build it."""
+    venv = venv_dir(version, serve=serve)
     python = venv / "bin" / "python"
     if (venv / STAMP).is_file() and python.exists():
         return python
+    flag = "--serve " if serve else ""
+    kind = "serving vLLM" if serve else "vLLM"
     message = (
-        f"no complete vLLM {version} venv at {venv}; build it with "
-        f"`bash wedgewatch/sim/install-vllm.sh {version}` (or run `bash tests/run.sh --real`)"
+        f"no complete {kind} {version} venv at {venv}; build it with "
+        f"`bash wedgewatch/sim/install-vllm.sh {flag}{version}` (or run `bash tests/run.sh --real`)"
     )
     if os.environ.get(REQUIRE_VARIABLE) == "1":
         pytest.fail(message)
     pytest.skip(message)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def vllm_python(version: str) -> Path:
+    """The python of the complete vLLM `version` venv (vLLM's scheduler, no server)."""
+    return complete_python(version)
 
 
 def vllm_env(**extra: str) -> dict[str, str]:

@@ -6,12 +6,14 @@ leads its own session so a test can kill its whole process group.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +114,15 @@ class DaemonProcess:
         """SIGKILL, as a crash or an OOM kill would."""
         self.proc.kill()
         self.proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def watching(url: str, tmp_path: Path, *args: str) -> Iterator[DaemonProcess]:
+    """`wedgewatch run` watching `url` (target `real`), killed with its group at the end."""
+    daemon = DaemonProcess(["--target", f"real={url}", *args], tmp_path)
+    try:
+        yield daemon
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(daemon.proc.pid, signal.SIGKILL)
+        daemon.proc.wait(timeout=30)

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from real_vllm import MODEL_NAME, RealServer
-from wedgewatch_daemon import WEDGEWATCH, DaemonProcess, clean_env
+from wedgewatch_daemon import WEDGEWATCH, DaemonProcess, clean_env, watching
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a cold start under load is minutes
 
@@ -93,18 +92,6 @@ def check(server: RealServer, *flags: str) -> tuple[int, dict[str, Any]]:
         return done.returncode, json.loads(done.stdout)
     except json.JSONDecodeError:
         raise AssertionError(f"check said: {done.stdout!r} {done.stderr[-2000:]!r}") from None
-
-
-@contextlib.contextmanager
-def watching(server: RealServer, tmp_path: Path, *flags: str) -> Iterator[DaemonProcess]:
-    """`wedgewatch run` watching the server (target `real`), killed with its group at the end."""
-    daemon = DaemonProcess(["--target", f"real={server.url}", *WATCH, *flags], tmp_path)
-    try:
-        yield daemon
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(daemon.proc.pid, signal.SIGKILL)
-        daemon.proc.wait(timeout=30)
 
 
 def target_status(daemon: DaemonProcess) -> dict[str, Any]:
@@ -205,7 +192,7 @@ def no_wedge(daemon: DaemonProcess) -> None:
 def test_healthy_shapes_get_no_false_verdict(shaped_server: RealServer, tmp_path: Path) -> None:
     """Idle, a capacity queue, chunked long prompts, timing-out clients: never wedged."""
     server = shaped_server
-    with watching(server, tmp_path, *CANARY) as daemon:
+    with watching(server.url, tmp_path, *WATCH, *CANARY) as daemon:
         # Idle: nothing waits; the canary goes out and comes back (a check may catch it running).
         code, said = check(server, "--for", "5")
         assert code == 0, said
@@ -317,7 +304,7 @@ def test_a_stopped_worker_under_load_is_a_progress_stall(
     server = shaped_server
     workers = server.named("VLLM::Worker")
     assert len(workers) == 1, [p.cmdline() for p in server.processes()]
-    with watching(server, tmp_path, *HANG) as daemon:
+    with watching(server.url, tmp_path, *WATCH, *HANG) as daemon:
         load = Load(server.url, clients=4)
         try:
             wait_until("requests running", lambda: metric(server, "vllm:num_requests_running") > 0)
@@ -346,7 +333,7 @@ def test_a_stopped_engine_core_while_idle_is_caught_by_the_canary_alone(
     server = shaped_server
     cores = server.named("VLLM::EngineCore")
     assert len(cores) == 1, [p.cmdline() for p in server.processes()]
-    with watching(server, tmp_path, *HANG, *CANARY) as daemon:
+    with watching(server.url, tmp_path, *WATCH, *HANG, *CANARY) as daemon:
         canary_came_back(daemon)
         try:
             signal_all(cores, signal.SIGSTOP)
@@ -366,7 +353,7 @@ def test_a_stopped_api_server_is_unreachable(shaped_server: RealServer, tmp_path
     """SIGSTOP the API server: connections are accepted and never answered: unreachable."""
     server = shaped_server
     api = psutil.Process(server.proc.pid)
-    with watching(server, tmp_path, *HANG, "--scrape-timeout-seconds", "2") as daemon:
+    with watching(server.url, tmp_path, *WATCH, *HANG, "--scrape-timeout-seconds", "2") as daemon:
         wait_state(daemon, "idle")
         try:
             api.suspend()
@@ -392,7 +379,7 @@ def test_a_killed_worker_takes_the_server_down_and_is_no_wedge(
     """`kill -9` the worker under load: vLLM ends the whole server; down, not wedged. Last."""
     server = shaped_server
     (worker,) = server.named("VLLM::Worker")
-    with watching(server, tmp_path, *HANG) as daemon:
+    with watching(server.url, tmp_path, *WATCH, *HANG) as daemon:
         load = Load(server.url, clients=2)
         try:
             wait_until("requests running", lambda: metric(server, "vllm:num_requests_running") > 0)

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ import httpx
 import pytest
 import real_vllm
 from prometheus_client.parser import text_string_to_metric_families
-from wedgewatch_daemon import WEDGEWATCH, DaemonProcess, clean_env
+from wedgewatch_daemon import WEDGEWATCH, DaemonProcess, clean_env, watching
 
 from wedgewatch.sim import real_wedge
 
@@ -64,18 +62,6 @@ def wait_until(what: str, condition: Callable[[], bool]) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"not within {DEADLINE_S:.0f} s: {what}")
-
-
-@contextlib.contextmanager
-def watching(url: str, tmp_path: Path) -> Iterator[DaemonProcess]:
-    """`wedgewatch run` watching the server (target `real`), killed with its group at the end."""
-    daemon = DaemonProcess(["--target", f"real={url}", *WATCH], tmp_path)
-    try:
-        yield daemon
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(daemon.proc.pid, signal.SIGKILL)
-        daemon.proc.wait(timeout=30)
 
 
 def daemon_state(daemon: DaemonProcess) -> str:
@@ -128,7 +114,7 @@ def serve(version: str, tmp_path: Path) -> contextlib.AbstractContextManager[rea
 
 def test_seed_wedge_on_0_30_0(tmp_path: Path) -> None:
     """Caught by run and check as a deferred_stall; the bundle shows vLLM's scheduler frames."""
-    with serve("0.30.0", tmp_path) as server, watching(server.url, tmp_path) as daemon:
+    with serve("0.30.0", tmp_path) as server, watching(server.url, tmp_path, *WATCH) as daemon:
         run = real_wedge.drive(server.url, tmp_path / "connector.jsonl", timeout_s=DEADLINE_S)
         wait_until(
             "running 0, H and L deferred, W waiting for capacity",
@@ -165,7 +151,7 @@ def test_seed_wedge_on_0_30_0(tmp_path: Path) -> None:
 
 def test_seed_sequence_on_0_32_0(tmp_path: Path) -> None:
     """The same sequence completes on 0.32.0 and wedgewatch gives no verdict."""
-    with serve("0.32.0", tmp_path) as server, watching(server.url, tmp_path) as daemon:
+    with serve("0.32.0", tmp_path) as server, watching(server.url, tmp_path, *WATCH) as daemon:
         run = real_wedge.drive(server.url, tmp_path / "connector.jsonl", timeout_s=DEADLINE_S)
         assert run.wait(DEADLINE_S), [f.result for f in run.flights]
         assert sorted(run.completed()) == ["H", "L", "W"], [f.result for f in run.flights]
