@@ -56,6 +56,10 @@ CANARY = ["--canary-interval-seconds", "3", "--canary-timeout-seconds", "45"]
 took 5 s for a warm server's first token: docs/real-vllm.md)."""
 LONG_PROMPT = [5 + i % 500 for i in range(400)]  # ~400 token ids of the tiny model's 512
 LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+QUEUED_TOKENS = 480
+"""Each queued completion's length: near the 512-token context, so the first two run long
+enough for the other 18 to be queued behind them even when requests reach a starved server
+one by one (at 256, a 0.30.0 server under load average 25 was seen running 1, waiting 0)."""
 DEADLINE_S = 240.0  # generous: the machine may be busy; never a timed assertion
 
 
@@ -212,7 +216,7 @@ def test_healthy_shapes_get_no_false_verdict(shaped_server: RealServer, tmp_path
             httpx.Client() as poller,
         ):
             futures = [
-                pool.submit(complete, server.url, [1, 20, 30 + i], 256, client=client)
+                pool.submit(complete, server.url, [1, 20, 30 + i], QUEUED_TOKENS, client=client)
                 for i in range(20)
             ]
             checking = pool.submit(check, server, "--for", "5")
@@ -233,7 +237,7 @@ def test_healthy_shapes_get_no_false_verdict(shaped_server: RealServer, tmp_path
             sys.stderr.write(f"{server.version}: queue seen as (running, capacity) {seen}\n")
             results = [f.result() for f in futures]
             code, said = checking.result()
-        assert all(r["usage"]["completion_tokens"] == 256 for r in results)
+        assert all(r["usage"]["completion_tokens"] == QUEUED_TOKENS for r in results)
         assert code == 0, said
         assert said["status"] in {"ok", "idle"}, said
 
