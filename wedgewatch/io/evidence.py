@@ -301,24 +301,7 @@ async def _capture_round(
         # At the wedge the daemon's flight recorder is longer: it replaces the suspect one.
         rnd.files["history.jsonl"] = history_lines(request.history)
 
-    started = deps.monotonic()
-    try:
-        discovery = await asyncio.wait_for(
-            asyncio.to_thread(deps.finder.discover, request.selector), remaining()
-        )
-    except TimeoutError:
-        discovery = Discovery(
-            request.selector.describe(), None, (), error="process discovery timed out"
-        )
-        rnd.deadline_exceeded = True
-    except Exception as exc:  # a bug in discovery must not cost the rest of the bundle
-        discovery = Discovery(
-            request.selector.describe(), None, (), error=f"discovery failed: {exc!r}"
-        )
-    rnd.durations["discovery_seconds"] = deps.monotonic() - started
-    rnd.discovery = discovery
-    if discovery.error:
-        rnd.failures.append(f"processes: {discovery.error}")
+    discovery = await _discover(request, deps, rnd, remaining())
 
     dumper = deps.stack_dumper(gentle=phase is CapturePhase.SUSPECT)
     to_dump = [p for p in discovery.processes if p.role in _DUMPED_ROLES]
@@ -347,12 +330,67 @@ async def _capture_round(
         await asyncio.wait(pending, timeout=10.0)
     rnd.durations["stacks_seconds"] = deps.monotonic() - started
 
+    missing = _record_stacks(rnd, to_dump, stack_tasks, stack_dir)
+    if build_task is not None:
+        build = _task_outcome(build_task)
+        rnd.build = build if isinstance(build, dict) else {"error": str(build)}
+        rnd.files["build.json"] = json_bytes(rnd.build)
+    _record_sample(rnd, discovery, _task_outcome(sample_task), suffix, deps)
+    _record_nvidia_smi(rnd, _task_outcome(smi_task), suffix)
+
+    label, s = str(phase), deps.settings
+    if refusal is not None:
+        return rnd, StackRound(label, (), f"stacks skipped: {rnd.stacks_skipped}")
+    # The EngineCores of the tree just proven the server's, sampled at the wedge only.
+    profiled = discovery.pids(Role.ENGINE_CORE) if phase is CapturePhase.WEDGED else ()
+    profiler = PySpyProfiler(
+        s.pyspy_path, s.profile_seconds, s.profile_rate_hz, s.pyspy_timeout_seconds
+    )
+    taken = await profile_engines(profiled, profiler, remaining())
+    rnd.files.update(taken.files)
+    rnd.failures.extend(taken.failures)
+    rnd.profiles, rnd.durations["profile_seconds"] = taken.records, taken.seconds
+    stacks = _process_stacks(discovery, rnd.dumps, missing)
+    return rnd, StackRound(label, stacks, discovery.error, taken.profiles)
+
+
+async def _discover(
+    request: CaptureRequest, deps: EvidenceDeps, rnd: _Round, within: float
+) -> Discovery:
+    """The server's process tree, found within `within` seconds; a failure is a Discovery."""
+    started = deps.monotonic()
+    try:
+        discovery = await asyncio.wait_for(
+            asyncio.to_thread(deps.finder.discover, request.selector), within
+        )
+    except TimeoutError:
+        discovery = Discovery(
+            request.selector.describe(), None, (), error="process discovery timed out"
+        )
+        rnd.deadline_exceeded = True
+    except Exception as exc:  # a bug in discovery must not cost the rest of the bundle
+        discovery = Discovery(
+            request.selector.describe(), None, (), error=f"discovery failed: {exc!r}"
+        )
+    rnd.durations["discovery_seconds"] = deps.monotonic() - started
+    rnd.discovery = discovery
+    if discovery.error:
+        rnd.failures.append(f"processes: {discovery.error}")
+    return discovery
+
+
+def _record_stacks(
+    rnd: _Round,
+    dumped: list[ServerProcess],
+    tasks: Mapping[int, asyncio.Task[StackDump]],
+    stack_dir: str,
+) -> dict[int, str]:
+    """Each dump's files, record and failure into `rnd`; the pids with no dump, and why."""
     missing: dict[int, str] = {}
-    for p in to_dump:
-        task = stack_tasks[p.pid]
+    for p in dumped:
         stem = stack_file_stem(p)
         files: list[str] = []
-        outcome = _task_outcome(task)
+        outcome = _task_outcome(tasks[p.pid])
         if isinstance(outcome, StackDump):
             rnd.dumps[p.pid] = outcome
             if outcome.json_text is not None:
@@ -376,13 +414,13 @@ async def _capture_round(
     rnd.durations["pyspy_seconds"] = max(
         (d.duration_seconds for d in rnd.dumps.values()), default=0.0
     )
+    return missing
 
-    if build_task is not None:
-        build = _task_outcome(build_task)
-        rnd.build = build if isinstance(build, dict) else {"error": str(build)}
-        rnd.files["build.json"] = json_bytes(rnd.build)
 
-    sample = _task_outcome(sample_task)
+def _record_sample(
+    rnd: _Round, discovery: Discovery, sample: Any, suffix: str, deps: EvidenceDeps
+) -> None:
+    """The processes' CPU/memory sample (or why there is none) into `rnd`."""
     if isinstance(sample, tuple):
         rnd.stats = sample
     else:
@@ -396,7 +434,9 @@ async def _capture_round(
         }
     )
 
-    smi = _task_outcome(smi_task)
+
+def _record_nvidia_smi(rnd: _Round, smi: Any, suffix: str) -> None:
+    """nvidia-smi's answer (or why there is none) into `rnd`."""
     if isinstance(smi, tuple):
         entry, text = smi
         rnd.nvidia_smi = entry
@@ -407,21 +447,6 @@ async def _capture_round(
     else:
         rnd.nvidia_smi = {"status": "failed", "errors": [smi]}
         rnd.failures.append(f"nvidia-smi: {smi}")
-
-    label, s = str(phase), deps.settings
-    if refusal is not None:
-        return rnd, StackRound(label, (), f"stacks skipped: {rnd.stacks_skipped}")
-    # The EngineCores of the tree just proven the server's, sampled at the wedge only.
-    profiled = discovery.pids(Role.ENGINE_CORE) if phase is CapturePhase.WEDGED else ()
-    profiler = PySpyProfiler(
-        s.pyspy_path, s.profile_seconds, s.profile_rate_hz, s.pyspy_timeout_seconds
-    )
-    taken = await profile_engines(profiled, profiler, remaining())
-    rnd.files.update(taken.files)
-    rnd.failures.extend(taken.failures)
-    rnd.profiles, rnd.durations["profile_seconds"] = taken.records, taken.seconds
-    stacks = _process_stacks(discovery, rnd.dumps, missing)
-    return rnd, StackRound(label, stacks, discovery.error, taken.profiles)
 
 
 def _task_outcome(task: asyncio.Task[Any]) -> Any:
@@ -523,17 +548,11 @@ async def complete_bundle(
         return dataclasses.replace(result, failures=(note, *result.failures))
 
     deadline_at = begun + deps.settings.capture_deadline_seconds
-    rnd, stack_round = await _capture_round(request, deps, CapturePhase.WEDGED, False, deadline_at)
+    rnd, stack_round = await _take_round(bundle, request, deps, CapturePhase.WEDGED, deadline_at)
     first_round = load_first_round(bundle, summary)
     rounds = [r for r in (first_round, stack_round) if r is not None]
     verdict = triage(rounds, request.engine)
-
-    failures = list(rnd.failures)
-    write_started = deps.monotonic()
-    failures.extend(await _write_files(bundle, rnd.files, True, deadline_at, deps))
-    rnd.durations["write_seconds"] = deps.monotonic() - write_started
-    rnd.failures = failures
-
+    failures = rnd.failures
     finished_at = deps.monotonic()
     phases = summary.setdefault("phases", {})
     phases[str(CapturePhase.WEDGED)] = _round_summary(rnd, deps, finished_at)
@@ -555,25 +574,16 @@ async def complete_bundle(
     if request.verdict_at is not None:  # the wedge's verdict, not the suspect's that opened it
         summary["verdict_at"] = request.verdict_at
     summary["verdict_timestamp"] = _verdict_timestamp(request, deps)
-    since_verdict = _since(request, finished_at)
-    if since_verdict is not None:
-        summary["since_verdict_seconds"] = round(since_verdict, 4)
-    summary["known_issues"] = await asyncio.to_thread(known_issues_of, bundle, summary, rounds)
-    failures.extend(await _write_summary(bundle, summary))
-    evicted, retention_failures = await _retention(deps, bundle.name)
-    return BundleResult(
-        bundle=bundle,
-        phase=CapturePhase.WEDGED,
-        verdict=str(CapturePhase.WEDGED),
-        triage=verdict,
-        failures=(*failures, *retention_failures),
-        ptrace_denied=rnd.ptrace_denied,
-        duration_seconds=finished_at - begun,
-        since_verdict_seconds=since_verdict,
-        deadline_exceeded=rnd.deadline_exceeded,
-        evicted=evicted,
-        known_issues=tuple(str(m.get("id")) for m in summary["known_issues"]),
-        server_gone=rnd.server_gone,
+    return await _finish(
+        bundle,
+        summary,
+        request=request,
+        deps=deps,
+        rnd=rnd,
+        rounds=rounds,
+        verdict=verdict,
+        begun=begun,
+        finished_at=finished_at,
     )
 
 
@@ -649,14 +659,9 @@ async def _new_bundle(
             duration_seconds=deps.monotonic() - begun,
         )
 
-    rnd, stack_round = await _capture_round(request, deps, phase, True, deadline_at)
+    rnd, stack_round = await _take_round(path, request, deps, phase, deadline_at, first=True)
     verdict = triage([stack_round], request.engine)
-    failures = list(rnd.failures)
-    write_started = deps.monotonic()
-    failures.extend(await _write_files(path, rnd.files, False, deadline_at, deps))
-    rnd.durations["write_seconds"] = deps.monotonic() - write_started
-    rnd.failures = failures
-
+    failures = rnd.failures
     finished_at = deps.monotonic()
     summary: dict[str, Any] = {
         "schema": SCHEMA,
@@ -688,14 +693,60 @@ async def _new_bundle(
     }
     version = (rnd.build or {}).get("version", {})
     summary["vllm_version"] = version.get("version") if isinstance(version, dict) else None
+    return await _finish(
+        path,
+        summary,
+        request=request,
+        deps=deps,
+        rnd=rnd,
+        rounds=[stack_round],
+        verdict=verdict,
+        begun=begun,
+        finished_at=finished_at,
+    )
+
+
+async def _take_round(
+    bundle: Path,
+    request: CaptureRequest,
+    deps: EvidenceDeps,
+    phase: CapturePhase,
+    deadline_at: float,
+    *,
+    first: bool = False,
+) -> tuple[_Round, StackRound]:
+    """One capture round, its files written into `bundle` (a later round may overwrite)."""
+    rnd, stack_round = await _capture_round(request, deps, phase, first, deadline_at)
+    write_started = deps.monotonic()
+    rnd.failures.extend(await _write_files(bundle, rnd.files, not first, deadline_at, deps))
+    rnd.durations["write_seconds"] = deps.monotonic() - write_started
+    return rnd, stack_round
+
+
+async def _finish(
+    bundle: Path,
+    summary: dict[str, Any],
+    *,
+    request: CaptureRequest,
+    deps: EvidenceDeps,
+    rnd: _Round,
+    rounds: Sequence[StackRound],
+    verdict: Triage,
+    begun: float,
+    finished_at: float,
+) -> BundleResult:
+    """The summary completed (time since the verdict, known issues) and written, retention
+    applied, and the result of the capture: the one ending of every capture."""
+    failures = rnd.failures
     since_verdict = _since(request, finished_at)
     if since_verdict is not None:
         summary["since_verdict_seconds"] = round(since_verdict, 4)
-    summary["known_issues"] = await asyncio.to_thread(known_issues_of, path, summary, [stack_round])
-    failures.extend(await _write_summary(path, summary))
-    evicted, retention_failures = await _retention(deps, path.name)
+    summary["known_issues"] = await asyncio.to_thread(known_issues_of, bundle, summary, rounds)
+    failures.extend(await _write_summary(bundle, summary))
+    evicted, retention_failures = await _retention(deps, bundle.name)
+    phase = CapturePhase(summary["verdict"])
     return BundleResult(
-        bundle=path,
+        bundle=bundle,
         phase=phase,
         verdict=str(phase),
         triage=verdict,
