@@ -34,6 +34,8 @@ import pytest
 from inner_helpers import render
 from vllm_venvs import vllm_python
 
+from tests import real_vllm
+
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 
@@ -72,6 +74,11 @@ def test_through_the_vllm_helper():
         vllm_python("0.30.0")
 
 
+def test_through_the_serving_helper_of_the_tests_package():
+    if False:
+        real_vllm.serve_python("0.32.0")
+
+
 class TestGrouped:
     def test_method_through_a_helper(self):
         check_rules("y.yml")
@@ -83,7 +90,10 @@ class TestGrouped:
 
 def selected(tmp_path: Path, marker: str) -> set[str]:
     """The test names the inner session selects with `-m marker`."""
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{TESTS}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS), str(TESTS.parent)]),
+    }
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider",
          "--collect-only", "-q", "-m", marker, "--rootdir", str(tmp_path),
@@ -114,8 +124,20 @@ def inner(tmp_path: Path) -> Path:
         ),
         ("chromium", {"test_through_a_fixture"}),
         ("kubectl", {"test_through_an_imported_helper"}),
-        ("vllm", {"test_through_the_vllm_helper"}),
-        ("slow", {"test_through_the_vllm_helper"}),
+        (
+            "vllm",
+            {
+                "test_through_the_vllm_helper",
+                "test_through_the_serving_helper_of_the_tests_package",
+            },
+        ),
+        (
+            "slow",
+            {
+                "test_through_the_vllm_helper",
+                "test_through_the_serving_helper_of_the_tests_package",
+            },
+        ),
         ("systemd or node", set()),
     ],
 )

@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+import real_vllm
 
-from tests import real_vllm
 from tests.wedgewatch_daemon import DaemonProcess
 from wedgewatch.core.bundle_facts import bundle_facts
 from wedgewatch.core.known_issues import match_known_issues, shipped_known_issues
