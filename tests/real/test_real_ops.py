@@ -29,7 +29,7 @@ import psutil
 import pytest
 import real_vllm
 
-from tests.wedgewatch_daemon import DaemonProcess
+from tests.wedgewatch_daemon import DaemonProcess, clean_env
 from wedgewatch.core.bundle_facts import bundle_facts
 from wedgewatch.core.known_issues import match_known_issues, shipped_known_issues
 
@@ -51,9 +51,15 @@ def short_tmp() -> Iterator[dict[str, str]]:
 
 
 def run_wedgewatch(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """One `wedgewatch ...` command as a user types it."""
+    """One `wedgewatch ...` command as a user types it (the test run's own WEDGEWATCH_*
+    variables, such as run.sh --real's WEDGEWATCH_REQUIRE_VLLM, are not the user's)."""
     return subprocess.run(
-        [*WEDGEWATCH, *args], capture_output=True, text=True, timeout=timeout, check=False
+        [*WEDGEWATCH, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=clean_env(),
     )
 
 
