@@ -87,6 +87,21 @@ def wait_running(server: real_vllm.RealServer) -> None:
         time.sleep(0.5)
 
 
+def stop_while_running(server: real_vllm.RealServer, pid: int) -> None:
+    """SIGSTOP the worker at a moment /metrics shows requests running, and keep it so only if
+    the frozen gauges still say so (a stop between two requests leaves /metrics idle, which
+    no watchdog can tell from idle: resumed, and tried again)."""
+    for _ in range(20):
+        wait_running(server)
+        os.kill(pid, signal.SIGSTOP)
+        wait_stopped(pid)
+        time.sleep(1.0)  # any step that ended before the stop has published by now
+        if gauge(server, "vllm:num_requests_running") > 0:
+            return
+        os.kill(pid, signal.SIGCONT)
+    raise AssertionError("never stopped the worker with a request running")
+
+
 def wait_stopped(pid: int) -> None:
     """Until /proc shows the process stopped (a SIGSTOP takes effect when it next runs)."""
     deadline = time.monotonic() + 120
@@ -119,9 +134,7 @@ def test_stopped_worker_is_named_in_the_wedge_bundle_and_report(
     try:
         for _ in range(20):  # every client is sending its request
             assert load.started.acquire(timeout=300)
-        wait_running(server)
-        os.kill(worker.pid, signal.SIGSTOP)
-        wait_stopped(worker.pid)
+        stop_while_running(server, worker.pid)
         daemon = DaemonProcess(["--target", f"real={server.url}", *FAST], tmp_path)
         daemon.wait_for("wedge_detected", timeout_seconds=300, target="real")
         captured = daemon.wait_for(
