@@ -34,6 +34,7 @@ from fixtures.vllm_exposition import EngineState as Shown
 from fixtures.vllm_exposition import render_single_process
 from scripted_http import Reply, ScriptedServer
 
+from tests.daemon.test_loop import FakeClock
 from wedgewatch.check import CheckOptions, run_blocking, run_check
 from wedgewatch.check import run as check_run
 from wedgewatch.config import Target
@@ -48,7 +49,6 @@ from wedgewatch.io.scrape_rules import ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey
 
 KEY = EngineKey("tiny-llama", "0")
-T0_WALL = 1_800_000_000.0  # integers throughout: every instant is exact in both clocks
 STEP_SECONDS = 5.0
 POLICY = Policy(
     stall_after_seconds=20,
@@ -81,19 +81,6 @@ STORY: tuple[tuple[str, int], ...] = (
     ("wedged", 6),  # a third wedge: the budget is spent, gave_up, the probe passes
     ("busy", 10),  # health for 40 s clears gave_up
 )
-
-
-class Clock:
-    """One monotonic clock for both probes; the wall clock moves with it."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return T0_WALL + self.now
 
 
 class World:
@@ -150,7 +137,7 @@ class Daemon:
     detector: TargetState
     core: episode.EpisodeState
 
-    def scrape(self, url: str, clock: Clock) -> None:
+    def scrape(self, url: str, clock: FakeClock) -> None:
         at, now = clock.monotonic(), clock.wall()
         obs = http_get.observe(url, LIMITS, clock=clock.monotonic)
         self.detector, verdict = detect_step(self.detector, obs, POLICY)
@@ -163,7 +150,7 @@ class Daemon:
         )
         self.core = episode.step(self.core, observed, self.rules, at, now).state
 
-    def probe(self, clock: Clock) -> tuple[int, dict[str, Any]]:
+    def probe(self, clock: FakeClock) -> tuple[int, dict[str, Any]]:
         """GET /probe: the published snapshot's answer; a 503 sent is fed back (Q2)."""
         at, now = clock.monotonic(), clock.wall()
         snapshot = publish.target_snapshot(
@@ -183,7 +170,7 @@ class Daemon:
             self.core = episode.step(self.core, served, self.rules, at, now).state
         return code, body
 
-    def persisted(self, clock: Clock) -> restart_codec.RestartRecord:
+    def persisted(self, clock: FakeClock) -> restart_codec.RestartRecord:
         """The restart state as the daemon's state.json holds it (through its bytes)."""
         at, now = clock.monotonic(), clock.wall()
         record = publish.target_record(self.target, self.core, self.detector, at, now)
@@ -212,7 +199,7 @@ class Step:
 
 def run_story(tmp_path: Path) -> Iterator[tuple[Step, dict[str, Any]]]:
     """Both probes through STORY; yields (the daemon's step, the check's record) per step."""
-    world, clock = World(), Clock()
+    world, clock = World(), FakeClock()
     state_file = tmp_path / "probe.json"
     with ScriptedServer(world.reply) as http:
         target = Target(name="vllm", url=http.url)
