@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -28,9 +29,11 @@ from pathlib import Path
 
 import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.vllm_venvs import ROOT, complete_python, venv_dir
 from wedgewatch.demo_real import server_environment
+from wedgewatch.io.procs import read_proc_state
 
 SERVE_VERSIONS = ("0.30.0", "0.32.0")
 MODEL_NAME = "tiny"
@@ -183,6 +186,73 @@ class RealServer:
                 (Path("/dev/shm") / name).unlink()
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def metric_sum(url: str, name: str) -> float:
+    """The sum of a metric's samples on the server at `url` (its /metrics), 0 when it does not
+    answer (a server restarting or gone reads as nothing running)."""
+    try:
+        body = httpx.get(f"{url.rstrip('/')}/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return 0.0
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(body)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+def wait_running(url: str, deadline_s: float = 300) -> None:
+    """Until the server reports requests running and tokens made: the engine is stepping."""
+    end = time.monotonic() + deadline_s
+    while not (
+        metric_sum(url, "vllm:num_requests_running") > 0
+        and metric_sum(url, "vllm:generation_tokens_total") > 0
+    ):
+        assert time.monotonic() < end, "the load never showed on /metrics"
+        time.sleep(0.2)
+
+
+def wait_stopped(pid: int, deadline_s: float = 120) -> None:
+    """Until /proc shows the process stopped (a SIGSTOP takes effect when it next runs)."""
+    end = time.monotonic() + deadline_s
+    while read_proc_state(pid).word != "stopped":
+        assert time.monotonic() < end, read_proc_state(pid)
+        time.sleep(0.05)
+
+
+FROZEN_CHECK_S = 3.0
+"""How long a stop is watched before it counts: a step that ended just before the stop has
+published its gauges to the API server by then, even on a starved machine."""
+
+
+def stop_while_running(url: str, pids: Sequence[int], tries: int = 20) -> None:
+    """SIGSTOP the processes (the workers) at a moment /metrics shows requests running, and
+    keep them stopped only if the frozen gauges still say so.
+
+    vLLM publishes its gauges after a step. A stop that lands between two requests (the last
+    step finished one, the next step waits for the stopped worker) leaves /metrics at idle for
+    ever, which no reading of /metrics can tell from idle (only the canary can): seen on the
+    2-core CI machine, where the server took the load's requests one at a time. Such a stop is
+    resumed and tried again."""
+    for _ in range(tries):
+        wait_running(url)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        for pid in pids:
+            wait_stopped(pid)
+        end = time.monotonic() + FROZEN_CHECK_S
+        running = metric_sum(url, "vllm:num_requests_running")
+        while time.monotonic() < end:
+            time.sleep(0.5)
+            running = metric_sum(url, "vllm:num_requests_running")
+        if running > 0:
+            return
+        sys.stderr.write(f"stop_while_running: {list(pids)} stopped with /metrics idle: resumed\n")
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    raise AssertionError(f"never stopped {list(pids)} with a request running in {tries} tries")
 
 
 def _group_alive(pgid: int) -> bool:

@@ -14,15 +14,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 import real_vllm
-from prometheus_client.parser import text_string_to_metric_families
 from wedgewatch_daemon import DaemonProcess, clean_env
 
 from wedgewatch.io.procs import read_proc_state
@@ -63,53 +60,6 @@ class Load:
         self.pool.shutdown(wait=True)
 
 
-def gauge(server: real_vllm.RealServer, name: str) -> float:
-    """The sum of a metric's samples on the server's /metrics."""
-    body = httpx.get(server.metrics_url, timeout=30).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(body)
-        for sample in family.samples
-        if sample.name == name
-    )
-
-
-def wait_running(server: real_vllm.RealServer) -> None:
-    """Until the server reports requests running and tokens made: the engine is stepping, so
-    a stop of its worker freezes a moving server (a stop before its first step would leave
-    the gauges at idle: vLLM publishes them after a step)."""
-    deadline = time.monotonic() + 300
-    while not (
-        gauge(server, "vllm:num_requests_running") > 0
-        and gauge(server, "vllm:generation_tokens_total") > 0
-    ):
-        assert time.monotonic() < deadline, "the load never showed on /metrics"
-        time.sleep(0.5)
-
-
-def stop_while_running(server: real_vllm.RealServer, pid: int) -> None:
-    """SIGSTOP the worker at a moment /metrics shows requests running, and keep it so only if
-    the frozen gauges still say so (a stop between two requests leaves /metrics idle, which
-    no watchdog can tell from idle: resumed, and tried again)."""
-    for _ in range(20):
-        wait_running(server)
-        os.kill(pid, signal.SIGSTOP)
-        wait_stopped(pid)
-        time.sleep(1.0)  # any step that ended before the stop has published by now
-        if gauge(server, "vllm:num_requests_running") > 0:
-            return
-        os.kill(pid, signal.SIGCONT)
-    raise AssertionError("never stopped the worker with a request running")
-
-
-def wait_stopped(pid: int) -> None:
-    """Until /proc shows the process stopped (a SIGSTOP takes effect when it next runs)."""
-    deadline = time.monotonic() + 120
-    while read_proc_state(pid).word != "stopped":
-        assert time.monotonic() < deadline, read_proc_state(pid)
-        time.sleep(0.05)
-
-
 def wedgewatch(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "wedgewatch", *args],
@@ -134,7 +84,7 @@ def test_stopped_worker_is_named_in_the_wedge_bundle_and_report(
     try:
         for _ in range(20):  # every client is sending its request
             assert load.started.acquire(timeout=300)
-        stop_while_running(server, worker.pid)
+        real_vllm.stop_while_running(server.url, [worker.pid])
         daemon = DaemonProcess(["--target", f"real={server.url}", *FAST], tmp_path)
         daemon.wait_for("wedge_detected", timeout_seconds=300, target="real")
         captured = daemon.wait_for(

@@ -224,7 +224,12 @@ class Load:
             threading.Thread(target=self._loop, daemon=True).start()
 
     def _loop(self) -> None:
-        body = {"model": real_vllm.MODEL_NAME, "prompt": [1, 20, 30], "max_tokens": 400}
+        body = {
+            "model": real_vllm.MODEL_NAME,
+            "prompt": [1, 20, 30],
+            "max_tokens": 400,
+            "ignore_eos": True,
+        }
         with httpx.Client(timeout=900) as client:
             while not self.stopped.is_set():
                 try:
@@ -237,28 +242,11 @@ class Load:
         self.stopped.set()
 
 
-def running_requests(url: str) -> float:
-    """vllm:num_requests_running summed over engines (0 when /metrics does not answer)."""
-    try:
-        body = httpx.get(f"{url}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return 0.0
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in body.splitlines()
-        if line.startswith("vllm:num_requests_running")
-    )
-
-
 def hang_worker_under_load(url: str, workers: list[psutil.Process]) -> Load:
-    """The real hang: SIGSTOP every worker while requests run (/health stays 200)."""
+    """The real hang: SIGSTOP every worker while requests run (/health stays 200), kept only
+    when the frozen /metrics shows them running (tests/real_vllm.stop_while_running)."""
     load = Load(url)
-    end = time.monotonic() + 300
-    while running_requests(url) <= 0:
-        assert time.monotonic() < end, "no request ever ran"
-        time.sleep(0.05)
-    for worker in workers:
-        worker.send_signal(signal.SIGSTOP)
+    real_vllm.stop_while_running(url, [w.pid for w in workers])
     load.stop()
     return load
 

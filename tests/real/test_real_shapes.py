@@ -36,7 +36,7 @@ import httpx
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from real_vllm import MODEL_NAME, RealServer
+from real_vllm import MODEL_NAME, RealServer, stop_while_running
 from wedgewatch_daemon import WEDGEWATCH, DaemonProcess, clean_env, watching
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a cold start under load is minutes
@@ -311,8 +311,7 @@ def test_a_stopped_worker_under_load_is_a_progress_stall(
     with watching(server.url, tmp_path, *WATCH, *HANG) as daemon:
         load = Load(server.url, clients=4)
         try:
-            wait_until("requests running", lambda: metric(server, "vllm:num_requests_running") > 0)
-            signal_all(workers, signal.SIGSTOP)
+            stop_while_running(server.url, [w.pid for w in workers])
             wedge = daemon.wait_for("wedge_detected", timeout_seconds=DEADLINE_S, target="real")
             assert wedge["family"] == "progress_stall", wedge
             status = target_status(daemon)
