@@ -318,7 +318,12 @@ def start(
             stdout=out,
             stderr=subprocess.STDOUT,
             env=serve_env(**extra_env),
-            start_new_session=True,
+            # Its own process group (stop() ends it with killpg), in the test's session: a busy
+            # CPU vLLM in a session of its own starved the test process for as long as it was
+            # busy (13 s without a time slice, kernel 6.18 with sched_autogroup on, 2 cores), so
+            # a test reading /metrics saw the queue it made only after it had drained
+            # (docs/real-vllm.md, "A starved observer").
+            process_group=0,
             cwd=workdir,
         )
     return RealServer(version, python, port, proc, log, argv, shm_before, tmp)

@@ -231,7 +231,14 @@ def test_healthy_shapes_get_no_false_verdict(shaped_server: RealServer, tmp_path
                         ),
                     )
                 )
-                return any(running == 2 and capacity > 0 for running, capacity in seen)
+                if any(running == 2 and capacity > 0 for running, capacity in seen):
+                    return True
+                if all(f.done() for f in futures):
+                    raise AssertionError(
+                        "every queued completion ended, and /metrics never showed 2 running with"
+                        f" some waiting for capacity: (running, capacity) seen {sorted(seen)}"
+                    )
+                return False
 
             wait_until("2 running and some waiting for capacity", queued)
             sys.stderr.write(f"{server.version}: queue seen as (running, capacity) {seen}\n")
