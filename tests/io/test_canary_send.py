@@ -121,3 +121,37 @@ def test_base_url_keeps_a_path_prefix() -> None:
     """The completions URL sits beside /metrics, behind the same proxy prefix."""
     assert canary.base_url_of("http://h:8000/metrics") == "http://h:8000"
     assert canary.base_url_of("http://h/vllm/metrics") == "http://h/vllm"
+    assert canary.endpoint("http://h:8000", "/v1/models") == "http://h:8000/v1/models"
+    assert canary.endpoint("http://h/vllm/", "/v1/models") == "http://h/vllm/v1/models"
+
+
+def test_a_query_on_the_metrics_url_goes_after_each_route() -> None:
+    """A proxy's key in the scraped URL's query stays a query: never part of the path."""
+    base = canary.base_url_of("http://h/vllm/metrics?api_key=k&x=1")
+    assert base == "http://h/vllm?api_key=k&x=1"
+    assert canary.endpoint(base, "/v1/completions") == "http://h/vllm/v1/completions?api_key=k&x=1"
+
+
+async def test_the_canary_carries_the_scraped_urls_prefix_and_query() -> None:
+    """Behind a proxy that wants its key in the query (the scrape sends it), both canary
+    requests reach the routes under the prefix, with the key; a refusal never shows the key."""
+    key = "api_key=s3cret-value"
+
+    def proxy(replies: tuple[Reply, Reply]) -> Script:
+        routes = {f"/vllm/v1/models?{key}": replies[0], f"/vllm/v1/completions?{key}": replies[1]}
+        return lambda _n, path: routes.get(path, Reply(404, b"no such route"))
+
+    with ScriptedServer(proxy((MODELS, STREAM))) as server:
+        result = await send(canary.base_url_of(f"{server.base_url}/vllm/metrics?{key}"))
+    assert result.reason is None, result
+    assert [r.path for r in server.requests] == [
+        f"/vllm/v1/models?{key}",
+        f"/vllm/v1/completions?{key}",
+    ]
+
+    with ScriptedServer(proxy((Reply(401, b"denied"), STREAM))) as server:
+        result = await send(canary.base_url_of(f"{server.base_url}/vllm/metrics?{key}"))
+    assert result.reason == "http_status", result
+    assert "HTTP 401" in result.detail, result
+    assert "/vllm/v1/models?api_key=***" in result.detail, result
+    assert "s3cret" not in result.detail, result

@@ -16,11 +16,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from wedgewatch import __version__
 from wedgewatch.core.canary import CanaryFailureReason, CanaryResult
+from wedgewatch.core.redact import redact_url
 from wedgewatch.io.scrape_rules import is_refused, one_line
 
 CANARY_USER = "wedgewatch-canary"
@@ -48,8 +50,19 @@ class _Failed(Exception):
 
 
 def base_url_of(metrics_url: str) -> str:
-    """The server's base URL from its `/metrics` URL (a path prefix is kept)."""
-    return metrics_url.removesuffix("/metrics")
+    """The server's base URL from its `/metrics` URL: a path prefix and a query are kept
+    (`http://h/vllm/metrics?key=v` gives `http://h/vllm?key=v`; see `endpoint`)."""
+    parts = urlsplit(metrics_url)
+    path = parts.path.removesuffix("/metrics")
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def endpoint(base_url: str, route: str) -> str:
+    """`route` (`/v1/models`) under the base URL's path, with its query (a proxy's key that the
+    scrape carries goes with the canary too)."""
+    parts = urlsplit(base_url)
+    path = parts.path.rstrip("/") + route
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
 def new_request_id() -> str:
@@ -99,9 +112,9 @@ async def send(
         return result("timeout", f"{type(exc).__name__}: {exc}")
     except httpx.ConnectError as exc:
         reason: CanaryFailureReason = "refused" if is_refused(exc) else "connect_error"
-        return result(reason, f"{spec.base_url}: {exc}")
+        return result(reason, f"{redact_url(spec.base_url)}: {exc}")
     except httpx.HTTPError as exc:
-        return result("connect_error", f"{spec.base_url}: {type(exc).__name__}: {exc}")
+        return result("connect_error", f"{redact_url(spec.base_url)}: {type(exc).__name__}: {exc}")
     if not first:
         return result("bad_response", "the stream ended without a token")
     return result(None, "")
@@ -111,18 +124,20 @@ _HEADERS = {"User-Agent": f"wedgewatch/{__version__}"}
 
 
 async def _first_model(client: httpx.AsyncClient, base_url: str, http: httpx.Timeout) -> str:
-    url = f"{base_url}/v1/models"
+    url = endpoint(base_url, "/v1/models")
     async with client.stream("GET", url, headers=_HEADERS, timeout=http) as response:
         body = await _read_capped(response)
         if response.status_code != 200:
-            raise _Failed("http_status", f"GET {url}: HTTP {response.status_code}")
+            raise _Failed("http_status", f"GET {redact_url(url)}: HTTP {response.status_code}")
     try:
         data = json.loads(body)
         model = data["data"][0]["id"]
     except (ValueError, KeyError, IndexError, TypeError):
-        raise _Failed("no_model", f"GET {url}: no model id in {_snippet(body)!r}") from None
+        raise _Failed(
+            "no_model", f"GET {redact_url(url)}: no model id in {_snippet(body)!r}"
+        ) from None
     if not isinstance(model, str) or not model:
-        raise _Failed("no_model", f"GET {url}: the first model id is not a string")
+        raise _Failed("no_model", f"GET {redact_url(url)}: the first model id is not a string")
     return model
 
 
@@ -136,7 +151,7 @@ async def _complete(
     clock: Callable[[], float],
     http: httpx.Timeout,
 ) -> None:
-    url = f"{spec.base_url}/v1/completions"
+    url = endpoint(spec.base_url, "/v1/completions")
     payload = {
         "model": model,
         "prompt": spec.prompt,
@@ -150,13 +165,17 @@ async def _complete(
         if response.status_code != 200:
             body = await _read_capped(response)
             raise _Failed(
-                "http_status", f"POST {url}: HTTP {response.status_code}: {_snippet(body)}"
+                "http_status",
+                f"POST {redact_url(url)}: HTTP {response.status_code}: {_snippet(body)}",
             )
         seen = 0
         async for line in response.aiter_lines():
             seen += len(line) + 1
             if seen > MAX_RESPONSE_BYTES:
-                raise _Failed("bad_response", f"POST {url}: stream over {MAX_RESPONSE_BYTES} bytes")
+                raise _Failed(
+                    "bad_response",
+                    f"POST {redact_url(url)}: stream over {MAX_RESPONSE_BYTES} bytes",
+                )
             data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
             if not data or data == "[DONE]":
                 continue
