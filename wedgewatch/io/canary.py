@@ -22,7 +22,7 @@ import httpx
 
 from wedgewatch import __version__
 from wedgewatch.core.canary import CanaryFailureReason, CanaryResult
-from wedgewatch.core.redact import redact_url
+from wedgewatch.core.redact import redact_text
 from wedgewatch.io.scrape_rules import is_refused, one_line
 
 CANARY_USER = "wedgewatch-canary"
@@ -83,8 +83,10 @@ async def send(
     first: list[float] = []
 
     def result(reason: CanaryFailureReason | None, detail: str) -> CanaryResult:
+        # Every detail is made here, secrets masked (the URL's query and userinfo, a body's
+        # or an exception's secret-looking values): it goes to /status, reports and logs.
         ttft = first[0] - started if first else None
-        return CanaryResult(sent_at, ttft, clock() - started, reason, detail)
+        return CanaryResult(sent_at, ttft, clock() - started, reason, redact_text(detail))
 
     # httpx's own per-request deadline (5 s unless the client sets one) must not cut a canary
     # short: a first token after 6 s of a 15 s timeout is latency, never a `timeout` (the real
@@ -112,9 +114,9 @@ async def send(
         return result("timeout", f"{type(exc).__name__}: {exc}")
     except httpx.ConnectError as exc:
         reason: CanaryFailureReason = "refused" if is_refused(exc) else "connect_error"
-        return result(reason, f"{redact_url(spec.base_url)}: {exc}")
+        return result(reason, f"{spec.base_url}: {exc}")
     except httpx.HTTPError as exc:
-        return result("connect_error", f"{redact_url(spec.base_url)}: {type(exc).__name__}: {exc}")
+        return result("connect_error", f"{spec.base_url}: {type(exc).__name__}: {exc}")
     if not first:
         return result("bad_response", "the stream ended without a token")
     return result(None, "")
@@ -128,16 +130,14 @@ async def _first_model(client: httpx.AsyncClient, base_url: str, http: httpx.Tim
     async with client.stream("GET", url, headers=_HEADERS, timeout=http) as response:
         body = await _read_capped(response)
         if response.status_code != 200:
-            raise _Failed("http_status", f"GET {redact_url(url)}: HTTP {response.status_code}")
+            raise _Failed("http_status", f"GET {url}: HTTP {response.status_code}")
     try:
         data = json.loads(body)
         model = data["data"][0]["id"]
     except (ValueError, KeyError, IndexError, TypeError):
-        raise _Failed(
-            "no_model", f"GET {redact_url(url)}: no model id in {_snippet(body)!r}"
-        ) from None
+        raise _Failed("no_model", f"GET {url}: no model id in {_snippet(body)!r}") from None
     if not isinstance(model, str) or not model:
-        raise _Failed("no_model", f"GET {redact_url(url)}: the first model id is not a string")
+        raise _Failed("no_model", f"GET {url}: the first model id is not a string")
     return model
 
 
@@ -166,7 +166,7 @@ async def _complete(
             body = await _read_capped(response)
             raise _Failed(
                 "http_status",
-                f"POST {redact_url(url)}: HTTP {response.status_code}: {_snippet(body)}",
+                f"POST {url}: HTTP {response.status_code}: {_snippet(body)}",
             )
         seen = 0
         async for line in response.aiter_lines():
@@ -174,7 +174,7 @@ async def _complete(
             if seen > MAX_RESPONSE_BYTES:
                 raise _Failed(
                     "bad_response",
-                    f"POST {redact_url(url)}: stream over {MAX_RESPONSE_BYTES} bytes",
+                    f"POST {url}: stream over {MAX_RESPONSE_BYTES} bytes",
                 )
             data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
             if not data or data == "[DONE]":
