@@ -48,7 +48,7 @@ import httpx
 import psutil
 
 from wedgewatch.config.model import Config
-from wedgewatch.core.states import CapturePhase
+from wedgewatch.core.detection.states import CapturePhase
 from wedgewatch.io.evidence import (
     CaptureRequest,
     EvidenceDeps,

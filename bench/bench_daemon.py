@@ -51,7 +51,8 @@ TP2_OFFLOAD = list(builtin_profiles()["tp2-offload"].args)
 # (docs/simulator.md, "Fidelity").
 TP2_WEDGE = [*TP2_OFFLOAD, "--no-scheduler-reserve-full-isl"]
 # agentic-burst under this load seed wedges the stock scheduler ~7 s into the load in the pure
-# model (tests/sim/test_burst.py); over HTTP, arrival timing can occasionally let a burst through.
+# model (tests/lab/sim/test_burst.py); over HTTP, arrival timing can occasionally let a burst
+# through.
 WEDGING_SEED = "16"
 STALL_AFTER_SECONDS = 5.0
 HANG_AFTER_SECONDS = 5.0

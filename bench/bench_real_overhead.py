@@ -3,7 +3,8 @@
     .venv/bin/python bench/bench_real_overhead.py [--version 0.32.0] [--window-seconds 10]
         [--pairs 2] [--json out.json]
 
-A real CPU vLLM (vLLM's CPU build, tests/real_vllm.py: the tiny local model, a 64 MiB KV cache,
+A real CPU vLLM (vLLM's CPU build, tests/support/real_vllm.py: the tiny local model, a 64 MiB KV
+cache,
 API server, EngineCore, Worker) decodes for four clients without a pause (each re-sends a
 500-token completion as soon as one ends), so every engine step emits tokens. Its throughput
 (generated tokens per second, `vllm:generation_tokens_total`; engine steps per second,
@@ -21,7 +22,8 @@ interleaved so drifting machine load hits every condition alike:
 The captures run in this process, as the daemon runs them. Back to back is far more than the
 daemon ever does (one suspect round per target per `suspect_capture_min_interval_seconds`,
 600 s; one wedge round per episode); the bench derives the tokens one round costs and the loss
-at that cadence. Needs the serving venv (`bash wedgewatch/sim/install-vllm.sh --serve VERSION`).
+at that cadence. Needs the serving venv (`bash wedgewatch/lab/real/install-vllm.sh --serve
+VERSION`).
 """
 
 from __future__ import annotations
@@ -45,12 +47,15 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/real_vllm.py imports tests.vllm_venvs
+sys.path[:0] = [
+    str(ROOT),
+    str(ROOT / "tests"),
+]  # tests/support/real_vllm.py imports tests.vllm_venvs
 
-import real_vllm  # noqa: E402  # tests/real_vllm.py: the real server's harness
+import real_vllm  # noqa: E402  # tests/support/real_vllm.py: the real server's harness
 
 from wedgewatch.config.model import Config  # noqa: E402
-from wedgewatch.core.states import CapturePhase  # noqa: E402
+from wedgewatch.core.detection.states import CapturePhase  # noqa: E402
 from wedgewatch.io.evidence import (  # noqa: E402
     CaptureRequest,
     EvidenceDeps,

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-_TESTS = str(Path(__file__).resolve().parent)
-if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
+_TESTS = Path(__file__).resolve().parent
+for _path in (str(_TESTS), str(_TESTS / "support")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 # Property tests judge behaviour, not speed: on a loaded 2-core CI machine one example can
 # take longer than hypothesis's default 200 ms deadline, which would fail a correct test.
@@ -34,7 +35,7 @@ def umask_zero() -> Iterator[None]:
     os.umask(old)
 
 
-# The suite ends by checking that no process it started is still alive (tests/leakcheck.py).
+# The suite ends by checking that no process it started is still alive (tests/support/leakcheck.py).
 import leakcheck  # noqa: E402
 from leakcheck import pytest_sessionfinish, pytest_testnodedown  # noqa: E402
 from needs import MARKERS, add_test_tree, needs_of  # noqa: E402
@@ -43,15 +44,16 @@ __all__ = ["pytest_sessionfinish", "pytest_testnodedown"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the need markers (tests/needs.py) and mark the session for the leak check."""
+    """Register the need markers (tests/support/needs.py) and mark the session for the leak
+    check."""
     for name, meaning in MARKERS.items():
-        config.addinivalue_line("markers", f"{name}: {meaning} (applied by tests/needs.py)")
+        config.addinivalue_line("markers", f"{name}: {meaning} (applied by tests/support/needs.py)")
     add_test_tree(config.rootpath)
     leakcheck.pytest_configure(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with what it needs (tests/needs.py), so `-m` selections are honest."""
+    """Mark each test with what it needs (tests/support/needs.py), so `-m` selections are honest."""
     for item in items:
         needs = needs_of(item)
         for need in sorted(needs):

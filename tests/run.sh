@@ -5,7 +5,7 @@
 #                               and every test that needs no vLLM venv, over all cores
 #                               (pytest-xdist): -m "not vllm and not soak"
 #   bash tests/run.sh --real    the real (heavy) tier: builds the vLLM venvs and the tiny model
-#                               in the cache (wedgewatch/sim/install-vllm.sh, tiny_model.py) and
+#                               in the cache (wedgewatch/lab/real/install-vllm.sh, tiny_model.py) and
 #                               runs every test that needs one (vLLM's own scheduler, the
 #                               fidelity sweep, real vLLM behind `sim serve`, real `vllm serve`
 #                               servers on the CPU under tests/real/; none may skip) and the soak
@@ -51,25 +51,25 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
 if [ "$tier" = real ]; then
-    # Real vLLM venvs for the tests marked `vllm` (tests/vllm_venvs.py, tests/real_vllm.py find
+    # Real vLLM venvs for the tests marked `vllm` (tests/support/vllm_venvs.py, tests/support/real_vllm.py find
     # them), one per version, built once in ${XDG_CACHE_HOME:-~/.cache}/wedgewatch/vllm-venvs
     # and reused by every clone and run (3-3.5 GB and 2-4 min each on the dev machine;
     # docs/development.md): the scheduler venvs (the CUDA wheel's scheduler-side code; the CPU
     # build turns async scheduling off, so it cannot stand in: docs/real-vllm.md) and the
     # serving venvs (vLLM's CPU build, for the real servers of tests/real/).
     for version in 0.30.0 0.33.0; do
-        bash wedgewatch/sim/install-vllm.sh "$version"
+        bash wedgewatch/lab/real/install-vllm.sh "$version"
     done
     for version in 0.30.0 0.32.0; do
-        bash wedgewatch/sim/install-vllm.sh --serve "$version"
+        bash wedgewatch/lab/real/install-vllm.sh --serve "$version"
     done
     # The tiny model the real servers load (random weights, same bytes every run), made once
-    # with a serving venv's python, under the lock tests/real_vllm.py takes too.
+    # with a serving venv's python, under the lock tests/support/real_vllm.py takes too.
     models="${XDG_CACHE_HOME:-$HOME/.cache}/wedgewatch/models"
     mkdir -p "$models"
-    serve_venv="$(bash wedgewatch/sim/install-vllm.sh --dir --serve 0.30.0)"
+    serve_venv="$(bash wedgewatch/lab/real/install-vllm.sh --dir --serve 0.30.0)"
     PYTHONPATH="$PWD" flock "$models/tiny-llama.lock" \
-        "$serve_venv/bin/python" -m wedgewatch.sim.tiny_model "$models/tiny-llama"
+        "$serve_venv/bin/python" -m wedgewatch.lab.real.tiny_model "$models/tiny-llama"
     export WEDGEWATCH_REQUIRE_VLLM=1  # a missing venv fails these tests instead of skipping
     exec .venv/bin/python -m pytest -p no:xdist -m "vllm or soak" "$@"
 fi

@@ -24,12 +24,12 @@ from typer.core import TyperCommand
 from wedgewatch import __version__, check, config
 from wedgewatch.check import settings as check_settings
 from wedgewatch.config import SETTINGS, Config
-from wedgewatch.core import nagios
-from wedgewatch.core.escape import safe_line
-from wedgewatch.core.redact import redact_url
+from wedgewatch.core.text import nagios
+from wedgewatch.core.text.escape import safe_line
+from wedgewatch.core.text.redact import redact_url
+from wedgewatch.lab.sim.cli import sim_app
 from wedgewatch.logsetup import configure_logging
 from wedgewatch.report import cli as report_cli
-from wedgewatch.sim.cli import sim_app
 
 #: Help piped into a file or a pager (no terminal, no COLUMNS) is laid out this wide, not at
 #: rich's 80 columns, where the option table cut long flag names short ("--stall-after-seco…").
@@ -709,7 +709,7 @@ def _launch(
     raise typer.Exit(code)
 
 
-# -- wedgewatch demo (see wedgewatch/demo.py, docs/demo.md) -----------------------------------
+# -- wedgewatch demo (see wedgewatch/lab/demo.py, docs/demo.md) -----------------------------------
 
 
 @app.command("demo")
@@ -765,7 +765,7 @@ def _demo(
     (docs/real-vllm.md). Exit 0 when the whole story happened, 1 when it did not. See
     docs/demo.md.
     """
-    from wedgewatch import demo  # noqa: PLC0415  (local: this block is added to a shared file)
+    from wedgewatch.lab import demo  # noqa: PLC0415  (local: this block is added to a shared file)
 
     if real and keep_running:
         typer.echo("wedgewatch demo: --keep-running is not available with --real", err=True)

@@ -15,7 +15,7 @@ invocation without it:
   the new settings. Nothing is validated twice and nothing stale is used.
 
 Both paths run the same `check.execute`, which scrapes with the standard library and no
-event loop; tests/test_entry.py checks that they agree and that the fast path imports
+event loop; tests/cli/test_entry.py checks that they agree and that the fast path imports
 nothing heavy (asyncio, httpx, pydantic, typer, structlog, prometheus_client, ...).
 """
 

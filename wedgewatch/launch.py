@@ -32,7 +32,7 @@ from typing import NoReturn, TextIO
 import structlog
 
 from wedgewatch.config import Config, Target, default_target_name
-from wedgewatch.core.states import CapturePhase
+from wedgewatch.core.detection.states import CapturePhase
 from wedgewatch.daemon.adapters import (
     FileStateStore,
     evidence_settings,

@@ -4,8 +4,8 @@ A module of its own so that the probe path (`wedgewatch check`) can configure lo
 when it has something to log: importing structlog costs more than the rest of a probe.
 
 Every line passes `safe_fields` before it is rendered, whoever logs it: secrets redacted
-(`wedgewatch.core.redact.redact_value`), control characters and escape sequences made
-visible and long strings cut (`wedgewatch.core.escape.neutralise`), so a value from the
+(`wedgewatch.core.text.redact.redact_value`), control characters and escape sequences made
+visible and long strings cut (`wedgewatch.core.text.escape.neutralise`), so a value from the
 target cannot forge a line, drive a terminal or flood the log with one field.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import structlog
 
-from wedgewatch.core.escape import neutralise
-from wedgewatch.core.redact import redact_value
+from wedgewatch.core.text.escape import neutralise
+from wedgewatch.core.text.redact import redact_value
 from wedgewatch.lograte import TargetLogLimit
 
 FIELD_LIMIT = 2000  # characters of one string field of a log line; longer ones are cut

@@ -28,8 +28,8 @@ from wedgewatch.config import (
     render_table,
     render_toml,
 )
-from wedgewatch.core.detect import Policy
-from wedgewatch.core.states import THRESHOLD_SETTINGS
+from wedgewatch.core.detection.detect import Policy
+from wedgewatch.core.detection.states import THRESHOLD_SETTINGS
 from wedgewatch.io.scrape_rules import ScrapeLimits
 
 REPO = Path(__file__).resolve().parents[2]

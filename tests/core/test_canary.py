@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from wedgewatch.core import canary
-from wedgewatch.core.canary import CanaryPolicy, CanaryResult, CanaryState
-from wedgewatch.core.detect import (
+from wedgewatch.core.detection import canary
+from wedgewatch.core.detection.canary import CanaryPolicy, CanaryResult, CanaryState
+from wedgewatch.core.detection.detect import (
     CanaryStall,
     CaptureEvidence,
     Policy,
@@ -17,7 +17,7 @@ from wedgewatch.core.detect import (
     TargetVerdict,
     step,
 )
-from wedgewatch.core.states import EngineState, Family
+from wedgewatch.core.detection.states import EngineState, Family
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
 K0 = EngineKey("m", "0")

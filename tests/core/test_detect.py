@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from wedgewatch.core.detect import (
+from wedgewatch.core.detection.detect import (
     Action,
     CaptureEvidence,
     EngineVerdict,
@@ -25,8 +25,8 @@ from wedgewatch.core.detect import (
     new_state,
     step,
 )
-from wedgewatch.core.detect_state import dump_state, load_state
-from wedgewatch.core.states import SEVERITY, EngineState, Family
+from wedgewatch.core.detection.detect_state import dump_state, load_state
+from wedgewatch.core.detection.states import SEVERITY, EngineState, Family
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition, parse
 
 MODEL = "org/model-7b"
@@ -131,7 +131,7 @@ def aborting(n: float, aborts: float, reason: str = "abort", key: EngineKey = K0
 
     Each batch that carries an aborted finish is an `IterationStats` with 0 tokens, which vLLM's
     stat logger also observes into `vllm:iteration_tokens_total`: the iteration count climbs
-    with the aborts (the simulator does the same; tests/sim/test_shapes.py).
+    with the aborts (the simulator does the same; tests/lab/sim/test_shapes.py).
     """
     return reading(
         key,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wedgewatch.core.detect import (
+from wedgewatch.core.detection.detect import (
     SUSPECT_CAPTURE_FRACTION,
     CaptureEvidence,
     Observation,
@@ -24,8 +24,8 @@ from wedgewatch.core.detect import (
     new_state,
     step,
 )
-from wedgewatch.core.detect_state import dump_state, load_state
-from wedgewatch.core.states import EngineState, Family
+from wedgewatch.core.detection.detect_state import dump_state, load_state
+from wedgewatch.core.detection.states import EngineState, Family
 from wedgewatch.vllm import semantics
 from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition

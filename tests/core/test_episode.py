@@ -9,9 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wedgewatch.core import episode as core
-from wedgewatch.core import episode_store
-from wedgewatch.core.detect import (
+from wedgewatch.core.detection.detect import (
     CaptureEvidence,
     EngineVerdict,
     Restart,
@@ -20,7 +18,17 @@ from wedgewatch.core.detect import (
     TargetVerdict,
     Transition,
 )
-from wedgewatch.core.episode import (
+from wedgewatch.core.detection.states import (
+    SEVERITY,
+    CaptureFailureReason,
+    CapturePhase,
+    EngineState,
+    Family,
+    NotifyEvent,
+)
+from wedgewatch.core.episode import episode as core
+from wedgewatch.core.episode import episode_store
+from wedgewatch.core.episode.episode import (
     Capture,
     CaptureDone,
     Episode,
@@ -39,22 +47,14 @@ from wedgewatch.core.episode import (
     RunRestart,
     Step,
 )
-from wedgewatch.core.probe_policy import ServerMark
-from wedgewatch.core.replacement import ServerIdentity
-from wedgewatch.core.restart_policy import (
+from wedgewatch.core.restart.probe_policy import ServerMark
+from wedgewatch.core.restart.replacement import ServerIdentity
+from wedgewatch.core.restart.restart_policy import (
     FailureReason,
     Phase,
     PolicyState,
     RestartOutcome,
     RestartPolicy,
-)
-from wedgewatch.core.states import (
-    SEVERITY,
-    CaptureFailureReason,
-    CapturePhase,
-    EngineState,
-    Family,
-    NotifyEvent,
 )
 from wedgewatch.vllm.signals import EngineKey
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from report_bundles import SIMPLE_ENV, TP2_OFFLOAD, make_bundle, reading
 
-from wedgewatch.core.known_issues import (
+from wedgewatch.core.evidence.known_issues import (
     Facts,
     SeenFrame,
     match_issue,
@@ -182,7 +182,7 @@ def test_capture_and_report_agree_on_the_matches(tmp_path: Path) -> None:
     """The capture's summary (stacks in memory) and the report (stacks from disk) match alike."""
     import json
 
-    from wedgewatch.core.triage import ProcessStacks, StackRound, parse_pyspy_json
+    from wedgewatch.core.evidence.triage import ProcessStacks, StackRound, parse_pyspy_json
     from wedgewatch.io.bundles import known_issues_of
     from wedgewatch.vllm.semantics import Role
 

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from wedgewatch.core import probe_policy, restart_codec
-from wedgewatch.core.detect import EngineMemory, EngineState, TargetState
-from wedgewatch.core.events import ReportEvent
-from wedgewatch.core.probe_policy import ProbeMemory, ServerMark
-from wedgewatch.core.restart_policy import Phase, PolicyState, RestartPolicy
+from wedgewatch.core.detection.detect import EngineMemory, EngineState, TargetState
+from wedgewatch.core.episode.events import ReportEvent
+from wedgewatch.core.restart import probe_policy, restart_codec
+from wedgewatch.core.restart.probe_policy import ProbeMemory, ServerMark
+from wedgewatch.core.restart.restart_policy import Phase, PolicyState, RestartPolicy
 from wedgewatch.io import statefile
 from wedgewatch.vllm.signals import EngineKey, EngineReading
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from wedgewatch.core.proc_state import (
+from wedgewatch.core.evidence.proc_state import (
     ProcState,
     parse_kernel_stack,
     sigstop_pending,

@@ -1,11 +1,11 @@
-"""Tests of the readiness verdict (pure; rules D1-D6 of core/readiness.py), row by row."""
+"""Tests of the readiness verdict (pure; rules D1-D6 of core/detection/readiness.py), row by row."""
 
 from __future__ import annotations
 
 import pytest
 
-from wedgewatch.core.readiness import ready_verdict
-from wedgewatch.core.states import EngineState
+from wedgewatch.core.detection.readiness import ready_verdict
+from wedgewatch.core.detection.states import EngineState
 
 # (target state, gave_up, restarting) -> (ready, decision)
 TABLE = [

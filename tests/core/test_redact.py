@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wedgewatch.core.redact import (
+from wedgewatch.core.text.redact import (
     MASK,
     redact_argv,
     redact_command_line,

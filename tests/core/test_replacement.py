@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from wedgewatch.core.detect import Policy, Scraped, TargetState, step
-from wedgewatch.core.probe_policy import ServerMark
-from wedgewatch.core.replacement import (
+from wedgewatch.core.detection.detect import Policy, Scraped, TargetState, step
+from wedgewatch.core.restart.probe_policy import ServerMark
+from wedgewatch.core.restart.replacement import (
     NotReplaced,
     Replaced,
     ServerIdentity,

@@ -1,4 +1,6 @@
-"""The one codec of the persisted restart state (core/restart_codec.py): both state files'."""
+"""The one codec of the persisted restart state (core/restart/restart_codec.py): both state
+files'.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +9,10 @@ import math
 
 import pytest
 
-from wedgewatch.core import restart_codec
-from wedgewatch.core.probe_policy import ProbeRecord
-from wedgewatch.core.restart_codec import RestartRecord
-from wedgewatch.core.restart_policy import Phase, PolicyRecord
+from wedgewatch.core.restart import restart_codec
+from wedgewatch.core.restart.probe_policy import ProbeRecord
+from wedgewatch.core.restart.restart_codec import RestartRecord
+from wedgewatch.core.restart.restart_policy import Phase, PolicyRecord
 
 FULL = RestartRecord(
     policy=PolicyRecord(

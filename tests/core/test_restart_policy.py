@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wedgewatch.core import restart_policy
-from wedgewatch.core.events import ReportEvent
-from wedgewatch.core.restart_policy import (
+from wedgewatch.core.episode.events import ReportEvent
+from wedgewatch.core.restart import restart_policy
+from wedgewatch.core.restart.restart_policy import (
     Allow,
     Deny,
     DenyReason,
@@ -25,7 +25,7 @@ from wedgewatch.core.restart_policy import (
     Step,
 )
 
-CHILD = Path(__file__).parents[1] / "child_process.py"
+CHILD = Path(__file__).parents[1] / "support" / "child_process.py"
 POLICY = RestartPolicy()  # 3 per 3600 s, backoff 60 doubling to 900, startup 900
 OK = RestartOutcome(ok=True, detail="done", duration_seconds=1.0)
 FAILED = RestartOutcome(False, "boom", 1.0, FailureReason.REMEDY_ERROR)

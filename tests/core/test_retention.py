@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wedgewatch.core.retention import StoredBundle, plan_retention
+from wedgewatch.core.evidence.retention import StoredBundle, plan_retention
 
 
 def b(name: str, t: float, size: int = 10, wedge: bool = False) -> StoredBundle:

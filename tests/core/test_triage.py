@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from wedgewatch.core.proc_state import ProcState
-from wedgewatch.core.triage import (
+from wedgewatch.core.evidence.proc_state import ProcState
+from wedgewatch.core.evidence.triage import (
     ApiPosture,
     EnginePosture,
     Frame,

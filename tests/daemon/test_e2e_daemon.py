@@ -218,7 +218,7 @@ TP2_OFFLOAD = list(builtin_profiles()["tp2-offload"].args)
 # (docs/simulator.md, "Fidelity").
 TP2_WEDGE = [*TP2_OFFLOAD, "--no-scheduler-reserve-full-isl"]
 # The load seed under which agentic-burst wedges the stock scheduler about 7 s into the load
-# (tests/sim/test_burst.py); over HTTP, arrival timing can occasionally let a burst through.
+# (tests/lab/sim/test_burst.py); over HTTP, arrival timing can occasionally let a burst through.
 WEDGING_SEED = "16"
 
 # A supervising parent, as systemd or a container runtime would be: it runs the server in

@@ -27,7 +27,7 @@ from test_e2e_daemon import (
     _timestamp,
 )
 
-from wedgewatch.sim.load import plan_requests, run_load
+from wedgewatch.lab.sim.load import plan_requests, run_load
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from wedgewatch.config import Config
-from wedgewatch.core import restart_policy
-from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
-from wedgewatch.core.states import CapturePhase
+from wedgewatch.core.detection.detect import Observation, Scraped, ScrapeFailed
+from wedgewatch.core.detection.states import CapturePhase
+from wedgewatch.core.restart import restart_policy
 from wedgewatch.daemon.adapters import WebhookNotifications
 from wedgewatch.daemon.loop import Daemon, run
 from wedgewatch.daemon.ownmetrics import CAPTURE_FAILURE_REASONS
@@ -977,8 +977,8 @@ def test_capture_failure_reasons(  # noqa: PLR0917 - one parameter per column of
     gone: bool,
 ) -> None:
     """Bundle results map onto the closed set of capture failure reasons of the metric."""
-    from wedgewatch.core.states import CapturePhase
-    from wedgewatch.core.triage import Triage, TriageKind
+    from wedgewatch.core.detection.states import CapturePhase
+    from wedgewatch.core.evidence.triage import Triage, TriageKind
     from wedgewatch.daemon.adapters import capture_failure_reasons
     from wedgewatch.io import evidence
 

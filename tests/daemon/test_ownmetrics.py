@@ -12,7 +12,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from wedgewatch.core.states import SCRAPE_FAILURE_REASONS, CaptureFailureReason, CapturePhase
+from wedgewatch.core.detection.states import (
+    SCRAPE_FAILURE_REASONS,
+    CaptureFailureReason,
+    CapturePhase,
+)
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics, render
 
 GOLDEN = Path(__file__).parent / "golden" / "ownmetrics.prom"
@@ -254,7 +258,7 @@ def test_openmetrics_is_negotiated() -> None:
 
 def test_the_golden_story_uses_the_real_label_values() -> None:
     """The states, families and scrape failure reasons pinned here are the daemon's own."""
-    from wedgewatch.core.states import SCRAPE_FAILURE_REASONS, EngineState, Family
+    from wedgewatch.core.detection.states import SCRAPE_FAILURE_REASONS, EngineState, Family
 
     assert tuple(EngineState) == STATES
     assert tuple(Family) == FAMILIES

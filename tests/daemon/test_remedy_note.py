@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wedgewatch.core import episode as core
+from wedgewatch.core.episode import episode as core
 from wedgewatch.daemon.target import remedy_note
 from wedgewatch.vllm.signals import EngineKey
 

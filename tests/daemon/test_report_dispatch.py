@@ -13,8 +13,13 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from wedgewatch.config import Config
-from wedgewatch.core.episode import Report, ReportEvent
-from wedgewatch.core.states import SCRAPE_FAILURE_REASONS, EngineState, Family, NotifyEvent
+from wedgewatch.core.detection.states import (
+    SCRAPE_FAILURE_REASONS,
+    EngineState,
+    Family,
+    NotifyEvent,
+)
+from wedgewatch.core.episode.episode import Report, ReportEvent
 from wedgewatch.daemon.ownmetrics import OwnMetrics
 from wedgewatch.daemon.report import Reporter
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from wedgewatch.core.probe_policy import ProbeVerdict
+from wedgewatch.core.restart.probe_policy import ProbeVerdict
 from wedgewatch.daemon.ownmetrics import OwnMetrics
 from wedgewatch.daemon.server import (
     EngineSnapshot,

@@ -30,7 +30,7 @@ from test_loop import (
 )
 from test_targets import virtual_daemon
 
-from wedgewatch.core import restart_policy
+from wedgewatch.core.restart import restart_policy
 from wedgewatch.daemon.adapters import FileStateStore
 from wedgewatch.daemon.loop import Daemon
 from wedgewatch.daemon.server import HttpServer, make_app

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from deploy.repo import GRAFANA, load_generate
-from wedgewatch.core.states import EngineState
+from wedgewatch.core.detection.states import EngineState
 
 generate = load_generate()
 BUILTIN_VARIABLES = {"__rate_interval", "__range", "__interval"}

@@ -17,8 +17,8 @@ import pytest
 from bundle_files import assert_private, fake_bundle, modes
 from standin_tree import StandinTree, standin_tree
 
-from wedgewatch.core.states import CapturePhase
-from wedgewatch.core.triage import TriageKind
+from wedgewatch.core.detection.states import CapturePhase
+from wedgewatch.core.evidence.triage import TriageKind
 from wedgewatch.io.bundles import scan_bundles
 from wedgewatch.io.evidence import (
     BundleResult,

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, in_turn, zeros
 
-from wedgewatch.core.detect import Scraped, ScrapeFailed
+from wedgewatch.core.detection.detect import Scraped, ScrapeFailed
 from wedgewatch.io import http_get
 from wedgewatch.io.http_parse import MAX_HEAD_BYTES
 from wedgewatch.io.scrape import ScrapeClient, fetch, new_scrape_client, observe

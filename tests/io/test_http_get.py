@@ -22,7 +22,7 @@ import pytest
 from scripted_http import RefusingPort, Reply, Script, ScriptedServer, always, zeros
 from test_scrape import gzip_stream  # the same bomb as the daemon's transport is tested with
 
-from wedgewatch.core.detect import Scraped, ScrapeFailed
+from wedgewatch.core.detection.detect import Scraped, ScrapeFailed
 from wedgewatch.io import http_get, scrape
 from wedgewatch.io.scrape_rules import REQUEST_HEADERS, Fetched, FetchFailed, ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey

@@ -21,7 +21,7 @@ import pytest
 import stamina
 from structlog.testing import capture_logs
 
-from wedgewatch.core.states import NotifyEvent
+from wedgewatch.core.detection.states import NotifyEvent
 from wedgewatch.io.notify import (
     Notification,
     NotifyStats,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from standin_tree import StandinTree, standin_tree
 
-from wedgewatch.core.server_proof import cgroup_in_unit, is_this_machine, prove_server
+from wedgewatch.core.restart.server_proof import cgroup_in_unit, is_this_machine, prove_server
 from wedgewatch.io.procs import (
     ListeningSocket,
     ProcessReading,

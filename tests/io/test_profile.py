@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_pyspy import dead_pid, fake_pyspy, gone_or_zombie, unprivileged_prefix
 
-from wedgewatch.core.profile import parse_folded
+from wedgewatch.core.evidence.profile import parse_folded
 from wedgewatch.io.profile import PySpyProfiler, build_record_argv, profile_engines
 from wedgewatch.io.pyspy import (
     PTRACE_FIX,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from wedgewatch.core.proc_state import parse_stat_state
-from wedgewatch.core.triage import Frame, Thread
+from wedgewatch.core.evidence.proc_state import parse_stat_state
+from wedgewatch.core.evidence.triage import Frame, Thread
 from wedgewatch.io.pyspy import (
     PTRACE_FIX,
     PYSPY_MISSING_FIX,

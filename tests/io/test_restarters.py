@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from wedgewatch.core.restart_policy import (
+from wedgewatch.core.restart.restart_policy import (
     FailureReason,
     RestartOutcome,
     RestartPolicy,
@@ -34,7 +34,7 @@ from wedgewatch.io.restarters import (
 )
 from wedgewatch.io.supervisor import SystemdStateProbe
 
-CHILD = Path(__file__).parents[1] / "child_process.py"
+CHILD = Path(__file__).parents[1] / "support" / "child_process.py"
 POLICY = RestartPolicy()  # 3 per 3600 s, backoff 60 doubling to 900, startup 900
 OK = RestartOutcome(ok=True, detail="done", duration_seconds=1.0)
 FAILED = RestartOutcome(False, "boom", 1.0, FailureReason.REMEDY_ERROR)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, zeros
 
-from wedgewatch.core.detect import Scraped, ScrapeFailed
+from wedgewatch.core.detection.detect import Scraped, ScrapeFailed
 from wedgewatch.io.scrape import fetch, new_client, observe
 from wedgewatch.io.scrape_rules import REQUEST_HEADERS, Fetched, FetchFailed, ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey

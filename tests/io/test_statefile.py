@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from wedgewatch.core import restart_policy
-from wedgewatch.core.episode_store import EpisodeRecord
-from wedgewatch.core.events import ReportEvent
-from wedgewatch.core.restart_policy import Phase, PolicyRecord
+from wedgewatch.core.episode.episode_store import EpisodeRecord
+from wedgewatch.core.episode.events import ReportEvent
+from wedgewatch.core.restart import restart_policy
+from wedgewatch.core.restart.restart_policy import Phase, PolicyRecord
 from wedgewatch.io import statefile
 from wedgewatch.io.statefile import (
     LockFailed,
@@ -29,7 +29,7 @@ from wedgewatch.io.statefile import (
     TargetRecord,
 )
 
-CHILD = Path(__file__).parents[1] / "child_process.py"
+CHILD = Path(__file__).parents[1] / "support" / "child_process.py"
 
 RECORD = PolicyRecord(
     phase=Phase.GAVE_UP,
@@ -366,8 +366,8 @@ def test_detector_state_with_nan_and_inf_readings_saves_and_loads(tmp_path: Path
     """A detector that last saw NaN/Inf gauges and counters saves as strict JSON and loads back."""
     import math
 
-    from wedgewatch.core.detect import Policy, Scraped, new_state, step
-    from wedgewatch.core.detect_state import dump_state, load_state
+    from wedgewatch.core.detection.detect import Policy, Scraped, new_state, step
+    from wedgewatch.core.detection.detect_state import dump_state, load_state
     from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
     key = EngineKey("m", "0")

@@ -1,7 +1,7 @@
 """`wedgewatch demo --real` as a user runs it: the story against a real vLLM 0.30.0.
 
 The serving venv is the real tier's (built by `bash tests/run.sh --real`); the demo builds it
-itself on first use, after saying its size and time (tests/test_demo_real.py checks what it
+itself on first use, after saying its size and time (tests/lab/test_demo_real.py checks what it
 says). Here the whole story must happen on a real server: the seed's wedge reached through the
 API, detected as a deferred_stall, a wedged bundle, a real restart and recovery.
 """

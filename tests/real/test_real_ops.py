@@ -1,6 +1,6 @@
 """Operations on a real `vllm serve` (vLLM's CPU build): restarts, TP=2, the launcher, bundles.
 
-Every server is a real `vllm serve` of the tiny local model (tests/real_vllm.py); wedgewatch
+Every server is a real `vllm serve` of the tiny local model (tests/support/real_vllm.py); wedgewatch
 runs as a user runs it (`wedgewatch run`, `capture`, `report`, `launch --watch`), and the
 tests speak to both only over loopback HTTP and through processes. A real start costs
 40-60 s on a quiet 2-core machine (minutes when it is busy), so each test starts as few
@@ -29,9 +29,9 @@ import psutil
 import pytest
 import real_vllm
 
-from tests.wedgewatch_daemon import DaemonProcess, clean_env
-from wedgewatch.core.bundle_facts import bundle_facts
-from wedgewatch.core.known_issues import match_known_issues, shipped_known_issues
+from tests.support.wedgewatch_daemon import DaemonProcess, clean_env
+from wedgewatch.core.evidence.bundle_facts import bundle_facts
+from wedgewatch.core.evidence.known_issues import match_known_issues, shipped_known_issues
 
 WEDGEWATCH = [sys.executable, "-m", "wedgewatch"]
 REAL_TIMEOUT_S = 1800  # pytest-timeout for one test: starts can take minutes on a busy machine

@@ -1,7 +1,8 @@
 """wedgewatch against real `vllm serve` servers (vLLM's CPU build, a tiny model): what it says.
 
 Real processes and real HTTP only: the server is vLLM 0.30.0 or 0.32.0 on the CPU
-(tests/real_vllm.py, one per version shared by the module: tests/real/conftest.py), watched the
+(tests/support/real_vllm.py, one per version shared by the module: tests/real/conftest.py), watched
+the
 way a user watches it, by `wedgewatch check` and the daemon `wedgewatch run` (its /status).
 
 * Healthy shapes never get a false verdict: idle; a queue that waits for capacity (2 seqs, 20

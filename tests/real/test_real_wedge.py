@@ -1,7 +1,8 @@
 """The seed's wedge (#57841) in a real `vllm serve`: caught on 0.30.0, absent on 0.32.0.
 
 A real CPU vLLM serves the tiny model with an out-of-tree KV connector (a CPU tier emulated in
-memory, wedgewatch/sim/real_connector.py) and a 15-block KV pool; wedgewatch/sim/real_wedge.py
+memory, wedgewatch/lab/real/real_connector.py) and a 15-block KV pool;
+wedgewatch/lab/real/real_wedge.py
 sends the #57841 sequence through the OpenAI API. On 0.30.0 the engine ends with nothing
 running, requests deferred and waiting for capacity, /health 200 and the EngineCore spinning
 in vLLM's own engine loop: `wedgewatch run` and `wedgewatch check` call it a deferred_stall,
@@ -27,7 +28,7 @@ import real_vllm
 from prometheus_client.parser import text_string_to_metric_families
 from wedgewatch_daemon import WEDGEWATCH, DaemonProcess, clean_env, watching
 
-from wedgewatch.sim import real_wedge
+from wedgewatch.lab.real import real_wedge
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a cold start under load is minutes
 

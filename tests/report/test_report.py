@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from report_bundles import SIMPLE_ENV, TP2_OFFLOAD, make_bundle, reading
 
-from wedgewatch.demo import write_demo_report
+from wedgewatch.lab.demo import write_demo_report
 from wedgewatch.report.chart import label_rows, timeline_figure
 from wedgewatch.report.commands import format_bundles, write_report
 from wedgewatch.report.model import Point, list_bundles, read_bundle

@@ -1,7 +1,7 @@
 """`wedgewatch check`'s log lines, with structlog imported only when something is logged.
 
 An exec probe runs every few seconds and logs nothing at the default level, so it never pays
-for importing the logging stack (tests/test_entry.py checks the probe's imports).
+for importing the logging stack (tests/cli/test_entry.py checks the probe's imports).
 """
 
 from __future__ import annotations

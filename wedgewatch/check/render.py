@@ -14,13 +14,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from wedgewatch.core import nagios
-from wedgewatch.core.detect import EngineVerdict
-from wedgewatch.core.escape import safe_line
-from wedgewatch.core.probe_policy import ProbeVerdict
-from wedgewatch.core.redact import redact_url, redact_value
-from wedgewatch.core.restart_policy import PolicyEvent
-from wedgewatch.core.states import ACTED_ON, STALLED, EngineState
+from wedgewatch.core.detection.detect import EngineVerdict
+from wedgewatch.core.detection.states import ACTED_ON, STALLED, EngineState
+from wedgewatch.core.restart.probe_policy import ProbeVerdict
+from wedgewatch.core.restart.restart_policy import PolicyEvent
+from wedgewatch.core.text import nagios
+from wedgewatch.core.text.escape import safe_line
+from wedgewatch.core.text.redact import redact_url, redact_value
 
 #: A check's status is the detector's state of the target (`core.states.EngineState`).
 Status = EngineState

@@ -49,8 +49,7 @@ from wedgewatch.check.render import (
 )
 from wedgewatch.check.settings import CheckSettings
 from wedgewatch.check.state import Clock, Sleep
-from wedgewatch.core import probe_step
-from wedgewatch.core.detect import (
+from wedgewatch.core.detection.detect import (
     Observation,
     Policy,
     ScrapeFailed,
@@ -58,9 +57,10 @@ from wedgewatch.core.detect import (
     TargetVerdict,
     step,
 )
-from wedgewatch.core.events import ReportEvent
-from wedgewatch.core.restart_policy import RestartPolicy
-from wedgewatch.core.states import EngineState, ScrapeFailureReason
+from wedgewatch.core.detection.states import EngineState, ScrapeFailureReason
+from wedgewatch.core.episode.events import ReportEvent
+from wedgewatch.core.restart import probe_step
+from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.io import http_get
 from wedgewatch.io.scrape_rules import ScrapeLimits
 

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wedgewatch.core import states
-from wedgewatch.core.detect import Policy
-from wedgewatch.core.redact import redact_url
-from wedgewatch.core.restart_policy import RestartPolicy
+from wedgewatch.core.detection import states
+from wedgewatch.core.detection.detect import Policy
+from wedgewatch.core.restart.restart_policy import RestartPolicy
+from wedgewatch.core.text.redact import redact_url
 from wedgewatch.io.scrape_rules import ScrapeLimits
 
 if TYPE_CHECKING:

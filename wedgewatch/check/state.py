@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from wedgewatch.check.log import log
-from wedgewatch.core import probe_step, restart_codec
-from wedgewatch.core.detect import Policy, TargetState
-from wedgewatch.core.detect_state import dump_state, load_state
-from wedgewatch.core.probe_step import ProbeState
-from wedgewatch.core.redact import redact_url
-from wedgewatch.core.restart_policy import RestartPolicy
+from wedgewatch.core.detection.detect import Policy, TargetState
+from wedgewatch.core.detection.detect_state import dump_state, load_state
+from wedgewatch.core.restart import probe_step, restart_codec
+from wedgewatch.core.restart.probe_step import ProbeState
+from wedgewatch.core.restart.restart_policy import RestartPolicy
+from wedgewatch.core.text.redact import redact_url
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.private_paths import open_lock_file, private_dir, read_private
 

@@ -29,11 +29,11 @@ from pydantic import (
     model_validator,
 )
 
-from wedgewatch.core.canary import CanaryPolicy
-from wedgewatch.core.detect import Policy
-from wedgewatch.core.redact import redact_url
-from wedgewatch.core.restart_policy import RestartPolicy
-from wedgewatch.core.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS, Family
+from wedgewatch.core.detection.canary import CanaryPolicy
+from wedgewatch.core.detection.detect import Policy
+from wedgewatch.core.detection.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS, Family
+from wedgewatch.core.restart.restart_policy import RestartPolicy
+from wedgewatch.core.text.redact import redact_url
 from wedgewatch.io.procs import remote_host_reason
 from wedgewatch.io.scrape_rules import ScrapeLimits
 from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles

@@ -11,7 +11,7 @@ from typing import Any
 from wedgewatch.config.model import MIB, SECTIONS, Config, Target
 from wedgewatch.config.settings import SETTINGS, Setting
 from wedgewatch.config.sources import LoadedConfig
-from wedgewatch.core.redact import redact_argv, redact_env, redact_url, redact_webhook_url
+from wedgewatch.core.text.redact import redact_argv, redact_env, redact_url, redact_webhook_url
 from wedgewatch.vllm.profiles import Profile
 
 

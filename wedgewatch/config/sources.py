@@ -25,7 +25,7 @@ from wedgewatch.config.model import (
     Target,
 )
 from wedgewatch.config.settings import SETTINGS, Setting
-from wedgewatch.core.redact import redact_url, redact_webhook_url
+from wedgewatch.core.text.redact import redact_url, redact_webhook_url
 
 Source = str  # "default" | "file:PATH" | "env:NAME" | "flag:--x"
 

@@ -19,13 +19,13 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from wedgewatch.config import Config, Target, default_target_name, metrics_url_of
-from wedgewatch.core.canary import CanaryResult
-from wedgewatch.core.detect import (
+from wedgewatch.core.detection.canary import CanaryResult
+from wedgewatch.core.detection.detect import (
     Scraped,
     ScrapeFailed,
 )
-from wedgewatch.core.redact import redact_url
-from wedgewatch.core.states import CaptureFailureReason, CapturePhase
+from wedgewatch.core.detection.states import CaptureFailureReason, CapturePhase
+from wedgewatch.core.text.redact import redact_url
 from wedgewatch.daemon.report import thresholds_of
 from wedgewatch.daemon.roles import (
     CaptureOutcome,

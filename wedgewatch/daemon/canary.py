@@ -15,15 +15,15 @@ from typing import Any
 import structlog
 
 from wedgewatch.config import Config, Target
-from wedgewatch.core import canary as core
-from wedgewatch.core.detect import (
+from wedgewatch.core.detection import canary as core
+from wedgewatch.core.detection.detect import (
     CanaryStall,
     Observation,
     Policy,
     TargetState,
     TargetVerdict,
 )
-from wedgewatch.core.detect import step as detect_step
+from wedgewatch.core.detection.detect import step as detect_step
 from wedgewatch.daemon.ownmetrics import OwnMetrics
 from wedgewatch.daemon.roles import CanarySender, Clock, Deps
 

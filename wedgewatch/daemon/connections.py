@@ -26,7 +26,7 @@ refused. Connections with a request in flight are never closed by these rules.
 The bounds subclass uvicorn's `H11Protocol`, which uvicorn does not document as API (its
 `Config(http=...)` takes any protocol class). Tested at both ends of the declared range: at
 the uvicorn floor by the declared-minimum-versions smoke test (a silent connection is closed)
-and at the newest release by tests/test_safety_server.py. The import is inside a `try`: a
+and at the newest release by tests/safety/test_safety_server.py. The import is inside a `try`: a
 uvicorn without the class, or without a method the bounds override, serves on its own
 protocol (no bounds) and the daemon logs `http_connection_bounds_unavailable` once, rather
 than failing to start (docs/development.md, "Dependency floors").

@@ -9,7 +9,8 @@ job at a time (evidence before restart), each under a timeout, so `/health` stay
 while py-spy or systemctl take their time.
 
 When and what to capture, restart, retry, give up and keep across a restart of
-wedgewatch is decided in `core/episode.py` (its rule table) and `core/restart_policy.py` (the
+wedgewatch is decided in `core/episode/episode.py` (its rule table) and
+`core/restart/restart_policy.py` (the
 restart policy: budget, backoff, startup grace, gave_up); this module owns no decision. The
 daemon's heartbeat (watchdog, operator reset requests, the state file, the tick count of
 `/health`) runs after whichever target step comes first once half an interval has passed.
@@ -44,9 +45,9 @@ import structlog
 
 from wedgewatch import __version__
 from wedgewatch.config import Config, Target
-from wedgewatch.core import episode as episode_core
-from wedgewatch.core import restart_policy
-from wedgewatch.core.states import SCRAPE_FAILURE_REASONS, EngineState, Family
+from wedgewatch.core.detection.states import SCRAPE_FAILURE_REASONS, EngineState, Family
+from wedgewatch.core.episode import episode as episode_core
+from wedgewatch.core.restart import restart_policy
 from wedgewatch.daemon.adapters import FileStateStore, capture_deadline_seconds, real_deps
 from wedgewatch.daemon.ownmetrics import OwnMetrics
 from wedgewatch.daemon.publish import restored_core

@@ -19,10 +19,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Metric
 from prometheus_client.exposition import choose_encoder
 
-from wedgewatch.core.canary import CANARY_FAILURE_REASONS
-from wedgewatch.core.redact import redact_text
-from wedgewatch.core.restart_policy import FailureReason
-from wedgewatch.core.states import CaptureFailureReason, CapturePhase
+from wedgewatch.core.detection.canary import CANARY_FAILURE_REASONS
+from wedgewatch.core.detection.states import CaptureFailureReason, CapturePhase
+from wedgewatch.core.restart.restart_policy import FailureReason
+from wedgewatch.core.text.redact import redact_text
 
 # Buckets for how long an evidence capture takes: py-spy of a handful of processes
 # normally finishes in a second or two; the goal is a complete bundle within 5 s.

@@ -11,15 +11,16 @@ from dataclasses import replace
 from typing import Any
 
 from wedgewatch.config import Target
-from wedgewatch.core import episode as episode_core
-from wedgewatch.core import episode_store, probe_policy, restart_policy
-from wedgewatch.core.detect import (
+from wedgewatch.core.detection.detect import (
     TargetState,
     TargetVerdict,
 )
-from wedgewatch.core.episode import EpisodeState
-from wedgewatch.core.readiness import ready_verdict
-from wedgewatch.core.states import STALLED, EngineState
+from wedgewatch.core.detection.readiness import ready_verdict
+from wedgewatch.core.detection.states import STALLED, EngineState
+from wedgewatch.core.episode import episode as episode_core
+from wedgewatch.core.episode import episode_store
+from wedgewatch.core.episode.episode import EpisodeState
+from wedgewatch.core.restart import probe_policy, restart_policy
 from wedgewatch.daemon.report import shown_url, wall
 from wedgewatch.daemon.server import EngineSnapshot, TargetSnapshot
 from wedgewatch.io import statefile

@@ -15,15 +15,15 @@ import structlog
 
 from wedgewatch import __version__
 from wedgewatch.config import Config, Target
-from wedgewatch.core.detect import (
+from wedgewatch.core.detection.detect import (
     EngineVerdict,
     Policy,
     ScrapeFailed,
     TargetVerdict,
 )
-from wedgewatch.core.episode import Report, ReportEvent
-from wedgewatch.core.redact import redact_url, scrub_text, secret_fragments
-from wedgewatch.core.states import STALLED, THRESHOLD_SETTINGS, NotifyEvent
+from wedgewatch.core.detection.states import STALLED, THRESHOLD_SETTINGS, NotifyEvent
+from wedgewatch.core.episode.episode import Report, ReportEvent
+from wedgewatch.core.text.redact import redact_url, scrub_text, secret_fragments
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.roles import Notifier
 from wedgewatch.io.bundles import history_lines

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry
 
 from wedgewatch.config import Target
-from wedgewatch.core.canary import CanaryResult
-from wedgewatch.core.detect import (
+from wedgewatch.core.detection.canary import CanaryResult
+from wedgewatch.core.detection.detect import (
     Observation,
 )
-from wedgewatch.core.states import CaptureFailureReason, EpisodePhase
+from wedgewatch.core.detection.states import CaptureFailureReason, EpisodePhase
 from wedgewatch.io import restarters, statefile
 from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.procs import ProcessFinder

@@ -38,10 +38,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from wedgewatch.core.probe_policy import ProbeVerdict
-from wedgewatch.core.readiness import ready_verdict
-from wedgewatch.core.redact import redact_value
-from wedgewatch.core.states import ACTED_ON
+from wedgewatch.core.detection.readiness import ready_verdict
+from wedgewatch.core.detection.states import ACTED_ON
+from wedgewatch.core.restart.probe_policy import ProbeVerdict
+from wedgewatch.core.text.redact import redact_value
 from wedgewatch.daemon.connections import ConnectionGuard, ConnectionLimits, guarded_protocol
 from wedgewatch.daemon.ownmetrics import render
 from wedgewatch.vllm.signals import EngineReading

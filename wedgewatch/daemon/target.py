@@ -20,18 +20,18 @@ from typing import Any, Protocol, assert_never
 import structlog
 
 from wedgewatch.config import Config, Target
-from wedgewatch.core import episode as core
-from wedgewatch.core import restart_policy
-from wedgewatch.core.detect import (
+from wedgewatch.core.detection.detect import (
     Policy,
     Scraped,
     ScrapeFailed,
     TargetState,
 )
-from wedgewatch.core.escape import neutralise
-from wedgewatch.core.probe_policy import ServerMark
-from wedgewatch.core.replacement import ServerIdentity
-from wedgewatch.core.states import CaptureFailureReason, CapturePhase, EngineState
+from wedgewatch.core.detection.states import CaptureFailureReason, CapturePhase, EngineState
+from wedgewatch.core.episode import episode as core
+from wedgewatch.core.restart import restart_policy
+from wedgewatch.core.restart.probe_policy import ServerMark
+from wedgewatch.core.restart.replacement import ServerIdentity
+from wedgewatch.core.text.escape import neutralise
 from wedgewatch.daemon.adapters import run_bundle_hook
 from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import target_ready, target_record, target_snapshot

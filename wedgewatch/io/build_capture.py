@@ -3,7 +3,7 @@
 `capture_build` asks the target for `GET /version` (bounded in time and size), reads the
 API server's command line and the EngineCore's `VLLM_*` / `CUDA_*` / `NCCL_*` environment
 from /proc (psutil), and takes the `vllm:cache_config_info` labels from the /metrics body
-already scraped. Secrets are masked (`wedgewatch.core.redact`). Every part that cannot be
+already scraped. Secrets are masked (`wedgewatch.core.text.redact`). Every part that cannot be
 had becomes an `error` entry; nothing raises.
 """
 
@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
-from wedgewatch.core.redact import redact_argv, redact_env, redact_url
+from wedgewatch.core.text.redact import redact_argv, redact_env, redact_url
 from wedgewatch.io.procs import Discovery
 from wedgewatch.io.scrape import fetch, new_client
 from wedgewatch.io.scrape_rules import FetchFailed

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from wedgewatch.core.restart_policy import FailureReason
+from wedgewatch.core.restart.restart_policy import FailureReason
 from wedgewatch.io.restarters import inherited_environment, run_operator_command
 
 HookResult = Literal["ok", "failed", "timeout"]

@@ -4,7 +4,7 @@ A bundle is one directory per episode under `evidence_dir`, named
 `<UTC time>_<target>_engine<engine>_<family>`; directories are created 0700 and files 0600
 whatever the umask, and nothing follows a symlink. What goes into a bundle is decided by
 `io.evidence`; every file is redacted HERE, by the writer (`bundle_bytes`: JSON and JSON
-lines value by value, text as text, see `wedgewatch.core.redact`), so no caller can forget.
+lines value by value, text as text, see `wedgewatch.core.text.redact`), so no caller can forget.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from wedgewatch.core.bundle_facts import bundle_facts, seen_frames
-from wedgewatch.core.escape import neutralise
-from wedgewatch.core.known_issues import match_known_issues, shipped_known_issues
-from wedgewatch.core.redact import redact_command_line, redact_text, redact_value
-from wedgewatch.core.retention import StoredBundle, plan_retention
-from wedgewatch.core.states import CapturePhase
-from wedgewatch.core.triage import ProcessStacks, StackRound, parse_pyspy_json
+from wedgewatch.core.detection.states import CapturePhase
+from wedgewatch.core.evidence.bundle_facts import bundle_facts, seen_frames
+from wedgewatch.core.evidence.known_issues import match_known_issues, shipped_known_issues
+from wedgewatch.core.evidence.retention import StoredBundle, plan_retention
+from wedgewatch.core.evidence.triage import ProcessStacks, StackRound, parse_pyspy_json
+from wedgewatch.core.text.escape import neutralise
+from wedgewatch.core.text.redact import redact_command_line, redact_text, redact_value
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.private_paths import private_dir
 from wedgewatch.io.procs import ServerProcess
@@ -72,7 +72,7 @@ def timestamp_of_name(name: str) -> float | None:
 
 def redact_title(title: str) -> str:
     """A command line with secret values masked (`--api-key X`, `HF_TOKEN=X`, URL
-    credentials; see `wedgewatch.core.redact.redact_argv`)."""
+    credentials; see `wedgewatch.core.text.redact.redact_argv`)."""
     return redact_command_line(title)
 
 

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from wedgewatch import __version__
-from wedgewatch.core.canary import CanaryFailureReason, CanaryResult
-from wedgewatch.core.redact import redact_text
+from wedgewatch.core.detection.canary import CanaryFailureReason, CanaryResult
+from wedgewatch.core.text.redact import redact_text
 from wedgewatch.io.scrape_rules import is_refused, one_line
 
 CANARY_USER = "wedgewatch-canary"

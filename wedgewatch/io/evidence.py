@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from wedgewatch import __version__
-from wedgewatch.core.states import CapturePhase
-from wedgewatch.core.triage import (
+from wedgewatch.core.detection.states import CapturePhase
+from wedgewatch.core.evidence.triage import (
     ProcessStacks,
     StackRound,
     Triage,

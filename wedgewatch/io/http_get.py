@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
 
-from wedgewatch.core.detect import Observation
+from wedgewatch.core.detection.detect import Observation
 from wedgewatch.io import scrape_rules
 from wedgewatch.io.http_parse import (
     Data,

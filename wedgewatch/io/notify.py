@@ -53,8 +53,8 @@ import structlog
 from stamina.instrumentation import RetryDetails, set_on_retry_hooks
 
 from wedgewatch import __version__
-from wedgewatch.core.escape import neutralise, slack_text
-from wedgewatch.core.redact import (
+from wedgewatch.core.text.escape import neutralise, slack_text
+from wedgewatch.core.text.redact import (
     redact_value,
     redact_webhook_url,
     scrub_text,

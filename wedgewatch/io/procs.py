@@ -25,14 +25,19 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from wedgewatch.core.proc_state import (
+from wedgewatch.core.evidence.proc_state import (
     ProcState,
     parse_kernel_stack,
     parse_stat_state,
     sigstop_pending,
 )
-from wedgewatch.core.redact import redact_url
-from wedgewatch.core.server_proof import cgroup_in_unit, is_this_machine, plain_ip, prove_server
+from wedgewatch.core.restart.server_proof import (
+    cgroup_in_unit,
+    is_this_machine,
+    plain_ip,
+    prove_server,
+)
+from wedgewatch.core.text.redact import redact_url
 from wedgewatch.io.http_parse import port_of
 from wedgewatch.vllm.semantics import Role, classify_role
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wedgewatch.core.profile import FoldedProfile, parse_folded
+from wedgewatch.core.evidence.profile import FoldedProfile, parse_folded
 from wedgewatch.io.pyspy import (
     PTRACE_FIX,
     PYSPY_MISSING_FIX,

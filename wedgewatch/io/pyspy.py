@@ -43,8 +43,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
-from wedgewatch.core.proc_state import ProcState, parse_stat_state, sigstop_pending
-from wedgewatch.core.triage import Thread, parse_pyspy_json
+from wedgewatch.core.evidence.proc_state import ProcState, parse_stat_state, sigstop_pending
+from wedgewatch.core.evidence.triage import Thread, parse_pyspy_json
 from wedgewatch.io.procs import read_proc_state
 from wedgewatch.io.runner import run_command
 

@@ -2,7 +2,7 @@
 
 Each remedy (`signal`, `systemd`, `exec`, `supervise`) returns a `RestartOutcome` and never
 raises for a restart that did not work. Whether a restart may happen at all is decided by
-the pure policy in `wedgewatch.core.restart_policy`.
+the pure policy in `wedgewatch.core.restart.restart_policy`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Protocol
 
 import psutil
 
-from wedgewatch.core.escape import neutralise
-from wedgewatch.core.redact import redact_text, redact_url
-from wedgewatch.core.restart_policy import FailureReason, RestartOutcome, seconds_text
-from wedgewatch.core.server_proof import prove_server
+from wedgewatch.core.restart.restart_policy import FailureReason, RestartOutcome, seconds_text
+from wedgewatch.core.restart.server_proof import prove_server
+from wedgewatch.core.text.escape import neutralise
+from wedgewatch.core.text.redact import redact_text, redact_url
 from wedgewatch.io.procs import own_lineage, title_from_cmdline
 from wedgewatch.io.runner import CommandResult, run_command
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from wedgewatch.core.detect import Observation
+from wedgewatch.core.detection.detect import Observation
 from wedgewatch.io import http1
 from wedgewatch.io.http_parse import ProtocolError, get_request
 from wedgewatch.io.scrape_rules import (

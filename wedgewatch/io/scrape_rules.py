@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urljoin, urlsplit
 
 from wedgewatch import __version__
-from wedgewatch.core.detect import Observation, Scraped, ScrapeFailed
-from wedgewatch.core.redact import redact_url, scrub_text, secret_fragments
-from wedgewatch.core.states import ScrapeFailureReason
+from wedgewatch.core.detection.detect import Observation, Scraped, ScrapeFailed
+from wedgewatch.core.detection.states import ScrapeFailureReason
+from wedgewatch.core.text.redact import redact_url, scrub_text, secret_fragments
 from wedgewatch.io.http_parse import port_of
 from wedgewatch.vllm import signals
 

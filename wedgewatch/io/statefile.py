@@ -49,10 +49,10 @@ from urllib.parse import quote, unquote
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from wedgewatch import __version__
-from wedgewatch.core import restart_codec
-from wedgewatch.core.episode_store import EpisodeRecord
-from wedgewatch.core.probe_policy import ProbeRecord
-from wedgewatch.core.restart_policy import PolicyRecord
+from wedgewatch.core.episode.episode_store import EpisodeRecord
+from wedgewatch.core.restart import restart_codec
+from wedgewatch.core.restart.probe_policy import ProbeRecord
+from wedgewatch.core.restart.restart_policy import PolicyRecord
 from wedgewatch.io.atomic import remove_leftovers, write_atomic
 from wedgewatch.io.private_paths import UnsafePath, open_lock_file, private_dir, read_private
 

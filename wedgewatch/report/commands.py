@@ -6,8 +6,8 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
-from wedgewatch.core.escape import neutralise
-from wedgewatch.core.redact import redact_text
+from wedgewatch.core.text.escape import neutralise
+from wedgewatch.core.text.redact import redact_text
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.report.chart import INSTALL_HINT, timeline_svg
 from wedgewatch.report.model import BundleRow, list_bundles, newest_bundle, read_bundle

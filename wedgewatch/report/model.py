@@ -15,16 +15,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from wedgewatch.core.bundle_facts import bundle_facts, engine_entry, seen_frames
-from wedgewatch.core.known_issues import (
+from wedgewatch.core.detection.states import STALLED, CapturePhase, EngineState
+from wedgewatch.core.evidence.bundle_facts import bundle_facts, engine_entry, seen_frames
+from wedgewatch.core.evidence.known_issues import (
     Facts,
     KnownIssue,
     Match,
     match_known_issues,
     shipped_known_issues,
 )
-from wedgewatch.core.states import STALLED, CapturePhase, EngineState
-from wedgewatch.core.triage import (
+from wedgewatch.core.evidence.triage import (
     _ENGINE_ANCHORS,
     _WORKER_ANCHORS,
     ProcessStacks,

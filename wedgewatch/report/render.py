@@ -7,7 +7,7 @@ older wedgewatch cannot leak a secret into a report either.
 Markdown (i21b, #21): a bundle is untrusted input, so every string from it is in inline code
 (`md_inline`), escaped (`md_text`) or in a fence longer than any backtick run in it
 (`md_fence`): no link, image, HTML or broken fence comes of a hostile model name, `/version`,
-argument or frame name (`wedgewatch.core.escape`).
+argument or frame name (`wedgewatch.core.text.escape`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from wedgewatch import __version__
-from wedgewatch.core.escape import md_fence, md_inline, md_text, neutralise
-from wedgewatch.core.known_issues import Match
-from wedgewatch.core.redact import redact_argv, redact_env
-from wedgewatch.core.states import CapturePhase
+from wedgewatch.core.detection.states import CapturePhase
+from wedgewatch.core.evidence.known_issues import Match
+from wedgewatch.core.text.escape import md_fence, md_inline, md_text, neutralise
+from wedgewatch.core.text.redact import redact_argv, redact_env
 from wedgewatch.report.chart import INSTALL_HINT
 from wedgewatch.report.model import BundleModel, Point, StackView, remedy_outcome
 

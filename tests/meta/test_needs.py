@@ -1,0 +1,150 @@
+"""The need markers come from what a test's code reaches (tests/support/needs.py, via conftest.py).
+
+An inner pytest session collects a test module written here, with this tree's conftest.py as
+a plugin, and `-m MARKER` must select exactly the tests that reach the tool: directly, through
+a helper or a constant of their module, through a fixture, through a module-level
+`pytestmark`, or through a helper imported from another module of the test tree.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # inner pytest sessions
+
+HELPERS = '''
+import shutil
+
+def render(directory):
+    """Runs kubectl."""
+    return [shutil.which("kubectl"), "kustomize", directory]
+'''
+
+MODULE = """
+import shutil
+import subprocess
+
+import pytest
+from inner_helpers import render
+from vllm_venvs import vllm_python
+
+from tests.support import real_vllm
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
+def check_rules(path):
+    subprocess.run(["promtool", "check", "rules", path], check=False)
+
+
+@pytest.fixture
+def browser():
+    return shutil.which("chromium")
+
+
+def test_plain():
+    assert 1 + 1 == 2
+
+
+def test_through_a_helper():
+    check_rules("x.yml")
+
+
+@pytest.mark.skipif(not PROMETHEUS, reason="no prometheus")
+def test_through_a_constant_in_a_decorator():
+    pass
+
+
+def test_through_a_fixture(browser):
+    pass
+
+
+def test_through_an_imported_helper():
+    render(".")
+
+
+def test_through_the_vllm_helper():
+    if False:
+        vllm_python("0.30.0")
+
+
+def test_through_the_serving_helper_of_the_tests_package():
+    if False:
+        real_vllm.serve_python("0.32.0")
+
+
+class TestGrouped:
+    def test_method_through_a_helper(self):
+        check_rules("y.yml")
+
+    def test_method_plain(self):
+        pass
+"""
+
+
+def selected(tmp_path: Path, marker: str) -> set[str]:
+    """The test names the inner session selects with `-m marker`."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path), str(TESTS), str(TESTS / "support"), str(TESTS.parent)]
+        ),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider",
+         "--collect-only", "-q", "-m", marker, "--rootdir", str(tmp_path),
+         str(tmp_path / "test_inner.py")],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: nothing selected
+    return {line.split("::", 1)[1] for line in done.stdout.splitlines() if "::" in line}
+
+
+@pytest.fixture
+def inner(tmp_path: Path) -> Path:
+    (tmp_path / "inner_helpers.py").write_text(HELPERS)
+    (tmp_path / "test_inner.py").write_text(MODULE)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("marker", "expected"),
+    [
+        (
+            "prometheus",
+            {
+                "test_through_a_helper",
+                "test_through_a_constant_in_a_decorator",
+                "TestGrouped::test_method_through_a_helper",
+            },
+        ),
+        ("chromium", {"test_through_a_fixture"}),
+        ("kubectl", {"test_through_an_imported_helper"}),
+        (
+            "vllm",
+            {
+                "test_through_the_vllm_helper",
+                "test_through_the_serving_helper_of_the_tests_package",
+            },
+        ),
+        (
+            "slow",
+            {
+                "test_through_the_vllm_helper",
+                "test_through_the_serving_helper_of_the_tests_package",
+            },
+        ),
+        ("systemd or node", set()),
+    ],
+)
+def test_each_marker_selects_exactly_the_tests_that_reach_its_tool(
+    inner: Path, marker: str, expected: set[str]
+) -> None:
+    """`-m MARKER` selects the tests that need the tool and no other."""
+    assert selected(inner, marker) == expected
