@@ -137,7 +137,7 @@ def test_renaming_or_adding_an_event_without_the_shell_fails_mypy(tmp_path: Path
     #    handle: its match on the policy's events fails at assert_never.
     _edit(core / "episode" / "events.py", "    BUDGET_CLEARED = ", "    BUDGET_RESET = ")
     _edit(
-        core / "restart_policy.py",
+        core / "restart" / "restart_policy.py",
         "    ReportEvent.BUDGET_RESET,\n]",
         "    ReportEvent.BUDGET_RESET,\n    ReportEvent.RESTART_DEFERRED,\n]",
     )
