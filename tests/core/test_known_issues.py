@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from wedgewatch.core.evidence.known_issues import (
     shipped_known_issues,
     version_in,
 )
-from wedgewatch.report.model import read_bundle
+from wedgewatch.report.model import list_bundles, read_bundle
 from wedgewatch.vllm.build_info import cache_config_labels, features
 
 OFFLOAD = TP2_OFFLOAD  # with no VLLM_USE_SIMPLE_KV_OFFLOAD: vLLM's OffloadingConnector
@@ -335,3 +336,21 @@ def test_an_unfixed_entry_names_the_newest_release_read() -> None:
     )
     assert publisher.to_json()["checked_through"] == "0.34.0"
     assert "frame ZmqEventPublisher.publish in engine_core 7 (wedged)" in publisher.evidence
+
+
+def test_bundles_says_fixed_in_or_fix_not_released(tmp_path: Path) -> None:
+    """`wedgewatch bundles` names, beside each match, the release that fixes it or that no
+    release read does."""
+    fixed = make_bundle(tmp_path, "20261202T090000Z_local_engine0_deferred_stall",
+                        flags=OFFLOAD, version="0.30.0")  # fmt: skip
+    blocked = make_bundle(tmp_path, "20261202T100000Z_local_engine0_progress_stall",
+                          family="progress_stall", wedge=reading(running=3),
+                          rename_frames={"EngineCore._process_engine_step":
+                                         "ZmqEventPublisher.publish"})  # fmt: skip
+    for bundle in (fixed, blocked):
+        summary = json.loads((bundle / "summary.json").read_text())
+        summary["known_issues"] = [m.to_json() for m in read_bundle(bundle).matches]
+        (bundle / "summary.json").write_text(json.dumps(summary))
+    rows = {r.name: r.known_issues for r in list_bundles(tmp_path)}
+    assert "vllm-57841 (fixed in 0.31.0)" in rows[fixed.name]
+    assert "vllm-53859 (fix not released)" in rows[blocked.name]

@@ -548,6 +548,15 @@ def build_model(
     )
 
 
+def _fix_note(match: Mapping[str, Any]) -> str:
+    """` (fixed in 0.31.0)`, ` (fix not released)` or ` (no fix known)` for `bundles`."""
+    if match.get("fixed_in"):
+        return f" (fixed in {match['fixed_in']})"
+    if match.get("checked_through"):
+        return " (fix not released)"
+    return " (no fix known)"
+
+
 def _watchdog(files: Mapping[str, bytes | str]) -> tuple[WatchdogView, ...]:
     """vLLM's watchdog dump files in the bundle (`watchdog/VLLM_STACK_DUMP_for_*.log`)."""
     views: list[WatchdogView] = []
@@ -667,7 +676,7 @@ def list_bundles(evidence_dir: Path) -> list[BundleRow]:
         issues = summary.get("known_issues")
         known = (
             ", ".join(
-                ("possibly " if m.get("possibility") else "") + str(m.get("id"))
+                ("possibly " if m.get("possibility") else "") + str(m.get("id")) + _fix_note(m)
                 for m in issues
                 if isinstance(m, Mapping)
             )
