@@ -492,6 +492,14 @@ def remedy_note(
             record["detail"] = fields.get("detail")
         case core.ReportEvent.EPISODE_CLOSED:
             record = {"event": "episode_closed", "outcome": fields.get("outcome"), **stamp}
+        case core.ReportEvent.ABORT_REQUESTED:
+            record = {"event": "abort_requested", "reason": fields.get("reason"), **stamp}
+            record["triage"] = fields.get("triage")
+        case core.ReportEvent.ABORT_SUCCEEDED | core.ReportEvent.ABORT_FAILED:
+            ok = effect.event is core.ReportEvent.ABORT_SUCCEEDED
+            record = {"event": "abort", "ok": ok, "outcome": fields.get("outcome"), **stamp}
+            record.update(aborted=fields.get("aborted"), detail=fields.get("detail"))
+            record["serving_lost_seconds"] = fields.get("seconds")
         case (
             core.ReportEvent.STALL_SUSPECTED
             | core.ReportEvent.WEDGE_DETECTED
@@ -513,6 +521,7 @@ def remedy_note(
             | core.ReportEvent.GAVE_UP_CLEARED
             | core.ReportEvent.BACKOFF_RESET
             | core.ReportEvent.BUDGET_RESET
+            | core.ReportEvent.ABORT_SKIPPED
         ):
             return None  # says nothing about what became of the bundle
         case _:
