@@ -84,12 +84,14 @@ def world_for(
     script: Callable[[float], str],
     *,
     finder: ProcessFinder | None = None,
+    remedy_name: str = "signal",
 ) -> World:
     """test_loop's world, watching the stand-in's URL, with the real abort adapter."""
     world = make_world(
         tmp_path,
         script,
         until=400,
+        remedy_name=remedy_name,
         targets=[f"sim={server.url}"],
         abort_first=True,
         canary_timeout_seconds=10.0,
@@ -190,3 +192,31 @@ def test_abort_first_is_refused_in_observe_mode() -> None:
         load_config(environ={}, flags={"abort_first": True, "remedy": "none"})
     assert any("abort_first" in m for m in caught.value.messages)
     assert Config(abort_first=True, remedy="probe").abort_first
+
+
+async def test_under_the_kubelet_the_probe_fails_only_after_the_abort_did_not_cure(
+    tmp_path: Path, stand_in: tuple[StandIn, ScriptedServer]
+) -> None:
+    """remedy = "probe": the sidecar sends the abort itself; /probe passes ("abort") while it
+    is tried and asks the kubelet for the restart (503 "restart") once it did not cure."""
+    _fake, server = stand_in
+    seen: list[str] = []
+    world = world_for(
+        tmp_path, server, lambda t: "healthy" if t < 60 else "wedged", remedy_name="probe"
+    )
+
+    def probe_decision(_now: float) -> None:
+        daemon = world.sleeper.daemon
+        target = daemon.snapshot.targets.get("sim") if daemon is not None else None
+        if target is not None and target.probe is not None:
+            seen.append(target.probe.decision)
+
+    world.sleeper.on_tick = probe_decision
+    _daemon, logs = await play(world)
+    assert len(abort_calls(server)) == 1
+    assert "abort" in seen
+    assert "restart" in seen
+    assert seen.index("abort") < seen.index("restart")
+    assert seen[: seen.index("abort")].count("restart") == 0
+    (failed,) = events(logs, "abort_failed")
+    assert failed["outcome"] == "escalated"
