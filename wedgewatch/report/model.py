@@ -505,11 +505,13 @@ def build_model(
     points, marks = timeline(history, engine, wedge_at)
     origin = wedge_at if wedge_at is not None else None
     for event in remedy:
+        if event.get("event") == "abort_requested":
+            continue  # the abort's result below marks the timeline
         at = _event_at(event, origin) if origin is not None else None
         if at is not None and origin is not None:
             label = (
-                "restart"
-                if event.get("event") == "restart"
+                str(event.get("event"))
+                if event.get("event") in ("restart", "abort")
                 else {"restarted": "back", "recovered": "recovered"}.get(
                     str(event.get("outcome")), "episode ended"
                 )
@@ -634,9 +636,37 @@ _CLOSED = {
 }
 
 
+def abort_outcome(events: Sequence[Mapping[str, Any]]) -> str | None:
+    """The abort cure's part of `remedy.jsonl` in words (None when no abort ran): what it
+    cost (requests aborted), whether it worked, and how long serving was lost."""
+    aborts = [e for e in events if e.get("event") == "abort"]
+    if not aborts:
+        return None
+    last = aborts[-1]
+    count = last.get("aborted")
+    cost = f"{count} request(s) aborted" if isinstance(count, int) else "in-flight requests aborted"
+    if last.get("ok") is not True:
+        return f"abort did not cure ({last.get('outcome') or 'failed'}; {cost})"
+    lost = last.get("serving_lost_seconds")
+    if isinstance(lost, int | float):
+        return f"aborted ({cost}), serving again {lost:.1f} s after the verdict, no restart"
+    return f"aborted ({cost}), serving again, no restart"
+
+
 def remedy_outcome(events: Sequence[Mapping[str, Any]]) -> str:
     """What happened after the capture, from `remedy.jsonl`: `restarted, server back after
-    the restart`, `restart failed: ...`, `recovered without restart`, `none recorded`."""
+    the restart`, `restart failed: ...`, `recovered without restart`, `none recorded`; an
+    abort cure comes first (`aborted (3 request(s) aborted), serving again ...`)."""
+    aborted = abort_outcome(events)
+    text = _restart_outcome(events)
+    if aborted is None:
+        return text
+    if text in ("none recorded", "recovered without restart", "recovered"):
+        return aborted
+    return f"{aborted}; then {text}"
+
+
+def _restart_outcome(events: Sequence[Mapping[str, Any]]) -> str:
     restarts = [e for e in events if e.get("event") == "restart"]
     closed = [e for e in events if e.get("event") == "episode_closed"]
     ending = (

@@ -28,7 +28,13 @@ from wedgewatch.core.evidence.watchdog import StackDumpRecord
 from wedgewatch.core.text.escape import md_fence, md_inline, md_text, neutralise
 from wedgewatch.core.text.redact import redact_argv, redact_env
 from wedgewatch.report.chart import INSTALL_HINT
-from wedgewatch.report.model import BundleModel, Point, StackView, remedy_outcome
+from wedgewatch.report.model import (
+    BundleModel,
+    Point,
+    StackView,
+    abort_outcome,
+    remedy_outcome,
+)
 
 NO_MATCH = "No known issue matches this bundle."
 _UPSTREAM_ROWS = 12
@@ -148,6 +154,9 @@ def _did(model: BundleModel) -> str:
         f"Captured this bundle at {_clock(model.verdict_timestamp)} (py-spy stacks of "
         f"{len(stacks)} processes, /metrics, the process tree, the flight recorder)"
     )
+    aborted = abort_outcome(model.remedy)
+    if aborted is not None:
+        text += f", then sent the abort cure: {aborted}"
     restarts = [e for e in model.remedy if e.get("event") == "restart"]
     closed = [e for e in model.remedy if e.get("event") == "episode_closed"]
     if restarts:
@@ -160,7 +169,7 @@ def _did(model: BundleModel) -> str:
             text += f"; it answered again {human_seconds(max(back - when, 0.0))} later"
         elif last.get("ok") is not True:
             text += f" ({last.get('detail')})"
-    else:
+    elif aborted is None:
         text += f"; {remedy_outcome(model.remedy)}"
     return text + "."
 
