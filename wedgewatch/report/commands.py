@@ -118,8 +118,9 @@ def write_report(bundle: Path, output: Path | None = None, *, upstream: bool = F
 def _write(path: Path, text: str) -> None:
     """Write a report file 0600 (it describes a private bundle), replacing an older one.
 
-    The text is written as the renderer made it: the renderer redacts every value before it
-    escapes it (`core.text.escape`), and a pass over the rendered text could undo an escape.
+    The text is written as the renderer made it: the bundle's values were redacted as they
+    were read (`model.load_files`), before the renderer escaped them; a pass over the rendered
+    text could undo an escape (mask the backslash of `\\<` away).
     The temporary file is always a new one (`io.atomic.write_atomic`: `O_EXCL`, 0600,
     renamed over `path`, which is replaced and never followed if it is a symlink).
     """

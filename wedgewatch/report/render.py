@@ -24,7 +24,7 @@ from wedgewatch import __version__
 from wedgewatch.core.detection.states import CapturePhase
 from wedgewatch.core.evidence.known_issues import Match
 from wedgewatch.core.text.escape import md_fence, md_inline, md_text, neutralise
-from wedgewatch.core.text.redact import redact_argv, redact_env, redact_text
+from wedgewatch.core.text.redact import redact_argv, redact_env
 from wedgewatch.report.chart import INSTALL_HINT
 from wedgewatch.report.model import BundleModel, Point, StackView, remedy_outcome
 
@@ -260,8 +260,8 @@ details{margin:4px 0}summary{cursor:pointer}
 
 
 def _e(value: object) -> str:
-    """Redacted, then HTML-escaped, control characters visible (a bundle's strings are data)."""
-    return html.escape(neutralise(redact_text(str(value)), 1_000_000))
+    """HTML-escaped, control characters visible (a bundle's strings are data)."""
+    return html.escape(neutralise(str(value), 1_000_000))
 
 
 def _table(rows: Sequence[Sequence[object]], head: Sequence[str] | None = None) -> str:

@@ -17,9 +17,9 @@ terminal, a log line, Markdown or Slack text it passes one of these:
   (`\\[`, `\\<`, `\\*`, `` \\` ``, `\\|`), so no link, image, HTML or emphasis comes of it.
 * `slack_text`: Slack's `mrkdwn` rules: `&`, `<` and `>` as `&amp;`, `&lt;` and `&gt;`.
 
-The Markdown helpers redact their value (`redact.redact_text`) before they escape it: a
-secret is masked in the value, never in the rendered text, where masking could swallow an
-escape's backslash and let markup out; the report writer writes what the renderer made.
+The helpers escape; they do not redact. A value is redacted before it reaches them (a
+report's bundle as it is read: `io.bundles.bundle_bytes`), never in the rendered text, where
+masking could swallow an escape's backslash (`\\<`) and let markup out.
 """
 
 from __future__ import annotations
@@ -77,26 +77,24 @@ def _longest_backticks(text: str) -> int:
 
 
 def md_inline(text: object, limit: int = 400) -> str:
-    """An inline Markdown code span holding `text` verbatim (redacted, on one line,
-    neutralised)."""
-    value = neutralise(redact_text(str(text)), limit, newlines=False)
+    """An inline Markdown code span holding `text` verbatim (on one line, neutralised)."""
+    value = neutralise(str(text), limit, newlines=False)
     ticks = "`" * (_longest_backticks(value) + 1)
     pad = " " if value.startswith("`") or value.endswith("`") or not value.strip() else ""
     return f"{ticks}{pad}{value}{pad}{ticks}"
 
 
 def md_fence(body: str, info: str = "", limit: int = 200_000) -> list[str]:
-    """The lines of a fenced Markdown block holding `body` (redacted): the fence is longer
-    than any backtick run in it (at least three), so the body never closes it."""
-    value = neutralise(redact_text(body), limit)
+    """The lines of a fenced Markdown block holding `body`: the fence is longer than any
+    backtick run in it (at least three), so the body never closes it."""
+    value = neutralise(body, limit)
     fence = "`" * max(3, _longest_backticks(value) + 1)
     return [fence + info, value, fence]
 
 
 def md_text(text: object, limit: int = 2000) -> str:
-    """Plain Markdown text: redacted, every markup character escaped, on one line,
-    neutralised."""
-    return _MD_SPECIAL.sub(r"\\\1", neutralise(redact_text(str(text)), limit, newlines=False))
+    """Plain Markdown text: every markup character escaped, on one line, neutralised."""
+    return _MD_SPECIAL.sub(r"\\\1", neutralise(str(text), limit, newlines=False))
 
 
 def slack_text(text: str) -> str:
