@@ -8,12 +8,9 @@ with one (markdown-it-py) instead of looking for strings.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterator
 from pathlib import Path
 
-from markdown_it import MarkdownIt
-from markdown_it.token import Token
+from commonmark_check import raw_html_and_remote_images
 from report_bundles import make_bundle
 
 from wedgewatch.report.commands import write_report
@@ -25,27 +22,6 @@ HOSTILE = (
     f"{SCRIPT} <img src=http://evil.example/i.png> ![pwn](http://evil.example/p.png) "
     f"[x](javascript:alert(1)) <!-- c --> `tick ``` --api-key {PLANTED}"
 )
-# The upstream body's own folding blocks: fixed tags around an escaped title.
-_OWN_HTML = re.compile(r"<details><summary>py-spy stack: [^<>]*</summary>\n|</details>\n")
-
-
-def _tokens(tokens: list[Token]) -> Iterator[Token]:
-    for token in tokens:
-        yield token
-        yield from _tokens(token.children or [])
-
-
-def _raw_html_and_remote_images(markdown: str) -> list[str]:
-    """What CommonMark renders as raw HTML (but the body's own folds) or as a remote image."""
-    found: list[str] = []
-    for token in _tokens(MarkdownIt("commonmark").parse(markdown)):
-        if token.type in ("html_block", "html_inline") and not _OWN_HTML.fullmatch(token.content):
-            found.append(f"{token.type}: {token.content!r}")
-        if token.type == "image":
-            src = str(token.attrGet("src") or "")
-            if ":" in src or src.startswith("//"):
-                found.append(f"image: {src!r}")
-    return found
 
 
 def _hostile_bundle(root: Path) -> Path:
@@ -80,7 +56,7 @@ def test_a_hostile_matched_on_value_renders_no_raw_html_and_no_secret(tmp_path: 
     markdown = (bundle / "report.md").read_text()
     matched = [line for line in markdown.splitlines() if line.startswith("- Matched on:")]
     assert any("script" in line for line in matched), matched  # the frame reached the line
-    assert _raw_html_and_remote_images(markdown) == []
+    assert raw_html_and_remote_images(markdown) == []
     assert PLANTED not in markdown
 
 
@@ -95,11 +71,11 @@ def test_every_markdown_output_of_a_hostile_bundle_renders_no_raw_html(tmp_path:
     for path in markdowns:
         text = path.read_text()
         assert "script" in text, path  # the hostile strings are shown, as text
-        assert _raw_html_and_remote_images(text) == [], path
+        assert raw_html_and_remote_images(text) == [], path
         assert PLANTED not in text, path
 
 
 def test_the_parser_check_finds_raw_html_and_a_remote_image() -> None:
     """The check itself: a raw tag, an HTML comment and a remote image are all reported."""
-    found = _raw_html_and_remote_images("a <b>x</b>\n\n<!-- c -->\n\n![p](http://e.example/p)\n")
+    found = raw_html_and_remote_images("a <b>x</b>\n\n<!-- c -->\n\n![p](http://e.example/p)\n")
     assert [f.split(":")[0] for f in found] == ["html_inline", "html_inline", "html_block", "image"]

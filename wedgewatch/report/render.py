@@ -683,9 +683,11 @@ def render_upstream(model: BundleModel) -> str:
         lines += [
             "",
             "Related, by the watchdog's known-issue signatures: "
-            + "; ".join(
-                f"{_ref(m)} ({m.release_verdict}; {m.fix})" if not m.possible else _ref(m)
-                for m in model.matches
+            + md_text(  # a verdict names the bundle's version: the target's text
+                "; ".join(
+                    f"{_ref(m)} ({m.release_verdict}; {m.fix})" if not m.possible else _ref(m)
+                    for m in model.matches
+                )
             ),
         ]
     engine = next(
