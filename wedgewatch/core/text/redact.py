@@ -32,6 +32,9 @@ ends in `key`, `token`, `secret`, `password`, `passwd`, `pwd` or `credential(s)`
 `auth`, `authorization`, `pass`, `sig` or `signature`, or any of whose words contains
 `secret` or `password` (`secret_access_key`, `apiKey`, `HF_TOKEN`; not `max_tokens` or
 `ssl_keyfile`). The mask is always `***`.
+
+Every pattern here is linear in the text (no quantifier that can be retried from every
+position over an unbounded run): a hostile megabyte costs a fraction of a second of CPU.
 """
 
 from __future__ import annotations
