@@ -14,7 +14,7 @@ from pathlib import Path
 
 from commonmark_check import raw_html_and_remote_images
 from fuzzing import FUZZ, hostile_text, within_cpu
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from report_bundles import make_bundle
 
@@ -68,6 +68,7 @@ def _hostile_files(values: list[str]) -> dict[str, bytes | str]:
 
 @FUZZ
 @given(st.lists(hostile_text.map(lambda t: t[:20_000]), min_size=1, max_size=10))
+@example(["0" * 5000])  # a /version of 5,000 digits: `int` of it raised
 def test_any_bundle_text_renders_inert_markdown_and_html(values: list[str]) -> None:
     """Hostile strings in every target-supplied field: no raw HTML or remote image in either
     Markdown, no value's tag in the HTML page, no planted secret anywhere."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fuzzing import FUZZ, hostile_text, within_cpu
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from wedgewatch.vllm import signals
@@ -17,6 +17,8 @@ from wedgewatch.vllm import signals
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 VALID = (FIXTURES / "deferred_wedge.prom").read_text()
 MESSAGE_CHARS = 2000  # a failure message quotes a short excerpt, never the body
+# Inside a sample's value: where the library's message once quoted a whole hostile line.
+IN_A_VALUE = VALID.index("\nprocess_start_time_seconds ") + len("\nprocess_start_time_seconds ")
 
 
 def _check(body: bytes | str) -> None:
@@ -31,6 +33,7 @@ def _check(body: bytes | str) -> None:
 
 @FUZZ
 @given(st.integers(0, len(VALID)), hostile_text)
+@example(IN_A_VALUE, "0\x7f" * 5000)
 def test_a_valid_body_with_hostile_text_inserted_is_read_or_refused(at: int, text: str) -> None:
     """The real exposition with hostile text anywhere in it: a reading or a failure."""
     _check(VALID[:at] + text + VALID[at:])
