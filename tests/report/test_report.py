@@ -171,7 +171,9 @@ def test_bundles_lists_newest_first_with_match_and_remedy(tmp_path: Path) -> Non
     (tmp_path / "not-a-bundle").mkdir()
     rows = list_bundles(tmp_path)
     assert [r.name for r in rows] == [newer.name, "20261202T090000Z_local_engine0_admission_stall"]
-    assert rows[0].known_issues == "vllm-53868, possibly vllm-simple-offload-stuck-transfer"
+    assert rows[0].known_issues == (
+        "vllm-53868 (no fix known), possibly vllm-simple-offload-stuck-transfer (no fix known)"
+    )
     assert rows[0].remedy == "restarted"
     assert rows[1].remedy == "none recorded"
     text = format_bundles(rows)

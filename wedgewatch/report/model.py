@@ -33,6 +33,11 @@ from wedgewatch.core.evidence.triage import (
     _python_frames,
     parse_pyspy_json,
 )
+from wedgewatch.core.evidence.watchdog import (
+    StackDumpRecord,
+    parse_dump_name,
+    parse_dump_text,
+)
 from wedgewatch.io.bundles import (
     UntrustedRead,
     bundle_bytes,
@@ -89,6 +94,22 @@ class StackView:
     state: str | None = None  # why it could not be dumped normally (/proc: stopped, zombie, ...)
 
 
+@dataclass(frozen=True, slots=True)
+class WatchdogView:
+    """One of vLLM's own watchdog dump files the bundle carries (`watchdog/`), read."""
+
+    file: str
+    name: str
+    role: str
+    pid: int
+    dumps: tuple[StackDumpRecord, ...]
+
+    @property
+    def last(self) -> StackDumpRecord | None:
+        """The newest dump in the file (the one the report shows)."""
+        return self.dumps[-1] if self.dumps else None
+
+
 @dataclass(frozen=True)
 class BundleModel:
     """Everything the report shows about one bundle."""
@@ -107,6 +128,14 @@ class BundleModel:
     matches: tuple[Match, ...]
     metrics_files: tuple[str, ...] = ()
     files: Mapping[str, int] = field(default_factory=dict)
+    watchdog: tuple[WatchdogView, ...] = ()
+
+    @property
+    def watchdog_timeouts(self) -> Mapping[str, Any]:
+        """`vllm:watchdog_timeouts_total` by label set, as the capture read it ({} if none)."""
+        section = self.summary.get("watchdog")
+        value = section.get("timeouts_total") if isinstance(section, Mapping) else None
+        return value if isinstance(value, Mapping) else {}
 
     # -- summary fields, with safe defaults ------------------------------------------------
     def text(self, key: str, default: str = "?") -> str:
@@ -192,6 +221,7 @@ def load_files(path: Path, names: Sequence[str] | None = None) -> dict[str, byte
     if names is None:
         names = [*_TOP_FILES]
         names += [n for n in list_untrusted(path, "pyspy") if n.endswith((".json", ".txt"))]
+        names += [n for n in list_untrusted(path, "watchdog") if n.endswith(".log")]
     for rel in names:
         try:
             files[rel] = bundle_bytes(rel, read_untrusted(path, rel, MAX_FILE_BYTES))
@@ -487,8 +517,12 @@ def build_model(
             marks = (*marks, (at - origin, label))
 
     stacks = _stacks(summary, files, problems)
+    watchdog = _watchdog(files)
     workers = {v.pid for v in stacks if v.role == str(Role.WORKER)}
-    frames = seen_frames((v.round, v.role, v.pid, v.threads) for v in stacks)
+    frames = seen_frames(
+        [(v.round, v.role, v.pid, v.threads) for v in stacks]
+        + [("watchdog", w.role, w.pid, w.last.threads) for w in watchdog if w.last]
+    )
     facts = bundle_facts(
         summary, build, history, frames, workers=len(workers), cache_config=cache_config
     )
@@ -510,7 +544,32 @@ def build_model(
         matches=matches,
         metrics_files=metrics_files,
         files=sizes,
+        watchdog=watchdog,
     )
+
+
+def _fix_note(match: Mapping[str, Any]) -> str:
+    """` (fixed in 0.31.0)`, ` (fix not released)` or ` (no fix known)` for `bundles`."""
+    if match.get("fixed_in"):
+        return f" (fixed in {match['fixed_in']})"
+    if match.get("checked_through"):
+        return " (fix not released)"
+    return " (no fix known)"
+
+
+def _watchdog(files: Mapping[str, bytes | str]) -> tuple[WatchdogView, ...]:
+    """vLLM's watchdog dump files in the bundle (`watchdog/VLLM_STACK_DUMP_for_*.log`)."""
+    views: list[WatchdogView] = []
+    for rel, data in sorted(files.items()):
+        if not rel.startswith("watchdog/") or not isinstance(data, bytes):
+            continue
+        file = rel.removeprefix("watchdog/")
+        named = parse_dump_name(file)
+        if named is None:
+            continue
+        dumps = parse_dump_text(data.decode("utf-8", errors="replace"))
+        views.append(WatchdogView(file, named.name, str(named.role), named.pid, dumps))
+    return tuple(views)
 
 
 def _wedge_at(summary: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> float | None:
@@ -617,7 +676,7 @@ def list_bundles(evidence_dir: Path) -> list[BundleRow]:
         issues = summary.get("known_issues")
         known = (
             ", ".join(
-                ("possibly " if m.get("possibility") else "") + str(m.get("id"))
+                ("possibly " if m.get("possibility") else "") + str(m.get("id")) + _fix_note(m)
                 for m in issues
                 if isinstance(m, Mapping)
             )
