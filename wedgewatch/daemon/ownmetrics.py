@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.samples import Sample
 
 from wedgewatch.core.detection.canary import CANARY_FAILURE_REASONS
 from wedgewatch.core.detection.states import CaptureFailureReason, CapturePhase
@@ -286,7 +287,7 @@ class OwnMetrics:
         previous = self._engines.get(target, {})
         current: dict[tuple[str, str], str] = {}
         for sample in engines:
-            model_name = redact_text(sample.model_name)  # a scraped page keeps no secret (#21)
+            model_name = sample.model_name  # redacted where it leaves: `WithoutCreated`
             labels = (target, model_name, sample.engine)
             current[(model_name, sample.engine)] = sample.state
             self._set_enum(self._engine_state, labels, sample.state)
@@ -413,12 +414,22 @@ class WithoutCreated:
         self._registry = registry
 
     def collect(self) -> Iterable[Metric]:
-        """The registry's families, with each `<family>_created` sample left out."""
+        """The registry's families, with each `<family>_created` sample left out and every
+        `model_name` label (the target's text) redacted: the one place the page leaves."""
         for family in self._registry.collect():
             if family.type in _CREATED_TYPES:
                 created = f"{family.name}_created"
                 family.samples = [s for s in family.samples if s.name != created]
+            family.samples = [
+                _redacted(s) if "model_name" in s.labels else s for s in family.samples
+            ]
             yield family
+
+
+def _redacted(sample: Sample) -> Sample:
+    return sample._replace(
+        labels={**sample.labels, "model_name": redact_text(sample.labels["model_name"])}
+    )
 
 
 def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wedgewatch.core.text.escape import neutralise
-from wedgewatch.core.text.redact import redact_text
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.report.chart import INSTALL_HINT, timeline_svg
 from wedgewatch.report.model import BundleRow, list_bundles, newest_bundle, read_bundle
@@ -119,8 +118,10 @@ def write_report(bundle: Path, output: Path | None = None, *, upstream: bool = F
 def _write(path: Path, text: str) -> None:
     """Write a report file 0600 (it describes a private bundle), replacing an older one.
 
-    The writer redacts (i21b, #21): the text passes `redact_text` once more, whatever put it
-    there. The temporary file is always a new one (`io.atomic.write_atomic`: `O_EXCL`, 0600,
+    The text is written as the renderer made it: the bundle's values were redacted as they
+    were read (`model.load_files`), before the renderer escaped them; a pass over the rendered
+    text could undo an escape (mask the backslash of `\\<` away).
+    The temporary file is always a new one (`io.atomic.write_atomic`: `O_EXCL`, 0600,
     renamed over `path`, which is replaced and never followed if it is a symlink).
     """
-    write_atomic(path, redact_text(text).encode())
+    write_atomic(path, text.encode())

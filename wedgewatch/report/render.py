@@ -271,7 +271,7 @@ details{margin:4px 0}summary{cursor:pointer}
 
 
 def _e(value: object) -> str:
-    """HTML-escaped, control characters visible (a bundle's strings are data; #21)."""
+    """HTML-escaped, control characters visible (a bundle's strings are data)."""
     return html.escape(neutralise(str(value), 1_000_000))
 
 
@@ -770,9 +770,11 @@ def render_upstream(model: BundleModel) -> str:
         lines += [
             "",
             "Related, by the watchdog's known-issue signatures: "
-            + "; ".join(
-                f"{_ref(m)} ({m.release_verdict}; {m.fix})" if not m.possible else _ref(m)
-                for m in model.matches
+            + md_text(  # a verdict names the bundle's version: the target's text
+                "; ".join(
+                    f"{_ref(m)} ({m.release_verdict}; {m.fix})" if not m.possible else _ref(m)
+                    for m in model.matches
+                )
             ),
         ]
     engine = next(

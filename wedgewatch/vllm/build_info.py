@@ -42,6 +42,7 @@ _BOOLEAN_FLAGS = frozenset(
 _CACHE_LINE = re.compile(r"^vllm:cache_config_info\{(.*)\}\s+\S+\s*$", re.MULTILINE)
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)")
+_MAX_VERSION_DIGITS = 9  # per dotted part; real ones have at most 8 (a date: 20261202)
 KV_POOL_FULL = 0.9  # KV cache usage at or above this counts as a full pool
 
 
@@ -94,13 +95,18 @@ def build_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """`0.33.0+wedgewatch.sim` -> (0, 33, 0); None when there is no leading number."""
+    """`0.33.0+wedgewatch.sim` -> (0, 33, 0); None when there is no leading number, or a part
+    longer than any release's (a hostile `/version` of 5,000 digits is no version: `int` of it
+    would raise)."""
     if not version:
         return None
     match = _VERSION.match(version.strip())
     if match is None:
         return None
-    return tuple(int(p) for p in match[1].split("."))
+    parts = match[1].split(".")
+    if any(len(part) > _MAX_VERSION_DIGITS for part in parts):
+        return None
+    return tuple(int(p) for p in parts)
 
 
 def _off(value: str | None) -> bool:

@@ -389,7 +389,8 @@ def _read_sample_with_library(name: str, rest: str) -> tuple[dict[str, str], flo
         labels = {str(k): str(v) for k, v in sample.labels.items()}
         value = float(sample.value)
     except Exception as error:
-        raise _Malformed(f"malformed {name} sample ({error})") from error
+        # The library's message may quote the whole line: cut, the excerpt follows anyway.
+        raise _Malformed(f"malformed {name} sample ({_cut(str(error))})") from error
     if sample.name != name:
         raise _Malformed(f"malformed {name} sample (read as {sample.name!r})")
     return labels, value
@@ -483,6 +484,11 @@ def _reading(key: EngineKey, engine: _Engine) -> EngineReading | ParseFailure:
         finished_by_reason=engine.finished_by_reason,
         prefix_cache_queries=values.get(PREFIX_CACHE_QUERIES),
     )
+
+
+def _cut(text: str) -> str:
+    """`text` at most `_EXCERPT_CHARS` characters long (a library's message quoting a line)."""
+    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
 
 
 def _excerpt(text: str) -> str:

@@ -607,6 +607,8 @@ def adopt_redacted_keys(
     """A state file keeps model names redacted (#21, `detect_state`): an engine restored
     under the redacted form of a live engine's key is that engine, under its live key."""
     for key in sorted(exposition.engines):
+        if key in known:  # the steady state: nothing to adopt, nothing to redact
+            continue
         stored = EngineKey(redact_text(key.model_name), key.engine)
         live_elsewhere = stored in exposition.engines  # a live engine under that name: its own
         if key not in known and stored != key and stored in known and not live_elsewhere:

@@ -60,7 +60,9 @@ def _dump_engines(engines: tuple[EngineMemory, ...]) -> list[dict[str, Any]]:
     redact alike, the first is kept (the other starts from a fresh baseline)."""
     dumped: dict[EngineKey, dict[str, Any]] = {}
     for memory in engines:
-        dumped.setdefault(stored_key(memory.key), _dump_memory(memory))
+        key = stored_key(memory.key)
+        if key not in dumped:
+            dumped[key] = _dump_memory(memory, key)
     return [dumped[key] for key in sorted(dumped)]
 
 
@@ -73,7 +75,7 @@ def _dump_optional(value: float | None) -> float | str | None:
     return None if value is None else semantics.encode_float(value)
 
 
-def _dump_memory(memory: EngineMemory) -> dict[str, Any]:
+def _dump_memory(memory: EngineMemory, key: EngineKey) -> dict[str, Any]:
     reading = memory.reading
     dumped_reading: dict[str, Any] = {
         name: semantics.encode_float(getattr(reading, name)) for name in _READING_FLOATS
@@ -88,8 +90,8 @@ def _dump_memory(memory: EngineMemory) -> dict[str, Any]:
     dumped_reading["prefix_cache_queries"] = _dump_optional(reading.prefix_cache_queries)
     dumped_reading["awake"] = reading.awake
     return {
-        "model_name": redact_text(memory.key.model_name),
-        "engine": memory.key.engine,
+        "model_name": key.model_name,  # `stored_key`: redacted
+        "engine": key.engine,
         "state": memory.state.value,
         "family": None if memory.family is None else memory.family.value,
         "since_at": memory.since_at,

@@ -16,6 +16,10 @@ terminal, a log line, Markdown or Slack text it passes one of these:
 * `md_text`: plain Markdown text with every character that could start markup escaped
   (`\\[`, `\\<`, `\\*`, `` \\` ``, `\\|`), so no link, image, HTML or emphasis comes of it.
 * `slack_text`: Slack's `mrkdwn` rules: `&`, `<` and `>` as `&amp;`, `&lt;` and `&gt;`.
+
+The helpers escape; they do not redact. A value is redacted before it reaches them (a
+report's bundle as it is read: `io.bundles.bundle_bytes`), never in the rendered text, where
+masking could swallow an escape's backslash (`\\<`) and let markup out.
 """
 
 from __future__ import annotations

@@ -32,6 +32,9 @@ ends in `key`, `token`, `secret`, `password`, `passwd`, `pwd` or `credential(s)`
 `auth`, `authorization`, `pass`, `sig` or `signature`, or any of whose words contains
 `secret` or `password` (`secret_access_key`, `apiKey`, `HF_TOKEN`; not `max_tokens` or
 `ssl_keyfile`). The mask is always `***`.
+
+Every pattern here is linear in the text (no quantifier that can be retried from every
+position over an unbounded run): a hostile megabyte costs a fraction of a second of CPU.
 """
 
 from __future__ import annotations
@@ -52,7 +55,10 @@ _SECRET_FLAG = re.compile(
 )
 _SECRET_ENV_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+# The scheme is bounded: an unbounded run would be tried again from every letter of a long
+# word before a "://" (quadratic); a longer run still matches its last 32 characters, so the
+# URL's userinfo and query are masked all the same.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s'\"<>`]+")
 _KEY_WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 _SECRET_ENDINGS = (
     "key",
@@ -86,10 +92,21 @@ _FLAG_HINT = re.compile(
 _CLOSERS = frozenset("`'\")]}>,;")
 
 
-@functools.lru_cache(maxsize=4096)  # the same label and key names come again and again
+_CACHED_CHARS = 512  # longer strings are not cached: a cache must not hold megabytes
+
+
 def is_secret_key(name: str) -> bool:
     """Whether a key, parameter or variable name looks like it holds a secret (`apiKey`,
     `secret_access_key`, `HF_TOKEN`, `pwd`; not `max_tokens`, `ssl_keyfile`)."""
+    return _is_secret_key(name) if len(name) <= _CACHED_CHARS else _secret_words(name)
+
+
+@functools.lru_cache(maxsize=4096)  # the same label and key names come again and again
+def _is_secret_key(name: str) -> bool:
+    return _secret_words(name)
+
+
+def _secret_words(name: str) -> bool:
     words = [w.lower() for w in _KEY_WORDS.findall(name)]
     if not words:
         return False
@@ -156,7 +173,6 @@ def _mask_params(text: str) -> str:
     return _PARAM.sub(one, text)
 
 
-@functools.lru_cache(maxsize=4096)  # pure, and asked on every scrape
 def redact_url(url: str) -> str:
     """A URL without its userinfo secret and with secret-looking query and fragment values
     masked.
@@ -165,6 +181,15 @@ def redact_url(url: str) -> str:
     a token-only userinfo is masked whole: `http://TOKEN@h` -> `http://***@h`.
     Text that is not a URL comes back unchanged.
     """
+    return _redact_url_cached(url) if len(url) <= _CACHED_CHARS else _redact_url(url)
+
+
+@functools.lru_cache(maxsize=4096)  # the configured targets' URLs come again and again
+def _redact_url_cached(url: str) -> str:
+    return _redact_url(url)
+
+
+def _redact_url(url: str) -> str:
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -233,9 +258,15 @@ def _mask_flag_values(text: str) -> str:
         if end > start and text[start:end] != MASK:
             spans.append((start, end))
         index = last + 1
-    for start, end in reversed(spans):
-        text = text[:start] + MASK + text[end:]
-    return text
+    if not spans:
+        return text
+    pieces: list[str] = []  # joined once: one rebuild of the text per span is quadratic
+    done = 0
+    for start, end in spans:
+        pieces += [text[done:start], MASK]
+        done = end
+    pieces.append(text[done:])
+    return "".join(pieces)
 
 
 def _mask_quoted_pairs(text: str) -> str:
@@ -265,7 +296,7 @@ def redact_text(text: str) -> str:
     JSON values under secret keys, secret flags' values, assignments, bearer tokens."""
     if not _MAYBE_SECRET.search(text):
         return text
-    return _redact_short(text) if len(text) <= 512 else _redact(text)
+    return _redact_short(text) if len(text) <= _CACHED_CHARS else _redact(text)
 
 
 @functools.lru_cache(maxsize=8192)  # the same labels, titles and details come again and again
