@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
 from scripted_http import Reply, ScriptedServer  # noqa: E402  (test helper)
 
 BODY = REPO / "tests" / "fixtures" / "vllm-0.33.0" / "healthy_busy.prom"

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-import typer.rich_utils
 from typer.core import TyperCommand
 
 from wedgewatch import __version__, check, config
@@ -27,15 +26,12 @@ from wedgewatch.config import SETTINGS, Config
 from wedgewatch.core.text import nagios
 from wedgewatch.core.text.escape import safe_line
 from wedgewatch.core.text.redact import redact_url
-from wedgewatch.lab.sim.cli import sim_app
+from wedgewatch.entry import unused_extras_hidden
 from wedgewatch.logsetup import configure_logging
-from wedgewatch.report import cli as report_cli
 
 #: Help piped into a file or a pager (no terminal, no COLUMNS) is laid out this wide, not at
 #: rich's 80 columns, where the option table cut long flag names short ("--stall-after-seco…").
 PIPED_HELP_WIDTH = 140
-if typer.rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
-    typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
 
 app = typer.Typer(
     name="wedgewatch",
@@ -44,7 +40,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(sim_app, name="sim")
 
 
 def _print_version(value: bool) -> None:
@@ -453,7 +448,8 @@ def _run(
     if not loaded.config.targets:
         raise _fail(["no targets to watch: give --target URL or [[targets]] in --config"], 2)
     configure_logging(loaded.config.log_level)
-    from wedgewatch.daemon.loop import serve  # noqa: PLC0415 - heavy: only for `run`
+    with unused_extras_hidden():
+        from wedgewatch.daemon.loop import serve  # noqa: PLC0415 - heavy: only for `run`
 
     raise typer.Exit(serve(loaded.config))
 
@@ -525,7 +521,8 @@ def _capture(
                 f"{safe_line(target_url)!r} {exc}", param_hint="--target"
             ) from None
     configure_logging(settings.log_level)
-    from wedgewatch.daemon.adapters import capture_on_demand  # noqa: PLC0415 - heavy: only for `capture`
+    with unused_extras_hidden():
+        from wedgewatch.daemon.adapters import capture_on_demand  # noqa: PLC0415 - heavy: only for `capture`
 
     result = asyncio.run(
         capture_on_demand(settings, url=target_url, pid=pid, pid_file=pid_file, name=name)
@@ -781,12 +778,73 @@ def _demo(
     raise typer.Exit(demo.run_demo(options, configure_logging=configure_logging))
 
 
+# -- commands mounted on demand: the simulator (wedgewatch/lab/sim/cli.py), `bundles` and
+# `report` (wedgewatch/report/cli.py). `wedgewatch run` and `capture` never import them: the
+# daemon's memory and start-up stay free of the lab and the report renderer
+# (tests/meta/test_import_closures.py lists what each path imports).
+
+#: Sub-apps by command name: (module, attribute).
+LAZY_GROUPS: dict[str, tuple[str, str]] = {"sim": ("wedgewatch.lab.sim.cli", "sim_app")}
+#: Commands by name: (module, function).
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "bundles": ("wedgewatch.report.cli", "bundles"),
+    "report": ("wedgewatch.report.cli", "report"),
+}
+_mounted: set[str] = set()
+
+
+def mount_commands(command: str | None = None) -> typer.Typer:
+    """`app` with the on-demand command `command` mounted, or every one of them (None).
+
+    The tests and the help listing call it with None; `main` with the command it runs.
+    """
+    import importlib  # noqa: PLC0415 - only here
+
+    names = [*LAZY_COMMANDS, *LAZY_GROUPS] if command is None else [command]
+    for name in names:
+        if name in _mounted or (name not in LAZY_COMMANDS and name not in LAZY_GROUPS):
+            continue
+        _mounted.add(name)
+        if name in LAZY_COMMANDS:
+            module, attribute = LAZY_COMMANDS[name]
+            app.command(name)(getattr(importlib.import_module(module), attribute))
+        else:
+            module, attribute = LAZY_GROUPS[name]
+            app.add_typer(getattr(importlib.import_module(module), attribute), name=name)
+    return app
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command `argv` runs, or None when it names none (help, --version)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _lay_out_piped_help(argv: list[str]) -> None:
+    """Give help printed into a pipe `PIPED_HELP_WIDTH` columns.
+
+    typer imports its rich layout only when it prints help or an error, so this imports it
+    only when the command line asks for help (`--help`, or a command group on its own).
+    """
+    command = _command_of(argv)
+    wants_help = "--help" in argv or command is None or argv == [command]
+    if not wants_help or os.environ.get("COLUMNS") or sys.stdout.isatty():
+        return
+    import typer.rich_utils  # noqa: PLC0415 - rich: only for help
+
+    if typer.rich_utils.MAX_WIDTH is None:
+        typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
+
+
 def main() -> None:
     """Console-script entry point."""
+    argv = sys.argv[1:]
+    command = _command_of(argv)
+    eager = {info.name for info in app.registered_commands} | {
+        group.name for group in app.registered_groups
+    }
+    known = command in eager or command in LAZY_COMMANDS or command in LAZY_GROUPS
+    # A command loads only itself; the top-level help, and a name that is no command (the
+    # error may list them), mount every one.
+    mount_commands(command if known else None)
+    _lay_out_piped_help(argv)
     app()
-
-
-# -- evidence bundles: `bundles` and `report` (wedgewatch/report/cli.py) ------------------
-
-app.command("bundles")(report_cli.bundles)
-app.command("report")(report_cli.report)
