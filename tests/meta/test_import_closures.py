@@ -10,6 +10,7 @@ every module it holds is resident memory ("The daemon's memory").
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -58,12 +59,15 @@ PROBE_FORBIDDEN = frozenset(
         "prometheus_client",
         "psutil",
         "stamina",
+        "tenacity",
         "starlette",
         "uvicorn",
         "matplotlib",
         "wedgewatch.cli",
         "wedgewatch.config",
         "wedgewatch.daemon",
+        "wedgewatch.io.notify",
+        "wedgewatch.io.scrape",
         "wedgewatch.lab",
         "wedgewatch.report",
     }
@@ -115,10 +119,11 @@ def test_the_exec_probe_imports_no_cli_no_daemon_and_no_lab(tmp_path: Path) -> N
             check=False,
         )
     assert probe.returncode == 0, probe.stderr
-    assert probe.stdout.startswith(f"OK: idle - {server.url}")
+    assert probe.stdout.startswith(f"OK: idle - {server.url}, 1 engine, 1 scrape")
     modules = imported(tmp_path / "modules")
     assert {"wedgewatch.check.run", "wedgewatch.io.http_get", "wedgewatch.vllm.signals"} <= modules
     assert offending(modules, PROBE_FORBIDDEN) == []
+    assert json.loads(state.read_text())["detector"]["last_at"] is not None  # and it saved
 
 
 def test_the_daemon_imports_no_lab_no_report_and_no_rich(tmp_path: Path) -> None:
