@@ -76,7 +76,6 @@ on the grammar, and a line that parser rejects is malformed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -158,6 +157,8 @@ def truncate(text: str, max_chars: int = MAX_LABEL_CHARS) -> str:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
     if len(text) <= max_chars:
         return text
+    import hashlib  # noqa: PLC0415 - only for a value this long: OpenSSL stays unloaded
+
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{text[:max_chars]}{TRUNCATION_MARKER}{len(text) - max_chars} chars, #{digest}]"
 
