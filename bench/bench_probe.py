@@ -45,13 +45,13 @@ import platform
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "support"))
+from checkouts import extract  # noqa: E402  (bench/checkouts.py)
 from scripted_http import Reply, ScriptedServer  # noqa: E402  (test helper)
 
 BODY = REPO / "tests" / "fixtures" / "vllm-0.33.0" / "healthy_busy.prom"
@@ -94,18 +94,6 @@ def peak_rss_mib(argv: list[str], env: dict[str, str]) -> float | None:
         ["/usr/bin/time", "-f", "%M", *argv], env=env, capture_output=True, text=True, check=True
     )
     return int(done.stderr.strip().splitlines()[-1]) / 1024
-
-
-def extract(ref: str, into: Path) -> Path:
-    """The tree of `ref` (its wedgewatch package) under `into`, by `git archive`."""
-    archive = into / "src.tar"
-    with archive.open("wb") as out:
-        subprocess.run(
-            ["git", "-C", str(REPO), "archive", ref, "wedgewatch"], stdout=out, check=True
-        )
-    with tarfile.open(archive) as tar:
-        tar.extractall(into / "tree", filter="data")
-    return into / "tree"
 
 
 def summary(samples: list[tuple[float, float, int]]) -> dict[str, float]:

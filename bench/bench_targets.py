@@ -52,13 +52,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
+from checkouts import extract  # bench/checkouts.py
 
 WEDGEWATCH = [sys.executable, *os.environ.get("BENCH_PYTHON_ARGS", "").split(), "-m", "wedgewatch"]
 DEFAULT_BODY = (
@@ -281,19 +281,6 @@ class Servers:
                 child.wait()
             hits += json.loads(hits_file.read_text()) if hits_file.exists() else []
         return hits
-
-
-def extract(ref: str, into: Path) -> Path:
-    """The tree of `ref` (its wedgewatch package) under `into`, by `git archive`."""
-    archive = into / "src.tar"
-    repo = Path(__file__).resolve().parents[1]
-    with archive.open("wb") as out:
-        subprocess.run(
-            ["git", "-C", str(repo), "archive", ref, "wedgewatch"], stdout=out, check=True
-        )
-    with tarfile.open(archive) as tar:
-        tar.extractall(into / "tree", filter="data")
-    return into / "tree"
 
 
 def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
