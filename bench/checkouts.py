@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 def extract(ref: str, into: Path) -> Path:
     """The tree of `ref` (its wedgewatch package) under `into`, by `git archive`: put it
     first on PYTHONPATH, with PYTHONSAFEPATH=1, to run that commit's code."""
+    into.mkdir(parents=True, exist_ok=True)
     archive = into / "src.tar"
     with archive.open("wb") as out:
         subprocess.run(
