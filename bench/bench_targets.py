@@ -1,10 +1,17 @@
 """Benchmark `wedgewatch run` watching many targets: CPU per target-scrape and cadence.
 
     .venv/bin/python bench/bench_targets.py [--sizes 10,100,1000] [--seconds 30]
-        [--warmup-seconds 15] [--json out.json]
+        [--warmup-seconds 15] [--json out.json] [--baseline-ref REF --runs N]
+        [--profile FILE]
+
+With `--baseline-ref`, each size also runs the daemon of that commit (its `wedgewatch`
+package extracted with `git archive`, first on PYTHONPATH), `--runs` times each, the two
+codes alternating, and ends with the median CPU per target-scrape of each and their ratio.
+`--profile FILE` records this checkout's daemon during the window with py-spy (collapsed
+stacks) for finding where the time goes.
 
 `--sizes` lists target counts; the goal is judged at the SAME interval for every size
-(default 1 s, `--interval`), as issue #9 asks. A size may name its own interval
+(default 1 s, `--interval`). A size may name its own interval
 (`1000@20`) to explore a machine that cannot give the daemon a whole core; such a row is
 not the goal's measurement.
 
