@@ -826,7 +826,8 @@ def _lay_out_piped_help(argv: list[str]) -> None:
     only when the command line asks for help (`--help`, or a command group on its own).
     """
     command = _command_of(argv)
-    wants_help = "--help" in argv or command is None or argv == [command]
+    groups = {group.name for group in app.registered_groups} | set(LAZY_GROUPS)
+    wants_help = "--help" in argv or command is None or (argv == [command] and command in groups)
     if not wants_help or os.environ.get("COLUMNS") or sys.stdout.isatty():
         return
     import typer.rich_utils  # noqa: PLC0415 - rich: only for help

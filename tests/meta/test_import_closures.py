@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from scripted_http import Reply, ScriptedServer, always
 from wedgewatch_daemon import DaemonProcess
 
@@ -186,3 +187,16 @@ def test_help_still_lists_the_commands_mounted_on_demand() -> None:
     assert done.returncode == 0, done.stderr
     words = set(done.stdout.replace("│", " ").split())
     assert {"sim", "bundles", "report", "run", "check", "capture"} <= words
+
+
+@pytest.mark.parametrize(("argv", "laid_out"), [(["run"], False), (["config"], True)])
+def test_only_help_imports_the_help_layout(argv: list[str], laid_out: bool) -> None:
+    """A bare command (`run`, its config from the environment) leaves typer's rich layout out."""
+    code = (
+        "import sys; from wedgewatch import cli; "
+        f"cli._lay_out_piped_help({argv!r}); print('typer.rich_utils' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), check=True
+    )
+    assert done.stdout.strip() == str(laid_out)
