@@ -7,6 +7,7 @@ your own module, and edit with targeted replacements rather than rewriting the f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
@@ -26,7 +27,6 @@ from wedgewatch.config import SETTINGS, Config
 from wedgewatch.core.text import nagios
 from wedgewatch.core.text.escape import safe_line
 from wedgewatch.core.text.redact import redact_url
-from wedgewatch.entry import unused_extras_hidden
 from wedgewatch.logsetup import configure_logging
 
 #: Help piped into a file or a pager (no terminal, no COLUMNS) is laid out this wide, not at
@@ -448,7 +448,7 @@ def _run(
     if not loaded.config.targets:
         raise _fail(["no targets to watch: give --target URL or [[targets]] in --config"], 2)
     configure_logging(loaded.config.log_level)
-    with unused_extras_hidden():
+    with _extras_hidden():
         from wedgewatch.daemon.loop import serve  # noqa: PLC0415 - heavy: only for `run`
 
     raise typer.Exit(serve(loaded.config))
@@ -521,7 +521,7 @@ def _capture(
                 f"{safe_line(target_url)!r} {exc}", param_hint="--target"
             ) from None
     configure_logging(settings.log_level)
-    with unused_extras_hidden():
+    with _extras_hidden():
         from wedgewatch.daemon.adapters import capture_on_demand  # noqa: PLC0415 - heavy: only for `capture`
 
     result = asyncio.run(
@@ -783,13 +783,32 @@ def _demo(
 # daemon's memory and start-up stay free of the lab and the report renderer
 # (tests/meta/test_import_closures.py lists what each path imports).
 
-#: Sub-apps by command name: (module, attribute).
-LAZY_GROUPS: dict[str, tuple[str, str]] = {"sim": ("wedgewatch.lab.sim.cli", "sim_app")}
-#: Commands by name: (module, function).
-LAZY_COMMANDS: dict[str, tuple[str, str]] = {
-    "bundles": ("wedgewatch.report.cli", "bundles"),
-    "report": ("wedgewatch.report.cli", "report"),
+
+def _mount_sim() -> None:
+    from wedgewatch.lab.sim.cli import sim_app  # noqa: PLC0415 - on demand
+
+    app.add_typer(sim_app, name="sim")
+
+
+def _mount_bundles() -> None:
+    from wedgewatch.report import cli as report_cli  # noqa: PLC0415 - on demand
+
+    app.command("bundles")(report_cli.bundles)
+
+
+def _mount_report() -> None:
+    from wedgewatch.report import cli as report_cli  # noqa: PLC0415 - on demand
+
+    app.command("report")(report_cli.report)
+
+
+#: The commands mounted on demand, by name, in the order the help lists them.
+ON_DEMAND: dict[str, Callable[[], None]] = {
+    "bundles": _mount_bundles,
+    "report": _mount_report,
+    "sim": _mount_sim,
 }
+GROUPS_ON_DEMAND = frozenset({"sim"})
 _mounted: set[str] = set()
 
 
@@ -798,20 +817,16 @@ def mount_commands(command: str | None = None) -> typer.Typer:
 
     The tests and the help listing call it with None; `main` with the command it runs.
     """
-    import importlib  # noqa: PLC0415 - only here
-
-    names = [*LAZY_COMMANDS, *LAZY_GROUPS] if command is None else [command]
-    for name in names:
-        if name in _mounted or (name not in LAZY_COMMANDS and name not in LAZY_GROUPS):
-            continue
-        _mounted.add(name)
-        if name in LAZY_COMMANDS:
-            module, attribute = LAZY_COMMANDS[name]
-            app.command(name)(getattr(importlib.import_module(module), attribute))
-        else:
-            module, attribute = LAZY_GROUPS[name]
-            app.add_typer(getattr(importlib.import_module(module), attribute), name=name)
+    for name in ON_DEMAND if command is None else [command]:
+        if name in ON_DEMAND and name not in _mounted:
+            _mounted.add(name)
+            ON_DEMAND[name]()
     return app
+
+
+#: Hides the optional imports of the daemon's libraries while `run` and `capture` import
+#: the daemon (`entry.unused_extras_hidden`, given to `main`); nothing when called otherwise.
+_extras_hidden: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 
 
 def _command_of(argv: list[str]) -> str | None:
@@ -826,7 +841,7 @@ def _lay_out_piped_help(argv: list[str]) -> None:
     only when the command line asks for help (`--help`, or a command group on its own).
     """
     command = _command_of(argv)
-    groups = {group.name for group in app.registered_groups} | set(LAZY_GROUPS)
+    groups = {group.name for group in app.registered_groups} | GROUPS_ON_DEMAND
     wants_help = "--help" in argv or command is None or (argv == [command] and command in groups)
     if not wants_help or os.environ.get("COLUMNS") or sys.stdout.isatty():
         return
@@ -836,14 +851,18 @@ def _lay_out_piped_help(argv: list[str]) -> None:
         typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
 
 
-def main() -> None:
-    """Console-script entry point."""
+def main(
+    extras_hidden: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+) -> None:
+    """Console-script entry point (through `entry.main`, which gives `extras_hidden`)."""
+    global _extras_hidden  # noqa: PLW0603 - one process runs one command
+    _extras_hidden = extras_hidden
     argv = sys.argv[1:]
     command = _command_of(argv)
     eager = {info.name for info in app.registered_commands} | {
         group.name for group in app.registered_groups
     }
-    known = command in eager or command in LAZY_COMMANDS or command in LAZY_GROUPS
+    known = command in eager or command in ON_DEMAND
     # A command loads only itself; the top-level help, and a name that is no command (the
     # error may list them), mount every one.
     mount_commands(command if known else None)

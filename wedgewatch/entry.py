@@ -183,4 +183,4 @@ def main() -> None:
     with unused_extras_hidden():
         from wedgewatch.cli import main as cli_main  # noqa: PLC0415 - the full CLI, on demand
 
-    cli_main()
+    cli_main(extras_hidden=unused_extras_hidden)

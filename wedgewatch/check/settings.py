@@ -132,11 +132,8 @@ def _sha256(data: bytes) -> str:
     `hashlib` loads OpenSSL's libcrypto first, a tenth of an exec probe's imports."""
     try:
         from _sha256 import sha256  # type: ignore[import-not-found]  # noqa: PLC0415 - 3.11
-    except ImportError:
-        try:
-            from _sha2 import sha256  # type: ignore[import-not-found]  # noqa: PLC0415 - 3.12+
-        except ImportError:
-            from hashlib import sha256  # noqa: PLC0415 - any other Python
+    except ImportError:  # 3.12 renamed it; there the probe loads OpenSSL
+        from hashlib import sha256  # noqa: PLC0415
     return str(sha256(data).hexdigest())
 
 
