@@ -49,8 +49,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [
     str(ROOT),
-    str(ROOT / "tests"),
-]  # tests/support/real_vllm.py imports tests.vllm_venvs
+    str(ROOT / "tests" / "support"),
+]  # tests/support/real_vllm.py imports tests.support.vllm_venvs
 
 import real_vllm  # noqa: E402  # tests/support/real_vllm.py: the real server's harness
 

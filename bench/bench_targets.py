@@ -1,10 +1,17 @@
 """Benchmark `wedgewatch run` watching many targets: CPU per target-scrape and cadence.
 
     .venv/bin/python bench/bench_targets.py [--sizes 10,100,1000] [--seconds 30]
-        [--warmup-seconds 15] [--json out.json]
+        [--warmup-seconds 15] [--json out.json] [--baseline-ref REF --runs N]
+        [--profile FILE]
+
+With `--baseline-ref`, each size also runs the daemon of that commit (its `wedgewatch`
+package extracted with `git archive`, first on PYTHONPATH), `--runs` times each, the two
+codes alternating, and ends with the median CPU per target-scrape of each and their ratio.
+`--profile FILE` records this checkout's daemon during the window with py-spy (collapsed
+stacks) for finding where the time goes.
 
 `--sizes` lists target counts; the goal is judged at the SAME interval for every size
-(default 1 s, `--interval`), as issue #9 asks. A size may name its own interval
+(default 1 s, `--interval`). A size may name its own interval
 (`1000@20`) to explore a machine that cannot give the daemon a whole core; such a row is
 not the goal's measurement.
 
@@ -49,6 +56,7 @@ import os
 import platform
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from checkouts import extract  # bench/checkouts.py
 
 WEDGEWATCH = [sys.executable, *os.environ.get("BENCH_PYTHON_ARGS", "").split(), "-m", "wedgewatch"]
 DEFAULT_BODY = (
@@ -191,10 +200,13 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-def start_daemon(config: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    """`wedgewatch run --config CONFIG`, its output in `log_path`."""
+def start_daemon(config: Path, log_path: Path, tree: Path | None) -> subprocess.Popen[bytes]:
+    """`wedgewatch run --config CONFIG` (the code under `tree`, else this checkout's), its
+    output in `log_path`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WEDGEWATCH_")}
     env.pop("NOTIFY_SOCKET", None)
+    if tree is not None:  # the other checkout first on the path, not the current directory
+        env.update(PYTHONPATH=str(tree), PYTHONSAFEPATH="1")
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [*WEDGEWATCH, "run", "--config", str(config)],
@@ -278,14 +290,28 @@ class Servers:
         return hits
 
 
-async def measure(size: int, interval: float, args: argparse.Namespace) -> dict[str, Any]:
-    """One size: start the servers and the daemon, warm up, measure, stop."""
+def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy recording the daemon for `seconds` into `out` (collapsed stacks), started now."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
+         "--duration", str(int(seconds)), "--rate", "250", "--format", "raw",
+         "--output", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+async def measure(
+    size: int, interval: float, args: argparse.Namespace, tree: Path | None = None
+) -> dict[str, Any]:
+    """One size: start the servers and the daemon (the code under `tree`, else this
+    checkout's), warm up, measure, stop."""
     with tempfile.TemporaryDirectory(prefix="wedgewatch-bench-targets-") as tmp:
         workdir = Path(tmp)
         servers = Servers(size, min(args.servers, size), Path(args.body), workdir)
         config = workdir / "wedgewatch.toml"
         write_config(config, servers.ports, servers.hung, workdir, interval)
-        child = start_daemon(config, workdir / "daemon.log")
+        child = start_daemon(config, workdir / "daemon.log", tree)
+        spy = None
         try:
             proc = psutil.Process(child.pid)
             await asyncio.sleep(args.warmup_seconds)
@@ -294,12 +320,16 @@ async def measure(size: int, interval: float, args: argparse.Namespace) -> dict[
             load0 = os.getloadavg()[0]
             start, cpu0, served0 = time.monotonic(), cpu_seconds(proc), servers.cpu_seconds()
             waited0 = runqueue_wait_seconds(child.pid)
+            if args.profile is not None and tree is None:
+                spy = profile(child.pid, args.seconds, args.profile)
             await asyncio.sleep(args.seconds)
             end, cpu1, served1 = time.monotonic(), cpu_seconds(proc), servers.cpu_seconds()
             waited1 = runqueue_wait_seconds(child.pid)
             load1 = os.getloadavg()[0]
             rss = proc.memory_info().rss
         finally:
+            if spy is not None:
+                await asyncio.to_thread(spy.wait, 60)
             await asyncio.to_thread(stop_daemon, child, workdir / "daemon.log")
             all_hits = await asyncio.to_thread(servers.stop)
     scrapes = 0
@@ -332,13 +362,42 @@ async def measure(size: int, interval: float, args: argparse.Namespace) -> dict[
 
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
-    for item in args.sizes.split(","):
-        size, _, every = item.partition("@")
-        interval = float(every) if every else args.interval
-        result = await measure(int(size), interval, args)
-        print(json.dumps(result), flush=True)
-        results.append(result)
+    with tempfile.TemporaryDirectory(prefix="wedgewatch-bench-baseline-") as tmp:
+        codes: list[tuple[str, Path | None]] = [("now", None)]
+        if args.baseline_ref is not None:
+            codes.append((f"baseline {args.baseline_ref}", extract(args.baseline_ref, Path(tmp))))
+        for item in args.sizes.split(","):
+            size, _, every = item.partition("@")
+            interval = float(every) if every else args.interval
+            for run in range(args.runs):
+                # Alternate which code goes first, so neither always meets the same load.
+                for code, tree in codes if run % 2 == 0 else codes[::-1]:
+                    result = {"code": code, **await measure(int(size), interval, args, tree)}
+                    print(json.dumps(result), flush=True)
+                    results.append(result)
+    if args.baseline_ref is not None:
+        print_side_by_side(results)
     return results
+
+
+def print_side_by_side(results: list[dict[str, Any]]) -> None:
+    """Per size: the median CPU per target-scrape of each code, and now / baseline."""
+    for size in sorted({r["targets"] for r in results}):
+        medians = {
+            code: statistics.median(
+                r["cpu_ms_per_target_scrape"]
+                for r in results
+                if r["targets"] == size and r["code"] == code
+            )
+            for code in dict.fromkeys(r["code"] for r in results)
+        }
+        baseline = next(code for code in medians if code != "now")
+        print(
+            f"{size} targets: daemon CPU per target-scrape, median of "
+            f"{sum(1 for r in results if r['targets'] == size and r['code'] == 'now')} runs: "
+            + ", ".join(f"{code} {ms:.3f} ms" for code, ms in medians.items())
+            + f"; now / baseline {medians['now'] / medians[baseline]:.2f}"
+        )
 
 
 def main() -> int:
@@ -350,6 +409,13 @@ def main() -> int:
     parser.add_argument("--body", default=str(DEFAULT_BODY))
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--servers", type=int, default=2, help="server child processes")
+    parser.add_argument(
+        "--baseline-ref", default=None, help="also run this commit's daemon, alternating"
+    )
+    parser.add_argument("--runs", type=int, default=1, help="runs of each code per size")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="py-spy this checkout's daemon into FILE"
+    )
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--hung", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--hits-file", default=None, help=argparse.SUPPRESS)

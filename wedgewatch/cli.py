@@ -7,6 +7,7 @@ your own module, and edit with targeted replacements rather than rewriting the f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-import typer.rich_utils
 from typer.core import TyperCommand
 
 from wedgewatch import __version__, check, config
@@ -27,15 +27,11 @@ from wedgewatch.config import SETTINGS, Config
 from wedgewatch.core.text import nagios
 from wedgewatch.core.text.escape import safe_line
 from wedgewatch.core.text.redact import redact_url
-from wedgewatch.lab.sim.cli import sim_app
 from wedgewatch.logsetup import configure_logging
-from wedgewatch.report import cli as report_cli
 
 #: Help piped into a file or a pager (no terminal, no COLUMNS) is laid out this wide, not at
 #: rich's 80 columns, where the option table cut long flag names short ("--stall-after-seco…").
 PIPED_HELP_WIDTH = 140
-if typer.rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
-    typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
 
 app = typer.Typer(
     name="wedgewatch",
@@ -44,7 +40,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(sim_app, name="sim")
 
 
 def _print_version(value: bool) -> None:
@@ -453,7 +448,8 @@ def _run(
     if not loaded.config.targets:
         raise _fail(["no targets to watch: give --target URL or [[targets]] in --config"], 2)
     configure_logging(loaded.config.log_level)
-    from wedgewatch.daemon.loop import serve  # noqa: PLC0415 - heavy: only for `run`
+    with _extras_hidden():
+        from wedgewatch.daemon.loop import serve  # noqa: PLC0415 - heavy: only for `run`
 
     raise typer.Exit(serve(loaded.config))
 
@@ -525,7 +521,8 @@ def _capture(
                 f"{safe_line(target_url)!r} {exc}", param_hint="--target"
             ) from None
     configure_logging(settings.log_level)
-    from wedgewatch.daemon.adapters import capture_on_demand  # noqa: PLC0415 - heavy: only for `capture`
+    with _extras_hidden():
+        from wedgewatch.daemon.adapters import capture_on_demand  # noqa: PLC0415 - heavy: only for `capture`
 
     result = asyncio.run(
         capture_on_demand(settings, url=target_url, pid=pid, pid_file=pid_file, name=name)
@@ -781,12 +778,93 @@ def _demo(
     raise typer.Exit(demo.run_demo(options, configure_logging=configure_logging))
 
 
-def main() -> None:
-    """Console-script entry point."""
+# -- commands mounted on demand: the simulator (wedgewatch/lab/sim/cli.py), `bundles` and
+# `report` (wedgewatch/report/cli.py). `wedgewatch run` and `capture` never import them: the
+# daemon's memory and start-up stay free of the lab and the report renderer
+# (tests/meta/test_import_closures.py lists what each path imports).
+
+
+def _mount_sim() -> None:
+    from wedgewatch.lab.sim.cli import sim_app  # noqa: PLC0415 - on demand
+
+    app.add_typer(sim_app, name="sim")
+
+
+def _mount_bundles() -> None:
+    from wedgewatch.report import cli as report_cli  # noqa: PLC0415 - on demand
+
+    app.command("bundles")(report_cli.bundles)
+
+
+def _mount_report() -> None:
+    from wedgewatch.report import cli as report_cli  # noqa: PLC0415 - on demand
+
+    app.command("report")(report_cli.report)
+
+
+#: The commands mounted on demand, by name, in the order the help lists them.
+ON_DEMAND: dict[str, Callable[[], None]] = {
+    "bundles": _mount_bundles,
+    "report": _mount_report,
+    "sim": _mount_sim,
+}
+GROUPS_ON_DEMAND = frozenset({"sim"})
+_mounted: set[str] = set()
+
+
+def mount_commands(command: str | None = None) -> typer.Typer:
+    """`app` with the on-demand command `command` mounted, or every one of them (None).
+
+    The tests and the help listing call it with None; `main` with the command it runs.
+    """
+    for name in ON_DEMAND if command is None else [command]:
+        if name in ON_DEMAND and name not in _mounted:
+            _mounted.add(name)
+            ON_DEMAND[name]()
+    return app
+
+
+#: Hides the optional imports of the daemon's libraries while `run` and `capture` import
+#: the daemon (`entry.unused_extras_hidden`, given to `main`); nothing when called otherwise.
+_extras_hidden: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command `argv` runs, or None when it names none (help, --version)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _lay_out_piped_help(argv: list[str]) -> None:
+    """Give help printed into a pipe `PIPED_HELP_WIDTH` columns.
+
+    typer imports its rich layout only when it prints help or an error, so this imports it
+    only when the command line asks for help (`--help`, or a command group on its own).
+    """
+    command = _command_of(argv)
+    groups = {group.name for group in app.registered_groups} | GROUPS_ON_DEMAND
+    wants_help = "--help" in argv or command is None or (argv == [command] and command in groups)
+    if not wants_help or os.environ.get("COLUMNS") or sys.stdout.isatty():
+        return
+    import typer.rich_utils  # noqa: PLC0415 - rich: only for help
+
+    if typer.rich_utils.MAX_WIDTH is None:
+        typer.rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
+
+
+def main(
+    extras_hidden: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+) -> None:
+    """Console-script entry point (through `entry.main`, which gives `extras_hidden`)."""
+    global _extras_hidden  # noqa: PLW0603 - one process runs one command
+    _extras_hidden = extras_hidden
+    argv = sys.argv[1:]
+    command = _command_of(argv)
+    eager = {info.name for info in app.registered_commands} | {
+        group.name for group in app.registered_groups
+    }
+    known = command in eager or command in ON_DEMAND
+    # A command loads only itself; the top-level help, and a name that is no command (the
+    # error may list them), mount every one.
+    mount_commands(command if known else None)
+    _lay_out_piped_help(argv)
     app()
-
-
-# -- evidence bundles: `bundles` and `report` (wedgewatch/report/cli.py) ------------------
-
-app.command("bundles")(report_cli.bundles)
-app.command("report")(report_cli.report)

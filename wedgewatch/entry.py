@@ -21,9 +21,12 @@ nothing heavy (asyncio, httpx, pydantic, typer, structlog, prometheus_client, ..
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,8 +122,14 @@ def fast_check(args: list[str]) -> int | None:
     parsed = parse_probe_args(args)
     if parsed is None:
         return None
-    from wedgewatch import check  # noqa: PLC0415 - the fast path's imports
-    from wedgewatch.check import settings as check_settings  # noqa: PLC0415 - ditto
+    # The imports are most of a probe's CPU; they make thousands of objects and no garbage
+    # worth a collection, so the cyclic collector waits until they are done.
+    gc.disable()
+    try:
+        from wedgewatch import check  # noqa: PLC0415 - the fast path's imports
+        from wedgewatch.check import settings as check_settings  # noqa: PLC0415 - ditto
+    finally:
+        gc.enable()
 
     key = check_settings.settings_key(parsed.url, parsed.config_file, os.environ, parsed.flags)
     if key is None:
@@ -140,12 +149,38 @@ def fast_check(args: list[str]) -> int | None:
     return check.execute(options, as_json=parsed.as_json, critical_only=parsed.critical_only)
 
 
+#: Optional imports of libraries the CLI and the daemon use that wedgewatch never needs:
+#: structlog imports rich and pygments (typer brings them) to draw tracebacks, which
+#: `logsetup` never lets it draw (an exception is text before any renderer sees it); httpx
+#: imports them for its own command line. Together about 90 modules and 4 MiB of the
+#: daemon's memory (docs/benchmarks.md, "The daemon's memory").
+UNUSED_EXTRAS = ("rich", "pygments")
+
+
+@contextlib.contextmanager
+def unused_extras_hidden() -> Iterator[None]:
+    """Within the block, `import rich` and `import pygments` fail (when neither is imported
+    yet), so a library that imports them only when it can goes without.
+
+    They stay importable afterwards: typer imports rich to lay out help and usage errors.
+    """
+    hidden = [name for name in UNUSED_EXTRAS if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # None: the import fails
+    try:
+        yield
+    finally:
+        for name in hidden:
+            del sys.modules[name]
+
+
 def main() -> None:
     """Console-script entry point: the probe fast path, else the full CLI."""
     if sys.argv[1:2] == ["check"]:
         code = fast_check(sys.argv[2:])
         if code is not None:
             sys.exit(code)
-    from wedgewatch.cli import main as cli_main  # noqa: PLC0415 - the full CLI, on demand
+    with unused_extras_hidden():
+        from wedgewatch.cli import main as cli_main  # noqa: PLC0415 - the full CLI, on demand
 
-    cli_main()
+    cli_main(extras_hidden=unused_extras_hidden)

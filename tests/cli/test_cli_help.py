@@ -11,7 +11,7 @@ import sys
 import pytest
 import typer.main
 
-from wedgewatch.cli import LAUNCHER_PANEL, WATCHDOG_PANEL, app
+from wedgewatch.cli import LAUNCHER_PANEL, WATCHDOG_PANEL, mount_commands
 
 
 def commands() -> list[tuple[list[str], list[str]]]:
@@ -32,7 +32,7 @@ def commands() -> list[tuple[list[str], list[str]]]:
         ]
         found.append((path, flags))
 
-    walk(typer.main.get_command(app), [])
+    walk(typer.main.get_command(mount_commands()), [])
     return found
 
 

@@ -10,7 +10,6 @@ check.py and free of heavy imports: the probe path imports it on every run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -120,12 +119,22 @@ def settings_key(
             SETTINGS_CACHE_VERSION,
             url,
             None if config_file is None else str(config_file),
-            hashlib.sha256(content).hexdigest(),
+            _sha256(content),
             sorted((k, v) for k, v in environ.items() if k.startswith("WEDGEWATCH_")),
             sorted((k, repr(v)) for k, v in flags.items()),
         ]
     )
-    return hashlib.sha256(material.encode()).hexdigest()
+    return _sha256(material.encode())
+
+
+def _sha256(data: bytes) -> str:
+    """The SHA-256 of `data`, in hex, from CPython's own implementation when it has one:
+    `hashlib` loads OpenSSL's libcrypto first, a tenth of an exec probe's imports."""
+    try:
+        from _sha256 import sha256  # type: ignore[import-not-found]  # noqa: PLC0415 - 3.11
+    except ImportError:  # 3.12 renamed it; there the probe loads OpenSSL
+        from hashlib import sha256  # noqa: PLC0415
+    return str(sha256(data).hexdigest())
 
 
 def cached_settings(state_file: Path, key: str) -> tuple[str, CheckSettings] | None:

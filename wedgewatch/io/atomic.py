@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -26,6 +25,18 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new file `.NAME.RANDOM.tmp` beside `path`, mode 0600, opened for writing, as
+    `tempfile.mkstemp` makes it (whose import costs an exec probe more than its write)."""
+    while True:
+        name = str(path.parent / f"{_temp_prefix(path)}{os.urandom(6).hex()}.tmp")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            return os.open(name, flags, 0o600), name
+        except FileExistsError:
+            continue
+
+
 def write_atomic(path: Path, data: bytes, *, make_parents: bool = False) -> None:
     """Replace `path` with `data` atomically and durably, mode 0600; raises OSError.
 
@@ -34,7 +45,7 @@ def write_atomic(path: Path, data: bytes, *, make_parents: bool = False) -> None
     directory = path.parent
     if make_parents:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=directory)
+    fd, temp_name = _create_temp(path)
     try:
         try:
             os.fchmod(fd, 0o600)
