@@ -1,27 +1,38 @@
-"""Bounds on the connections of wedgewatch's own HTTP server (issue #21).
+"""Bounds on the connections of wedgewatch's own HTTP server.
 
 Anything that can reach the port (every container of the pod, the node, any local user)
-can open connections and send nothing, or half a request head. uvicorn keeps such a
-connection for ever, and its `limit_concurrency` then answers every request with 503: 63
-silent sockets turned `/health` and `/probe` (liveness probes) into a restart of vLLM.
-Here instead:
+can open connections and send nothing, send half a request head, or pipeline requests and
+never read the answers. uvicorn alone keeps such connections for ever, and its
+`limit_concurrency` then answers every request with 503: a few dozen sockets turned
+`/health` and `/probe` (liveness probes) into a restart of vLLM. Here instead:
 
 - **Idle timeout.** A connection with no request in flight (just opened, or after a
   response) that sends nothing for `idle_timeout_seconds` is closed.
 - **Header timeout.** Once the first byte of a request arrives, its whole head must
   arrive within `header_timeout_seconds`; more bytes never extend that deadline (a drip
   gains nothing).
+- **Send timeout.** Once a request's head is read, its whole response must be handed to
+  the kernel within `send_timeout_seconds`; a client that does not read its answers
+  (a tiny receive window, requests pipelined and never read) is reset then, its unsent
+  bytes dropped.
+- **One request at a time.** The next pipelined request is not read before the previous
+  response has left for the kernel (the transport's write buffer is empty), and each
+  accepted socket's kernel send buffer is `SEND_BUFFER_BYTES`: a client that does not
+  read costs a few responses, never thousands.
 - **Per peer.** One client address holds at most `max_connections_per_peer` connections;
-  its next one closes *its own* oldest idle connection, so a flood from one peer never
-  touches another's (in Kubernetes the kubelet probes from the node's address, never
-  from the pod's).
-- **In total.** At most `max_connections`; the next one closes the oldest idle
-  connection of any peer.
+  its next one closes *its own* oldest evictable connection, so a flood from one peer
+  never touches another's (in Kubernetes the kubelet probes from the node's address,
+  never from the pod's).
+- **In total.** At most `max_connections`; the next one closes the oldest evictable
+  connection of any peer, and when every connection is busy, the oldest connection of
+  the peer holding the most (if it holds more than the newcomer's peer): many peers
+  together cannot starve a peer with few connections, the kubelet's probe included.
 
-The newest connection always wins: a probe, which sends its request at once, is never
-the oldest idle connection, so it is answered while the bounds are hit. Only when every
-connection has a request in flight (handlers here answer in microseconds) is a new one
-refused. Connections with a request in flight are never closed by these rules.
+Evictable means idle, half-sent, or *stalled*: a response waits for a client that does
+not read it. The newest connection wins: a probe, which sends its request at once and
+reads its answer, is never the oldest evictable connection, so it is answered while the
+bounds are hit. docs/security.md says why a priority rule rather than a reserve or a
+second listener.
 
 The bounds subclass uvicorn's `H11Protocol`, which uvicorn does not document as API (its
 `Config(http=...)` takes any protocol class). Tested at both ends of the declared range: at
@@ -35,7 +46,10 @@ than failing to start (docs/development.md, "Dependency floors").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import socket
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -60,7 +74,14 @@ HOOKED_METHODS: Final = (
     "connection_lost",
     "data_received",
     "on_response_complete",
+    "pause_writing",
+    "resume_writing",
 )
+
+#: The kernel send buffer of every accepted socket (Linux doubles it for bookkeeping):
+#: without it, loopback autotuning lets a client that never reads park megabytes of
+#: answers in the kernel, each one a request the server rendered for nothing.
+SEND_BUFFER_BYTES: Final = 64 * 1024
 
 #: How often at most the daemon logs that its connection bounds closed connections.
 REPORT_EVERY_SECONDS: Final = 60.0
@@ -74,6 +95,7 @@ class ConnectionLimits:
     max_connections_per_peer: int = 32
     idle_timeout_seconds: float = 10.0
     header_timeout_seconds: float = 10.0
+    send_timeout_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         """Reject a bound that is not a positive count or a positive finite time."""
@@ -81,7 +103,7 @@ class ConnectionLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-        for name in ("idle_timeout_seconds", "header_timeout_seconds"):
+        for name in ("idle_timeout_seconds", "header_timeout_seconds", "send_timeout_seconds"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
@@ -115,7 +137,9 @@ class ConnectionGuard:
         """Make room for a new connection (closing the oldest idle ones); False: refuse it."""
         peers = self._by_peer.get(connection.peer, OrderedDict())
         if (len(peers) >= self.limits.per_peer and not self._evict_oldest(peers)) or (
-            len(self._all) >= self.limits.max_connections and not self._evict_oldest(self._all)
+            len(self._all) >= self.limits.max_connections
+            and not self._evict_oldest(self._all)
+            and not self._evict_from_largest_peer(len(peers))
         ):
             self.refused += 1
             self._report()
@@ -134,19 +158,31 @@ class ConnectionGuard:
                 del self._by_peer[connection.peer]
 
     def timed_out_one(self) -> None:
-        """Count a connection closed by the idle or header timeout."""
+        """Count a connection closed by the idle, header or send timeout."""
         self.timed_out += 1
         self._report()
 
     def _evict_oldest(self, connections: OrderedDict[_GuardedProtocol, None]) -> bool:
         for victim in connections:
-            if not victim.busy:
-                self.forget(victim)
-                victim.drop()
-                self.evicted += 1
-                self._report()
+            if victim.evictable:
+                self._evict(victim)
                 return True
         return False
+
+    def _evict_from_largest_peer(self, newcomer_holds: int) -> bool:
+        """Every connection is busy: close the oldest of the peer holding the most, when it
+        holds more than the newcomer's peer (so a peer with few connections always gets in)."""
+        largest = max(self._by_peer.values(), key=len, default=None)
+        if largest is None or len(largest) <= newcomer_holds + 1:
+            return False
+        self._evict(next(iter(largest)))
+        return True
+
+    def _evict(self, victim: _GuardedProtocol) -> None:
+        self.forget(victim)
+        victim.drop()
+        self.evicted += 1
+        self._report()
 
     def _report(self) -> None:
         """Log the counts at most once per REPORT_EVERY_SECONDS (a flood makes one line)."""
@@ -178,11 +214,21 @@ class _GuardedProtocol(H11Protocol):
         self.peer = ""
         self._timer: asyncio.TimerHandle | None = None
         self._partial = False  # bytes of a request head arrived since the last response
+        self._sending = False  # the send deadline of the request in flight is armed
+        self._unflushed = False  # a complete response still waits in the write buffer
+        self._stalled = False  # the write buffer waits for a client that does not read
 
     @property
     def busy(self) -> bool:
-        """A request is in flight (its head was read, its response is not complete)."""
-        return self.cycle is not None and not self.cycle.response_complete
+        """A request is in flight: its head was read, its response has not left for the
+        kernel yet."""
+        cycle_busy = self.cycle is not None and not self.cycle.response_complete
+        return cycle_busy or self._unflushed
+
+    @property
+    def evictable(self) -> bool:
+        """Idle, half-sent, or stalled on a client that does not read."""
+        return not self.busy or self._stalled
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -190,6 +236,13 @@ class _GuardedProtocol(H11Protocol):
         if not self.guard.admit(self):
             self.drop()
             return
+        # Any byte left in the write buffer pauses writing, and the buffer's emptying
+        # resumes it: a response counts as sent once it is all in the kernel.
+        transport.set_write_buffer_limits(high=0, low=0)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self._arm(self.guard.limits.idle_timeout_seconds)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -202,26 +255,60 @@ class _GuardedProtocol(H11Protocol):
             self._partial = True  # the head's deadline runs from its first byte, once
             self._arm(self.guard.limits.header_timeout_seconds)
         super().data_received(data)
-        if self.busy:
-            self._disarm()
+        self._after_events()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        if not self.transport.is_closing() and self.transport.get_write_buffer_size():
+            # Not sent yet: the next pipelined request waits until it is (resume_writing).
+            self._unflushed = True
+            self.flow.pause_reading()
+            return
+        self._complete()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._stalled = True
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stalled = False
+        if self._unflushed:
+            self._unflushed = False
+            self._complete()
+
+    def _complete(self) -> None:
+        """The response left for the kernel: on to the next request (maybe pipelined)."""
+        self._disarm()
+        self._partial = self._sending = False
+        super().on_response_complete()  # may start a pipelined request at once
+        self._after_events()
+
+    def _after_events(self) -> None:
+        """Arm the deadline that fits: a new request's send deadline, or the idle one."""
         if self.transport.is_closing():
             return
-        self._partial = False
-        if self.busy:  # a pipelined request started at once
-            self._disarm()
-        else:
+        if self.busy:
+            if not self._sending:  # a request began: its answer must leave in time
+                self._sending = True
+                self._arm(self.guard.limits.send_timeout_seconds)
+        elif not self._partial and self._timer is None:
             self._arm(self.guard.limits.idle_timeout_seconds)
 
     def drop(self) -> None:
-        """Close now; unsent bytes are discarded (a client that does not read holds nothing)."""
+        """Close now; unsent bytes are discarded (a client that does not read holds nothing).
+
+        With bytes still unsent the connection is reset (SO_LINGER 0), so the kernel does
+        not keep trying to deliver them either.
+        """
         self._disarm()
         transport = self.transport
         if transport.is_closing():
             return
-        if transport.get_write_buffer_size():
+        if self.busy or self._stalled or transport.get_write_buffer_size():
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
             transport.abort()
         else:
             transport.close()
@@ -236,12 +323,17 @@ class _GuardedProtocol(H11Protocol):
             self._timer = None
 
     def _expired(self) -> None:
+        """The idle, header or send deadline passed."""
         self._timer = None
-        if self.busy or self.transport.is_closing():
+        if self.transport.is_closing():
             return
         self.guard.forget(self)
         self.guard.timed_out_one()
         self.drop()
+
+
+#: SO_LINGER on, zero seconds: `close` resets the connection and drops unsent bytes.
+_RESET: Final = struct.pack("ii", 1, 0)
 
 
 def guarded_protocol(
