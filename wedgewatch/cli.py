@@ -217,12 +217,18 @@ def _config_reference(
         Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")
     ] = None,
 ) -> None:
-    """Print the configuration reference (docs/configuration.md) generated from the model."""
+    """Print the configuration reference (docs/configuration.md) generated from the model.
+
+    Exit 0 when written, 1 when --output cannot be written.
+    """
     text = config.render_reference()
     if output is None:
         typer.echo(text, nl=False)
-    else:
+        return
+    try:
         output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _fail([f"cannot write {output}: {exc.strerror or exc}"], 1) from None
 
 
 # -- wedgewatch check ----------------------------------------------------------------------
@@ -504,7 +510,8 @@ def _capture(
     """Take an evidence bundle now: py-spy stacks, process tree, /metrics, triage.
 
     Without --target/--pid/--pid-file the single target of --config is used.
-    Exit 0 when a bundle was written (even with failed steps, listed), 1 when none was.
+    Exit 0 when a bundle was written (even with failed steps, listed), 1 when none was or
+    a file of it could not be written (a full disk, a read-only directory: listed).
     """
     try:
         loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
@@ -548,7 +555,13 @@ def _capture(
         typer.echo(safe_line(f"triage: {result.triage.kind}: {result.triage.summary}"))
         for failure in result.failures:
             typer.echo(safe_line(f"failed: {failure}"), err=True)
-    raise typer.Exit(0 if result.bundle is not None else 1)
+    unwritten = [f for f in result.failures if f.startswith(_WRITE_FAILURE_PREFIX)]
+    raise typer.Exit(0 if result.bundle is not None and not unwritten else 1)
+
+
+#: How a capture words a file of its bundle that could not be written (io/bundles.py,
+#: io/evidence.py): `writing summary.json: No space left on device`.
+_WRITE_FAILURE_PREFIX = "writing "
 
 
 # -- wedgewatch reset-restarts (see wedgewatch/io/statefile.py, docs/remedies.md) ------------
