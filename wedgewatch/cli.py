@@ -450,7 +450,8 @@ def _run(
     """Watch vLLM servers: detect wedges, capture evidence, restart within a budget.
 
     Serves /health, /probe, /metrics and /status on --listen-host:--listen-port.
-    Stops cleanly on SIGTERM or SIGINT. See docs/daemon.md.
+    Stops cleanly on SIGTERM or SIGINT; SIGHUP reloads the configuration when it
+    validates (else the running one is kept, and the log says why). See docs/daemon.md.
     """
     try:
         loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
@@ -461,7 +462,11 @@ def _run(
     configure_logging(loaded.config.log_level)
     from wedgewatch.daemon.loop import serve  # noqa: PLC0415 - heavy: only for `run`
 
-    raise typer.Exit(serve(loaded.config))
+    def reload_config() -> config.Config:
+        """SIGHUP: the configuration read again from the same file, environment and flags."""
+        return config.load_config(config_file=config_file, environ=os.environ, flags=flags).config
+
+    raise typer.Exit(serve(loaded.config, load_config=reload_config))
 
 
 @app.command("capture")
