@@ -18,11 +18,11 @@ from scripted_http import Reply, ScriptedServer, always
 from wedgewatch.io import canary, http_get
 from wedgewatch.io.http_parse import OffOriginRedirect, redirect_target, same_origin
 from wedgewatch.io.scrape import fetch, new_client, new_scrape_client
-from wedgewatch.io.scrape_rules import FetchFailed, Fetched
+from wedgewatch.io.scrape_rules import Fetched, FetchFailed
 
 BODY = b"vllm:num_requests_running 0\n"
 MIB = 1 << 20
-SECRET = "s3cret-token-value"
+PLANTED = "s3cret-token-value"
 
 
 async def _fetch(transport: str, url: str) -> Fetched | FetchFailed:
@@ -38,14 +38,14 @@ async def test_a_scrape_never_follows_a_redirect_to_another_port(transport: str)
     """A 302 to another port is a scrape error naming it (redacted); the other port sees
     nothing and its page is never shown as the target's."""
     with ScriptedServer(always(Reply(body=b"other page"))) as other:
-        elsewhere = f"{other.base_url}/latest/meta-data?token={SECRET}"
+        elsewhere = f"{other.base_url}/latest/meta-data?token={PLANTED}"
         with ScriptedServer(always(Reply(302, headers={"Location": elsewhere}))) as target:
             result = await _fetch(transport, target.url)
     assert isinstance(result, FetchFailed), result
     assert result.reason == "http_status"
     assert f"{other.base_url}/latest/meta-data?token=***" in result.detail
     assert "off its origin" in result.detail
-    assert SECRET not in result.detail
+    assert PLANTED not in result.detail
     assert "other page" not in result.detail
     assert other.requests == []
 
@@ -70,7 +70,7 @@ async def test_the_canary_never_follows_a_redirect_to_another_port() -> None:
     """/v1/models answering 307 to another port: an http_status canary failure naming it."""
     models = Reply(200, json.dumps({"data": [{"id": "m"}]}).encode())
     with ScriptedServer(always(models)) as other:
-        elsewhere = f"{other.base_url}/v1/models?key={SECRET}"
+        elsewhere = f"{other.base_url}/v1/models?key={PLANTED}"
         with ScriptedServer(always(Reply(307, headers={"Location": elsewhere}))) as target:
             spec = canary.CanarySpec(
                 base_url=target.base_url,
@@ -84,7 +84,7 @@ async def test_the_canary_never_follows_a_redirect_to_another_port() -> None:
     assert result.reason == "http_status", result
     assert f"{other.base_url}/v1/models" in result.detail
     assert "off the server's origin" in result.detail
-    assert SECRET not in result.detail
+    assert PLANTED not in result.detail
     assert other.requests == []
 
 
