@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import resource
 import select
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -39,18 +38,6 @@ PROBE_SECONDS = 3.0
 #: How long the attack may last before the test gives up waiting for the server to end it.
 ATTACK_LIMIT_SECONDS = 60.0
 _CLOSED = select.POLLRDHUP | select.POLLHUP | select.POLLERR
-
-
-@pytest.fixture
-def enough_fds() -> Iterator[None]:
-    """Room for a thousand client sockets (and the daemon's, which inherits the limit)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
-    if soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-    yield
-    if soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def _non_reader(port: int, peer: str, requests: int = 2000) -> socket.socket:

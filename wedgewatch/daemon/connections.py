@@ -11,28 +11,30 @@ never read the answers. uvicorn alone keeps such connections for ever, and its
 - **Header timeout.** Once the first byte of a request arrives, its whole head must
   arrive within `header_timeout_seconds`; more bytes never extend that deadline (a drip
   gains nothing).
-- **Send timeout.** Once a request's head is read, its whole response must be handed to
-  the kernel within `send_timeout_seconds`; a client that does not read its answers
-  (a tiny receive window, requests pipelined and never read) is reset then, its unsent
-  bytes dropped.
-- **One request at a time.** The next pipelined request is not read before the previous
-  response has left for the kernel (the transport's write buffer is empty), and each
-  accepted socket's kernel send buffer is `SEND_BUFFER_BYTES`: a client that does not
-  read costs a few responses, never thousands.
+- **Send timeout.** Once a request's head is read, its whole response must reach the
+  client (acknowledged by its TCP) within `send_timeout_seconds`; a client that does not
+  read its answers (a tiny receive window, requests pipelined and never read) is reset
+  then, its unsent bytes dropped.
+- **One request at a time.** The next pipelined request is not read before the client
+  has the previous response: the transport's write buffer is empty and the kernel holds
+  no byte of it unacknowledged (`SIOCOUTQ`, looked at again after 2 ms, 4 ms, ... up to
+  every 0.5 s). A client that pipelines and never reads costs one response, never
+  thousands; each accepted socket's kernel send buffer is also held to
+  `SEND_BUFFER_BYTES`, so an answer it does not read parks little kernel memory.
 - **Per peer.** One client address holds at most `max_connections_per_peer` connections;
-  its next one closes *its own* oldest evictable connection, so a flood from one peer
+  past that, *its own* oldest evictable connections are closed, so a flood from one peer
   never touches another's (in Kubernetes the kubelet probes from the node's address,
   never from the pod's).
-- **In total.** At most `max_connections`; the next one closes the oldest evictable
-  connection of any peer, and when every connection is busy, the oldest connection of
-  the peer holding the most (if it holds more than the newcomer's peer): many peers
-  together cannot starve a peer with few connections, the kubelet's probe included.
+- **In total.** At most `max_connections`; past that, the oldest evictable connections of
+  any peer are closed.
 
-Evictable means idle, half-sent, or *stalled*: a response waits for a client that does
-not read it. The newest connection wins: a probe, which sends its request at once and
-reads its answer, is never the oldest evictable connection, so it is answered while the
-bounds are hit. docs/security.md says why a priority rule rather than a reserve or a
-second listener.
+Evictable means idle, half-sent, or done: its response is written and waits for a client
+to read it. A new connection is never refused and a busy one (its request in flight,
+answered in microseconds) never closed: the counts may pass a bound until the busy
+connections' responses are written, and are brought back under it then. So a probe,
+which sends its request at once and reads its answer, is always answered, however many
+connections other peers (or its own) hold; docs/security.md says why this priority
+rather than a reserve or a second listener.
 
 The bounds subclass uvicorn's `H11Protocol`, which uvicorn does not document as API (its
 `Config(http=...)` takes any protocol class). Tested at both ends of the declared range: at
@@ -47,9 +49,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import math
 import socket
 import struct
+import termios
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -125,28 +129,32 @@ class ConnectionGuard:
         self._all: OrderedDict[_GuardedProtocol, None] = OrderedDict()
         self._by_peer: dict[str, OrderedDict[_GuardedProtocol, None]] = {}
         self.evicted = 0
-        self.refused = 0
         self.timed_out = 0
-        self._reported = (0, 0, 0)
+        self._reported = (0, 0)
         self._reported_at: float | None = None
 
     def __len__(self) -> int:
         return len(self._all)
 
-    def admit(self, connection: _GuardedProtocol) -> bool:
-        """Make room for a new connection (closing the oldest idle ones); False: refuse it."""
-        peers = self._by_peer.get(connection.peer, OrderedDict())
-        if (len(peers) >= self.limits.per_peer and not self._evict_oldest(peers)) or (
-            len(self._all) >= self.limits.max_connections
-            and not self._evict_oldest(self._all)
-            and not self._evict_from_largest_peer(len(peers))
-        ):
-            self.refused += 1
-            self._report()
-            return False
+    def admit(self, connection: _GuardedProtocol) -> None:
+        """Take a new connection, then close the oldest evictable ones over the bounds.
+
+        Nothing is ever refused, and nothing busy closed: a connection whose request is in
+        flight becomes evictable as soon as its response is written, and `trim` (called
+        then) brings the counts back under the bounds.
+        """
         self._all[connection] = None
         self._by_peer.setdefault(connection.peer, OrderedDict())[connection] = None
-        return True
+        self.trim(connection.peer, spare=connection)
+
+    def trim(self, peer: str, spare: _GuardedProtocol | None = None) -> None:
+        """Close the oldest evictable connections (never `spare`) of `peer`, then of any
+        peer, while over the per-peer or the total bound."""
+        peers = self._by_peer.get(peer)
+        while peers and len(peers) > self.limits.per_peer and self._evict_oldest(peers, spare):
+            pass
+        while len(self._all) > self.limits.max_connections and self._evict_oldest(self._all, spare):
+            pass
 
     def forget(self, connection: _GuardedProtocol) -> None:
         """The connection is closed."""
@@ -162,21 +170,16 @@ class ConnectionGuard:
         self.timed_out += 1
         self._report()
 
-    def _evict_oldest(self, connections: OrderedDict[_GuardedProtocol, None]) -> bool:
+    def _evict_oldest(
+        self,
+        connections: OrderedDict[_GuardedProtocol, None],
+        spare: _GuardedProtocol | None = None,
+    ) -> bool:
         for victim in connections:
-            if victim.evictable:
+            if victim.evictable and victim is not spare:
                 self._evict(victim)
                 return True
         return False
-
-    def _evict_from_largest_peer(self, newcomer_holds: int) -> bool:
-        """Every connection is busy: close the oldest of the peer holding the most, when it
-        holds more than the newcomer's peer (so a peer with few connections always gets in)."""
-        largest = max(self._by_peer.values(), key=len, default=None)
-        if largest is None or len(largest) <= newcomer_holds + 1:
-            return False
-        self._evict(next(iter(largest)))
-        return True
 
     def _evict(self, victim: _GuardedProtocol) -> None:
         self.forget(victim)
@@ -189,14 +192,13 @@ class ConnectionGuard:
         now = self._clock()
         if self._reported_at is not None and now - self._reported_at < REPORT_EVERY_SECONDS:
             return
-        counts = (self.evicted, self.refused, self.timed_out)
-        evicted, refused, timed_out = (a - b for a, b in zip(counts, self._reported, strict=True))
+        counts = (self.evicted, self.timed_out)
+        evicted, timed_out = (a - b for a, b in zip(counts, self._reported, strict=True))
         self._reported, self._reported_at = counts, now
         log.warning(
             "http_connections_bounded",
             open=len(self._all),
             evicted=evicted,
-            refused=refused,
             timed_out=timed_out,
             max_connections=self.limits.max_connections,
             max_connections_per_peer=self.limits.per_peer,
@@ -215,8 +217,10 @@ class _GuardedProtocol(H11Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._partial = False  # bytes of a request head arrived since the last response
         self._sending = False  # the send deadline of the request in flight is armed
-        self._unflushed = False  # a complete response still waits in the write buffer
+        self._unflushed = False  # a complete response has not reached the client yet
         self._stalled = False  # the write buffer waits for a client that does not read
+        self._ack_wait = ACK_POLL_FIRST_SECONDS  # the next look at the kernel's queue
+        self._ack_timer: asyncio.TimerHandle | None = None
 
     @property
     def busy(self) -> bool:
@@ -227,15 +231,13 @@ class _GuardedProtocol(H11Protocol):
 
     @property
     def evictable(self) -> bool:
-        """Idle, half-sent, or stalled on a client that does not read."""
-        return not self.busy or self._stalled
+        """Idle, half-sent, or waiting for a client to read a response the server has
+        finished (in the write buffer or the kernel's)."""
+        return not self.busy or self._stalled or self._unflushed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.peer = self.client[0] if self.client else ""
-        if not self.guard.admit(self):
-            self.drop()
-            return
         # Any byte left in the write buffer pauses writing, and the buffer's emptying
         # resumes it: a response counts as sent once it is all in the kernel.
         transport.set_write_buffer_limits(high=0, low=0)
@@ -244,6 +246,7 @@ class _GuardedProtocol(H11Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self._arm(self.guard.limits.idle_timeout_seconds)
+        self.guard.admit(self)  # may close older connections, never this one (it is idle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -258,23 +261,49 @@ class _GuardedProtocol(H11Protocol):
         self._after_events()
 
     def on_response_complete(self) -> None:
-        if not self.transport.is_closing() and self.transport.get_write_buffer_size():
-            # Not sent yet: the next pipelined request waits until it is (resume_writing).
-            self._unflushed = True
-            self.flow.pause_reading()
+        if self.transport.is_closing():
+            self._complete()
             return
+        # The next (pipelined) request waits until this response has reached the client.
+        self._unflushed = True
+        self.flow.pause_reading()
+        self._ack_wait = ACK_POLL_FIRST_SECONDS
+        self._check_sent()
+        self._now_evictable()
+
+    def _check_sent(self) -> None:
+        """Complete the response once the client has it: the write buffer empty (else
+        `resume_writing` looks again) and nothing left unacknowledged in the kernel (else
+        look again later, less and less often)."""
+        if not self._unflushed or self.transport.is_closing() or self._ack_timer is not None:
+            return
+        if self.transport.get_write_buffer_size():
+            return
+        if _unacknowledged(self.transport):
+            self._ack_timer = self.loop.call_later(self._ack_wait, self._look_again)
+            self._ack_wait = min(self._ack_wait * 2, ACK_POLL_MAX_SECONDS)
+            return
+        self._unflushed = False
         self._complete()
 
     def pause_writing(self) -> None:
         super().pause_writing()
         self._stalled = True
+        self._now_evictable()
+
+    def _now_evictable(self) -> None:
+        """This connection may have become evictable: back under the bounds, if over."""
+        if not self.transport.is_closing() and self.evictable:
+            self.guard.trim(self.peer)
+
+    def _look_again(self) -> None:
+        self._ack_timer = None
+        self._check_sent()
 
     def resume_writing(self) -> None:
         super().resume_writing()
         self._stalled = False
-        if self._unflushed:
-            self._unflushed = False
-            self._complete()
+        self._check_sent()
 
     def _complete(self) -> None:
         """The response left for the kernel: on to the next request (maybe pipelined)."""
@@ -334,6 +363,27 @@ class _GuardedProtocol(H11Protocol):
 
 #: SO_LINGER on, zero seconds: `close` resets the connection and drops unsent bytes.
 _RESET: Final = struct.pack("ii", 1, 0)
+
+#: How soon, and then how often at most, a finished response's socket is looked at again
+#: for bytes the client has not acknowledged yet (the delay doubles each time).
+ACK_POLL_FIRST_SECONDS: Final = 0.002
+ACK_POLL_MAX_SECONDS: Final = 0.5
+
+
+def _unacknowledged(transport: asyncio.Transport) -> int:
+    """Bytes of the socket's send queue the client has not acknowledged (Linux
+    `SIOCOUTQ`); 0 where that cannot be read (the check is then the write buffer alone)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or _SIOCOUTQ is None:
+        return 0
+    try:
+        raw = fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int(struct.unpack("i", raw)[0])
+
+
+_SIOCOUTQ: Final = getattr(termios, "TIOCOUTQ", None)  # SIOCOUTQ is TIOCOUTQ on Linux
 
 
 def guarded_protocol(
