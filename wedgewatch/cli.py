@@ -212,12 +212,18 @@ def _config_reference(
         Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")
     ] = None,
 ) -> None:
-    """Print the configuration reference (docs/configuration.md) generated from the model."""
+    """Print the configuration reference (docs/configuration.md) generated from the model.
+
+    Exit 0 when written, 1 when --output cannot be written.
+    """
     text = config.render_reference()
     if output is None:
         typer.echo(text, nl=False)
-    else:
+        return
+    try:
         output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _fail([f"cannot write {output}: {exc.strerror or exc}"], 1) from None
 
 
 # -- wedgewatch check ----------------------------------------------------------------------
@@ -439,7 +445,8 @@ def _run(
     """Watch vLLM servers: detect wedges, capture evidence, restart within a budget.
 
     Serves /health, /probe, /metrics and /status on --listen-host:--listen-port.
-    Stops cleanly on SIGTERM or SIGINT. See docs/daemon.md.
+    Stops cleanly on SIGTERM or SIGINT; SIGHUP reloads the configuration when it
+    validates (else the running one is kept, and the log says why). See docs/daemon.md.
     """
     try:
         loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
@@ -451,7 +458,11 @@ def _run(
     with _extras_hidden():
         from wedgewatch.daemon.loop import serve  # noqa: PLC0415 - heavy: only for `run`
 
-    raise typer.Exit(serve(loaded.config))
+    def reload_config() -> config.Config:
+        """SIGHUP: the configuration read again from the same file, environment and flags."""
+        return config.load_config(config_file=config_file, environ=os.environ, flags=flags).config
+
+    raise typer.Exit(serve(loaded.config, load_config=reload_config))
 
 
 @app.command("capture")
@@ -500,7 +511,8 @@ def _capture(
     """Take an evidence bundle now: py-spy stacks, process tree, /metrics, triage.
 
     Without --target/--pid/--pid-file the single target of --config is used.
-    Exit 0 when a bundle was written (even with failed steps, listed), 1 when none was.
+    Exit 0 when a bundle was written (even with failed steps, listed), 1 when none was or
+    a file of it could not be written (a full disk, a read-only directory: listed).
     """
     try:
         loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
@@ -545,7 +557,13 @@ def _capture(
         typer.echo(safe_line(f"triage: {result.triage.kind}: {result.triage.summary}"))
         for failure in result.failures:
             typer.echo(safe_line(f"failed: {failure}"), err=True)
-    raise typer.Exit(0 if result.bundle is not None else 1)
+    unwritten = [f for f in result.failures if f.startswith(_WRITE_FAILURE_PREFIX)]
+    raise typer.Exit(0 if result.bundle is not None and not unwritten else 1)
+
+
+#: How a capture words a file of its bundle that could not be written (io/bundles.py,
+#: io/evidence.py): `writing summary.json: No space left on device`.
+_WRITE_FAILURE_PREFIX = "writing "
 
 
 # -- wedgewatch reset-restarts (see wedgewatch/io/statefile.py, docs/remedies.md) ------------

@@ -307,9 +307,9 @@ async def test_an_untrusted_certificate_fails_alike(self_signed: ssl.SSLContext)
     assert "CERTIFICATE_VERIFY_FAILED" in str(got[1])
 
 
-async def test_a_redirect_to_https_is_followed_alike(self_signed: ssl.SSLContext) -> None:
-    """http redirecting to https: the lean client and the probe each open a TLS connection
-    for the https leg, verify the certificate and fail in the same words."""
+async def test_a_redirect_to_https_is_refused_alike(self_signed: ssl.SSLContext) -> None:
+    """http redirecting to https (another scheme and port: another origin): the lean client
+    and the probe both refuse to follow it, in the same words, and no TLS leg is tried."""
     secure = ScriptedServer(always(Reply(body=BODY)))
     secure._httpd.socket = self_signed.wrap_socket(secure._httpd.socket, server_side=True)
     with secure:
@@ -318,9 +318,10 @@ async def test_a_redirect_to_https_is_followed_alike(self_signed: ssl.SSLContext
             daemon = outcome(await asynchronous(plain.url, lean=True))
             got = outcome(blocking(plain.url))
     assert got == daemon
-    assert got[0] == "connect_error"
-    assert "CERTIFICATE_VERIFY_FAILED" in str(got[1])
-    assert len(plain.requests) == 2  # one each; the https legs failed in the handshake
+    assert got[0] == "http_status"
+    assert f"to {target}: not followed" in str(got[1])
+    assert len(plain.requests) == 2  # one each; no https leg
+    assert secure.requests == []
 
 
 async def test_a_path_with_spaces_and_non_ascii_is_requested_like_the_daemon_does() -> None:

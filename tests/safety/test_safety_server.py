@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import resource
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -30,18 +29,6 @@ pytestmark = pytest.mark.slow
 IDLE = (Path(__file__).parents[1] / "fixtures" / "idle.prom").read_bytes()
 # A request head cut off before its blank line: the server waits for the rest.
 HALF_SENT = b"GET /health HTTP/1.1\r\nHost: wedgewatch\r\nX-Slow: "
-
-
-@pytest.fixture
-def enough_fds() -> Iterator[None]:
-    """Room for several hundred client sockets (and the daemon's, which inherits the limit)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
-    if soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-    yield
-    if soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def _open(port: int, peer: str, payload: bytes = b"") -> socket.socket:

@@ -29,6 +29,10 @@ from wedgewatch.core.text.redact import redact_url, redact_webhook_url
 
 Source = str  # "default" | "file:PATH" | "env:NAME" | "flag:--x"
 
+#: The largest config file read (a real one is a few KiB): a bigger one is refused after
+#: reading this much, never loaded whole.
+MAX_CONFIG_BYTES = 1024 * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class LoadedConfig:
@@ -44,17 +48,31 @@ def _suggest(key: str, known: Sequence[str]) -> str:
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """Read a TOML config file; unreadable files, bad TOML and unknown keys raise ConfigError."""
+    """Read a TOML config file; unreadable files, bad TOML and unknown keys raise ConfigError.
+
+    So do a file over `MAX_CONFIG_BYTES` and one nested too deeply for the parser (TOML
+    arrays and inline tables nest by recursion): a clear message, never a traceback.
+    """
     try:
-        text = path.read_bytes().decode("utf-8")
+        with path.open("rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError([f"config file {path}: no such file"]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([f"config file {path}: cannot be read ({exc})"]) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            [f"config file {path}: larger than {MAX_CONFIG_BYTES} bytes; not a wedgewatch config"]
+        )
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"config file {path}: not valid TOML: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError(
+            [f"config file {path}: arrays or tables nested too deeply to parse"]
+        ) from None
     unknown = [key for key in data if key not in SETTINGS]
     if unknown:
         known = list(SETTINGS)
@@ -208,4 +226,6 @@ def load_config(
         config = Config.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, sources)) from None
+    except RecursionError:
+        raise ConfigError(["a setting's value is nested too deeply to validate"]) from None
     return LoadedConfig(config=config, sources=sources)

@@ -1,27 +1,40 @@
-"""Bounds on the connections of wedgewatch's own HTTP server (issue #21).
+"""Bounds on the connections of wedgewatch's own HTTP server.
 
 Anything that can reach the port (every container of the pod, the node, any local user)
-can open connections and send nothing, or half a request head. uvicorn keeps such a
-connection for ever, and its `limit_concurrency` then answers every request with 503: 63
-silent sockets turned `/health` and `/probe` (liveness probes) into a restart of vLLM.
-Here instead:
+can open connections and send nothing, send half a request head, or pipeline requests and
+never read the answers. uvicorn alone keeps such connections for ever, and its
+`limit_concurrency` then answers every request with 503: a few dozen sockets turned
+`/health` and `/probe` (liveness probes) into a restart of vLLM. Here instead:
 
 - **Idle timeout.** A connection with no request in flight (just opened, or after a
   response) that sends nothing for `idle_timeout_seconds` is closed.
 - **Header timeout.** Once the first byte of a request arrives, its whole head must
   arrive within `header_timeout_seconds`; more bytes never extend that deadline (a drip
   gains nothing).
+- **Send timeout.** Once a request's head is read, its whole response must reach the
+  client (acknowledged by its TCP) within `send_timeout_seconds`; a client that does not
+  read its answers (a tiny receive window, requests pipelined and never read) is reset
+  then, its unsent bytes dropped.
+- **One request at a time.** The next pipelined request is not read before the client
+  has the previous response: the transport's write buffer is empty and the kernel holds
+  no byte of it unacknowledged (`SIOCOUTQ`, looked at again after 2 ms, 4 ms, ... up to
+  every 0.5 s). A client that pipelines and never reads costs one response, never
+  thousands; each accepted socket's kernel send buffer is also held to
+  `SEND_BUFFER_BYTES`, so an answer it does not read parks little kernel memory.
 - **Per peer.** One client address holds at most `max_connections_per_peer` connections;
-  its next one closes *its own* oldest idle connection, so a flood from one peer never
-  touches another's (in Kubernetes the kubelet probes from the node's address, never
-  from the pod's).
-- **In total.** At most `max_connections`; the next one closes the oldest idle
-  connection of any peer.
+  past that, *its own* oldest evictable connections are closed, so a flood from one peer
+  never touches another's (in Kubernetes the kubelet probes from the node's address,
+  never from the pod's).
+- **In total.** At most `max_connections`; past that, the oldest evictable connections of
+  any peer are closed.
 
-The newest connection always wins: a probe, which sends its request at once, is never
-the oldest idle connection, so it is answered while the bounds are hit. Only when every
-connection has a request in flight (handlers here answer in microseconds) is a new one
-refused. Connections with a request in flight are never closed by these rules.
+Evictable means idle, half-sent, or done: its response is written and waits for a client
+to read it. A new connection is never refused and a busy one (its request in flight,
+answered in microseconds) never closed: the counts may pass a bound until the busy
+connections' responses are written, and are brought back under it then. So a probe,
+which sends its request at once and reads its answer, is always answered, however many
+connections other peers (or its own) hold; docs/security.md says why this priority
+rather than a reserve or a second listener.
 
 The bounds subclass uvicorn's `H11Protocol`, which uvicorn does not document as API (its
 `Config(http=...)` takes any protocol class). Tested at both ends of the declared range: at
@@ -35,7 +48,12 @@ than failing to start (docs/development.md, "Dependency floors").
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import math
+import socket
+import struct
+import termios
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -60,7 +78,14 @@ HOOKED_METHODS: Final = (
     "connection_lost",
     "data_received",
     "on_response_complete",
+    "pause_writing",
+    "resume_writing",
 )
+
+#: The kernel send buffer of every accepted socket (Linux doubles it for bookkeeping):
+#: without it, loopback autotuning lets a client that never reads park megabytes of
+#: answers in the kernel, each one a request the server rendered for nothing.
+SEND_BUFFER_BYTES: Final = 64 * 1024
 
 #: How often at most the daemon logs that its connection bounds closed connections.
 REPORT_EVERY_SECONDS: Final = 60.0
@@ -74,6 +99,7 @@ class ConnectionLimits:
     max_connections_per_peer: int = 32
     idle_timeout_seconds: float = 10.0
     header_timeout_seconds: float = 10.0
+    send_timeout_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         """Reject a bound that is not a positive count or a positive finite time."""
@@ -81,7 +107,7 @@ class ConnectionLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-        for name in ("idle_timeout_seconds", "header_timeout_seconds"):
+        for name in ("idle_timeout_seconds", "header_timeout_seconds", "send_timeout_seconds"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
@@ -103,26 +129,32 @@ class ConnectionGuard:
         self._all: OrderedDict[_GuardedProtocol, None] = OrderedDict()
         self._by_peer: dict[str, OrderedDict[_GuardedProtocol, None]] = {}
         self.evicted = 0
-        self.refused = 0
         self.timed_out = 0
-        self._reported = (0, 0, 0)
+        self._reported = (0, 0)
         self._reported_at: float | None = None
 
     def __len__(self) -> int:
         return len(self._all)
 
-    def admit(self, connection: _GuardedProtocol) -> bool:
-        """Make room for a new connection (closing the oldest idle ones); False: refuse it."""
-        peers = self._by_peer.get(connection.peer, OrderedDict())
-        if (len(peers) >= self.limits.per_peer and not self._evict_oldest(peers)) or (
-            len(self._all) >= self.limits.max_connections and not self._evict_oldest(self._all)
-        ):
-            self.refused += 1
-            self._report()
-            return False
+    def admit(self, connection: _GuardedProtocol) -> None:
+        """Take a new connection, then close the oldest evictable ones over the bounds.
+
+        Nothing is ever refused, and nothing busy closed: a connection whose request is in
+        flight becomes evictable as soon as its response is written, and `trim` (called
+        then) brings the counts back under the bounds.
+        """
         self._all[connection] = None
         self._by_peer.setdefault(connection.peer, OrderedDict())[connection] = None
-        return True
+        self.trim(connection.peer, spare=connection)
+
+    def trim(self, peer: str, spare: _GuardedProtocol | None = None) -> None:
+        """Close the oldest evictable connections (never `spare`) of `peer`, then of any
+        peer, while over the per-peer or the total bound."""
+        peers = self._by_peer.get(peer)
+        while peers and len(peers) > self.limits.per_peer and self._evict_oldest(peers, spare):
+            pass
+        while len(self._all) > self.limits.max_connections and self._evict_oldest(self._all, spare):
+            pass
 
     def forget(self, connection: _GuardedProtocol) -> None:
         """The connection is closed."""
@@ -134,33 +166,39 @@ class ConnectionGuard:
                 del self._by_peer[connection.peer]
 
     def timed_out_one(self) -> None:
-        """Count a connection closed by the idle or header timeout."""
+        """Count a connection closed by the idle, header or send timeout."""
         self.timed_out += 1
         self._report()
 
-    def _evict_oldest(self, connections: OrderedDict[_GuardedProtocol, None]) -> bool:
+    def _evict_oldest(
+        self,
+        connections: OrderedDict[_GuardedProtocol, None],
+        spare: _GuardedProtocol | None = None,
+    ) -> bool:
         for victim in connections:
-            if not victim.busy:
-                self.forget(victim)
-                victim.drop()
-                self.evicted += 1
-                self._report()
+            if victim.evictable and victim is not spare:
+                self._evict(victim)
                 return True
         return False
+
+    def _evict(self, victim: _GuardedProtocol) -> None:
+        self.forget(victim)
+        victim.drop()
+        self.evicted += 1
+        self._report()
 
     def _report(self) -> None:
         """Log the counts at most once per REPORT_EVERY_SECONDS (a flood makes one line)."""
         now = self._clock()
         if self._reported_at is not None and now - self._reported_at < REPORT_EVERY_SECONDS:
             return
-        counts = (self.evicted, self.refused, self.timed_out)
-        evicted, refused, timed_out = (a - b for a, b in zip(counts, self._reported, strict=True))
+        counts = (self.evicted, self.timed_out)
+        evicted, timed_out = (a - b for a, b in zip(counts, self._reported, strict=True))
         self._reported, self._reported_at = counts, now
         log.warning(
             "http_connections_bounded",
             open=len(self._all),
             evicted=evicted,
-            refused=refused,
             timed_out=timed_out,
             max_connections=self.limits.max_connections,
             max_connections_per_peer=self.limits.per_peer,
@@ -178,19 +216,37 @@ class _GuardedProtocol(H11Protocol):
         self.peer = ""
         self._timer: asyncio.TimerHandle | None = None
         self._partial = False  # bytes of a request head arrived since the last response
+        self._sending = False  # the send deadline of the request in flight is armed
+        self._unflushed = False  # a complete response has not reached the client yet
+        self._stalled = False  # the write buffer waits for a client that does not read
+        self._ack_wait = ACK_POLL_FIRST_SECONDS  # the next look at the kernel's queue
+        self._ack_timer: asyncio.TimerHandle | None = None
 
     @property
     def busy(self) -> bool:
-        """A request is in flight (its head was read, its response is not complete)."""
-        return self.cycle is not None and not self.cycle.response_complete
+        """A request is in flight: its head was read, its response has not left for the
+        kernel yet."""
+        cycle_busy = self.cycle is not None and not self.cycle.response_complete
+        return cycle_busy or self._unflushed
+
+    @property
+    def evictable(self) -> bool:
+        """Idle, half-sent, or waiting for a client to read a response the server has
+        finished (in the write buffer or the kernel's)."""
+        return not self.busy or self._stalled or self._unflushed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.peer = self.client[0] if self.client else ""
-        if not self.guard.admit(self):
-            self.drop()
-            return
+        # Any byte left in the write buffer pauses writing, and the buffer's emptying
+        # resumes it: a response counts as sent once it is all in the kernel.
+        transport.set_write_buffer_limits(high=0, low=0)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self._arm(self.guard.limits.idle_timeout_seconds)
+        self.guard.admit(self)  # may close older connections, never this one (it is idle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -202,26 +258,86 @@ class _GuardedProtocol(H11Protocol):
             self._partial = True  # the head's deadline runs from its first byte, once
             self._arm(self.guard.limits.header_timeout_seconds)
         super().data_received(data)
-        if self.busy:
-            self._disarm()
+        self._after_events()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        if self.transport.is_closing():
+            self._complete()
+            return
+        # The next (pipelined) request waits until this response has reached the client.
+        self._unflushed = True
+        self.flow.pause_reading()
+        self._ack_wait = ACK_POLL_FIRST_SECONDS
+        self._check_sent()
+        self._now_evictable()
+
+    def _check_sent(self) -> None:
+        """Complete the response once the client has it: the write buffer empty (else
+        `resume_writing` looks again) and nothing left unacknowledged in the kernel (else
+        look again later, less and less often)."""
+        if not self._unflushed or self.transport.is_closing() or self._ack_timer is not None:
+            return
+        if self.transport.get_write_buffer_size():
+            return
+        if _unacknowledged(self.transport):
+            self._ack_timer = self.loop.call_later(self._ack_wait, self._look_again)
+            self._ack_wait = min(self._ack_wait * 2, ACK_POLL_MAX_SECONDS)
+            return
+        self._unflushed = False
+        self._complete()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._stalled = True
+        self._now_evictable()
+
+    def _now_evictable(self) -> None:
+        """This connection may have become evictable: back under the bounds, if over."""
+        if not self.transport.is_closing() and self.evictable:
+            self.guard.trim(self.peer)
+
+    def _look_again(self) -> None:
+        self._ack_timer = None
+        self._check_sent()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stalled = False
+        self._check_sent()
+
+    def _complete(self) -> None:
+        """The response left for the kernel: on to the next request (maybe pipelined)."""
+        self._disarm()
+        self._partial = self._sending = False
+        super().on_response_complete()  # may start a pipelined request at once
+        self._after_events()
+
+    def _after_events(self) -> None:
+        """Arm the deadline that fits: a new request's send deadline, or the idle one."""
         if self.transport.is_closing():
             return
-        self._partial = False
-        if self.busy:  # a pipelined request started at once
-            self._disarm()
-        else:
+        if self.busy:
+            if not self._sending:  # a request began: its answer must leave in time
+                self._sending = True
+                self._arm(self.guard.limits.send_timeout_seconds)
+        elif not self._partial and self._timer is None:
             self._arm(self.guard.limits.idle_timeout_seconds)
 
     def drop(self) -> None:
-        """Close now; unsent bytes are discarded (a client that does not read holds nothing)."""
+        """Close now; unsent bytes are discarded (a client that does not read holds nothing).
+
+        With bytes still unsent the connection is reset (SO_LINGER 0), so the kernel does
+        not keep trying to deliver them either.
+        """
         self._disarm()
         transport = self.transport
         if transport.is_closing():
             return
-        if transport.get_write_buffer_size():
+        if self.busy or self._stalled or transport.get_write_buffer_size():
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
             transport.abort()
         else:
             transport.close()
@@ -236,12 +352,38 @@ class _GuardedProtocol(H11Protocol):
             self._timer = None
 
     def _expired(self) -> None:
+        """The idle, header or send deadline passed."""
         self._timer = None
-        if self.busy or self.transport.is_closing():
+        if self.transport.is_closing():
             return
         self.guard.forget(self)
         self.guard.timed_out_one()
         self.drop()
+
+
+#: SO_LINGER on, zero seconds: `close` resets the connection and drops unsent bytes.
+_RESET: Final = struct.pack("ii", 1, 0)
+
+#: How soon, and then how often at most, a finished response's socket is looked at again
+#: for bytes the client has not acknowledged yet (the delay doubles each time).
+ACK_POLL_FIRST_SECONDS: Final = 0.002
+ACK_POLL_MAX_SECONDS: Final = 0.5
+
+
+def _unacknowledged(transport: asyncio.Transport) -> int:
+    """Bytes of the socket's send queue the client has not acknowledged (Linux
+    `SIOCOUTQ`); 0 where that cannot be read (the check is then the write buffer alone)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or _SIOCOUTQ is None:
+        return 0
+    try:
+        raw = fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int(struct.unpack("i", raw)[0])
+
+
+_SIOCOUTQ: Final = getattr(termios, "TIOCOUTQ", None)  # SIOCOUTQ is TIOCOUTQ on Linux
 
 
 def guarded_protocol(

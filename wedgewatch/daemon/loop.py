@@ -37,14 +37,17 @@ import contextlib
 import gc
 import math
 import signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 
 from wedgewatch import __version__
-from wedgewatch.config import Config, Target
+from wedgewatch.config import Config, ConfigError, Target
 from wedgewatch.core.detection.states import SCRAPE_FAILURE_REASONS, EngineState, Family
 from wedgewatch.core.episode import episode as episode_core
 from wedgewatch.core.restart import restart_policy
@@ -57,7 +60,7 @@ from wedgewatch.daemon.server import HttpServer, Snapshot, make_app
 from wedgewatch.daemon.target import TargetRunner, Timeouts
 from wedgewatch.io import restarters, statefile
 
-__all__ = ["Daemon", "first_scrape_offsets", "run", "serve"]
+__all__ = ["Daemon", "Reloader", "changed_settings", "first_scrape_offsets", "run", "serve"]
 
 log = structlog.get_logger("wedgewatch.daemon")
 
@@ -385,22 +388,64 @@ def _log_save_failed(failed: statefile.SaveFailed) -> None:
 # Entry point
 
 
+@dataclass(frozen=True, slots=True)
+class Reloader:
+    """How `run` reloads its configuration on SIGHUP (`serve` builds the real one).
+
+    `load` reads the configuration again from its sources (raising `ConfigError` when it
+    does not validate); `build` makes the adapters for a configuration (raising
+    RuntimeError/ValueError when they cannot work); `release` lets go of what the old
+    adapters hold once the loop has stopped with them (the state directory's lock).
+    """
+
+    load: Callable[[], Config]
+    build: Callable[[Config], Deps]
+    release: Callable[[Deps], None]
+
+
+#: Settings a reload cannot change: the HTTP endpoints stay bound to their address.
+FIXED_ON_RELOAD = ("listen_host", "listen_port")
+
+
+def changed_settings(old: Config, new: Config) -> list[str]:
+    """The names of the settings whose values differ (values are not shown: secrets)."""
+    return [name for name in type(old).model_fields if getattr(old, name) != getattr(new, name)]
+
+
+class _CurrentRegistry(CollectorRegistry):
+    """The registry of the loop running now, for endpoints that outlive a reload."""
+
+    def __init__(self, current: Callable[[], CollectorRegistry]) -> None:
+        super().__init__(auto_describe=False)
+        self._current = current
+
+    def collect(self) -> Iterator[Metric]:
+        """The current loop's metric families."""
+        return iter(self._current().collect())
+
+
 async def run(
     config: Config,
     deps: Deps,
     *,
     stop: asyncio.Event | None = None,
     on_stopped: Callable[[Daemon], Awaitable[None]] | None = None,
+    reloader: Reloader | None = None,
 ) -> int:
     """Run the daemon until SIGTERM/SIGINT (or `stop`); 0 on a clean stop.
 
     The first SIGTERM/SIGINT stops the loop and lets an in-flight capture or restart finish
     or time out; a second one cancels it at once. `on_stopped` runs once the loop has
     stopped, before the endpoints close (`launch --watch` writes a crash bundle there).
+
+    With a `reloader`, SIGHUP reloads the configuration (`_reload`): when the new one
+    validates, the watch loop stops as it does for SIGTERM (the state is written), and
+    starts again with the new settings and fresh adapters, the restart budget, detector
+    and episode restored from the state file; the HTTP endpoints stay up throughout.
+    When it does not validate, the running configuration is kept and the log says why.
     """
-    daemon = Daemon(config, deps)
-    daemon.restore()
     stop_event = stop if stop is not None else asyncio.Event()
+    reload_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     main_task = asyncio.current_task()
@@ -410,18 +455,28 @@ async def run(
             main_task.cancel()  # the second signal: do not wait any longer
         stop_event.set()
 
+    daemon = Daemon(config, deps)
+    daemon.restore()
     if stop is None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
             installed.append(sig)
+        if reloader is not None:
+            # Only an event is set here; the reload and its log lines happen in the loop.
+            loop.add_signal_handler(signal.SIGHUP, reload_requested.set)
+            installed.append(signal.SIGHUP)
+
+    def probe_failed(name: str) -> None:  # the daemon running now (a reload replaces it)
+        daemon.probe_failed(name)
+
     server: HttpServer | None = None
     try:
         if deps.serve_http:
             app = make_app(
                 lambda: daemon.snapshot,
-                deps.registry,
+                _CurrentRegistry(lambda: daemon.deps.registry),
                 deps.clock.monotonic,
-                on_probe_failed=daemon.probe_failed,
+                on_probe_failed=probe_failed,
             )
             server = HttpServer(app, config.listen_host, config.listen_port)
             await server.start()
@@ -444,22 +499,111 @@ async def run(
                 reason="WatchdogSec should exceed a few intervals plus scrape_timeout_seconds",
             )
         deps.service.ready(daemon._status_line())
-        await daemon.run(stop_event)
+        while True:
+            cycle_stop = asyncio.Event()
+            running = asyncio.create_task(daemon.run(cycle_stop), name="wedgewatch-loop")
+            reloaded: tuple[Config, Deps] | None = None
+            while reloaded is None and not running.done() and not stop_event.is_set():
+                waits = [
+                    asyncio.ensure_future(stop_event.wait()),
+                    asyncio.ensure_future(reload_requested.wait()),
+                ]
+                try:
+                    await asyncio.wait([running, *waits], return_when=asyncio.FIRST_COMPLETED)
+                except asyncio.CancelledError:
+                    running.cancel()
+                    raise
+                finally:
+                    for wait in waits:
+                        wait.cancel()
+                if reload_requested.is_set() and not stop_event.is_set() and reloader:
+                    reload_requested.clear()
+                    reloaded = await _reload(config, reloader, cycle_stop, running, daemon)
+            cycle_stop.set()
+            try:
+                await running
+            except asyncio.CancelledError:
+                running.cancel()  # a second signal: the loop's shutdown is cut short too
+                raise
+            if reloaded is None:
+                break
+            config, deps = reloaded
+            daemon = Daemon(config, deps)
+            daemon.restore()
+            deps.service.status(daemon._status_line())
         if on_stopped is not None:
             await on_stopped(daemon)
     finally:
+        deps = daemon.deps
         deps.service.stopping("stopping")
         log.info("daemon_stopping")
         if server is not None:
             await server.stop()
-        await deps.notifier.aclose(5.0)
-        await deps.scraper.aclose()
-        if deps.canary is not None:
-            await deps.canary.aclose()
+        await _close_adapters(deps)
         for sig in installed:
             loop.remove_signal_handler(sig)
         log.info("daemon_stopped")
     return 0
+
+
+async def _close_adapters(deps: Deps) -> None:
+    await deps.notifier.aclose(5.0)
+    await deps.scraper.aclose()
+    if deps.canary is not None:
+        await deps.canary.aclose()
+
+
+async def _reload(
+    config: Config,
+    reloader: Reloader,
+    cycle_stop: asyncio.Event,
+    running: asyncio.Task[None],
+    daemon: Daemon,
+) -> tuple[Config, Deps] | None:
+    """SIGHUP: the new configuration and its adapters, with the loop stopped; None (and
+    the loop running on) when the running configuration is kept."""
+    try:
+        new = reloader.load()
+    except (ConfigError, ValueError) as exc:
+        reasons = exc.messages if isinstance(exc, ConfigError) else (str(exc),)
+        log.warning(
+            "config_reload_rejected",
+            reasons=list(reasons),
+            kept="the running configuration: the new one does not validate",
+        )
+        return None
+    changed = changed_settings(config, new)
+    fixed = [name for name in FIXED_ON_RELOAD if name in changed]
+    problem = (
+        "no targets to watch"
+        if not new.targets
+        else f"{', '.join(fixed)} cannot change without a restart of wedgewatch"
+        if fixed
+        else None
+    )
+    if problem is not None:
+        log.warning("config_reload_rejected", reasons=[problem], kept="the running configuration")
+        return None
+    if not changed:
+        log.info("config_reload_unchanged", reason="the configuration is the same")
+        return None
+    log.info("config_reloading", changed=changed)
+    cycle_stop.set()
+    await running  # a clean stop: in-flight jobs finish, the state is written
+    await _close_adapters(daemon.deps)
+    reloader.release(daemon.deps)
+    try:
+        deps = reloader.build(new)
+    except (RuntimeError, ValueError) as exc:
+        log.error(
+            "config_reload_failed",
+            reason=str(exc),
+            kept="the previous configuration, with fresh adapters",
+        )
+        return config, reloader.build(config)
+    install_secret_scrubber(new)
+    log.info("config_reloaded", changed=changed)
+    return new, deps
 
 
 def first_scrape_offsets(
@@ -475,12 +619,18 @@ def first_scrape_offsets(
     return [(index % slots) * interval_seconds / slots for index in range(targets)]
 
 
-def serve(config: Config, *, supervisor: restarters.Supervisor | None = None) -> int:
+def serve(
+    config: Config,
+    *,
+    supervisor: restarters.Supervisor | None = None,
+    load_config: Callable[[], Config] | None = None,
+) -> int:
     """`wedgewatch run`: build the real adapters and run until stopped; the exit code.
 
     0 after a clean stop, 2 when the settings cannot work (no target, state directory in
     use, unknown remedy setup), 1 when the HTTP port cannot be bound, 130 when a second
-    signal cut the shutdown short.
+    signal cut the shutdown short. With `load_config`, SIGHUP reloads the configuration
+    (see `run`).
     """
     if not config.targets:
         log.error(
@@ -493,6 +643,17 @@ def serve(config: Config, *, supervisor: restarters.Supervisor | None = None) ->
     except (RuntimeError, ValueError) as exc:
         log.error("startup_failed", reason=str(exc))
         return 2
+    current = [deps]
+
+    def build(new: Config) -> Deps:
+        current[0] = real_deps(new, supervisor=supervisor)
+        return current[0]
+
+    def release(old: Deps) -> None:
+        if isinstance(old.state_store, FileStateStore):
+            old.state_store.close()
+
+    reloader = None if load_config is None else Reloader(load_config, build, release)
     # What start-up built (modules, the config, the adapters) lives as long as the daemon:
     # moved out of the collector's reach, a full collection no longer walks it again and
     # again (a py-spy profile of bench/bench_targets.py at 100 targets, 2026-12-02, put 6 % of
@@ -500,7 +661,7 @@ def serve(config: Config, *, supervisor: restarters.Supervisor | None = None) ->
     gc.collect()
     gc.freeze()
     try:
-        return asyncio.run(run(config, deps))
+        return asyncio.run(run(config, deps, reloader=reloader))
     except OSError as exc:
         log.error("startup_failed", reason=str(exc))
         return 1
@@ -508,5 +669,4 @@ def serve(config: Config, *, supervisor: restarters.Supervisor | None = None) ->
         log.warning("shutdown_cut_short", reason="a second signal arrived during shutdown")
         return 130
     finally:
-        if isinstance(deps.state_store, FileStateStore):
-            deps.state_store.close()
+        release(current[0])

@@ -5,7 +5,9 @@
 connection, first token, the rest of the stream) is bounded by `timeout_seconds`; the time to
 the first token is measured separately from the total. Requests are marked so operators can
 recognise and filter them: the `user` field is `wedgewatch-canary` and the `X-Request-Id`
-header starts with `wedgewatch-canary-`.
+header starts with `wedgewatch-canary-`. A redirect is never followed (the client follows
+none): it is an `http_status` failure that says where it pointed and whether that is off
+the server's origin.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import httpx
 
 from wedgewatch import __version__
 from wedgewatch.core.detection.canary import CanaryFailureReason, CanaryResult
 from wedgewatch.core.text.redact import redact_text
-from wedgewatch.io.scrape_rules import is_refused, one_line
+from wedgewatch.io.http_parse import same_origin
+from wedgewatch.io.scrape_rules import REDIRECT_STATUSES, is_refused, one_line
 
 CANARY_USER = "wedgewatch-canary"
 REQUEST_ID_PREFIX = "wedgewatch-canary-"
@@ -130,7 +133,9 @@ async def _first_model(client: httpx.AsyncClient, base_url: str, http: httpx.Tim
     async with client.stream("GET", url, headers=_HEADERS, timeout=http) as response:
         body = await _read_capped(response)
         if response.status_code != 200:
-            raise _Failed("http_status", f"GET {url}: HTTP {response.status_code}")
+            raise _Failed(
+                "http_status", f"GET {url}: HTTP {response.status_code}{_redirect(url, response)}"
+            )
     try:
         data = json.loads(body)
         model = data["data"][0]["id"]
@@ -166,7 +171,8 @@ async def _complete(
             body = await _read_capped(response)
             raise _Failed(
                 "http_status",
-                f"POST {url}: HTTP {response.status_code}: {_snippet(body)}",
+                f"POST {url}: HTTP {response.status_code}{_redirect(url, response)}: "
+                f"{_snippet(body)}",
             )
         seen = 0
         async for line in response.aiter_lines():
@@ -202,6 +208,16 @@ async def _read_capped(response: httpx.Response) -> bytes:
         if size > MAX_RESPONSE_BYTES:
             break
     return b"".join(parts)[:MAX_RESPONSE_BYTES]
+
+
+def _redirect(url: str, response: httpx.Response) -> str:
+    """Where a redirect pointed, for its failure detail (redacted with the whole detail)."""
+    location = response.headers.get("location")
+    if response.status_code not in REDIRECT_STATUSES or not location:
+        return ""
+    target = urljoin(url, location)
+    where = "within the server's origin" if same_origin(url, target) else "off the server's origin"
+    return f" redirecting to {one_line(target)} ({where}; not followed)"
 
 
 def _snippet(body: bytes) -> str:

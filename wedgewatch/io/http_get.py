@@ -12,8 +12,9 @@ transport (`io.scrape`) does:
   after it, so a server that trickles its answer a byte at a time is cut off on time;
 * the body is read in bounded pieces and decoded as it arrives (`scrape_rules.Inflater`),
   never held past `max_body_bytes` raw or decoded;
-* redirects are followed and credentials in the URL sent as basic auth to that URL's origin
-  only, by `scrape_rules.follow_redirect`, at most `MAX_REDIRECTS` times;
+* redirects are followed within the URL's origin (scheme, host, port) only, with the
+  credentials in the URL sent as basic auth, by `scrape_rules.follow_redirect`, at most
+  `MAX_REDIRECTS` times; a redirect off the origin is a failure that says where it pointed;
 * proxies from the environment are never used (the sidecar scrapes its neighbour), and
   https verifies the server by `scrape_rules.tls_context` (certifi's roots when installed),
   as the daemon's lean client does.
@@ -39,6 +40,7 @@ from wedgewatch.io.http_parse import (
     Event,
     Head,
     NeedData,
+    OffOriginRedirect,
     ProtocolError,
     ResponseParser,
     get_request,
@@ -81,13 +83,16 @@ def fetch(
                 sink=sink,
                 failures=failures,
             )
-            if isinstance(result, str):  # a redirect: follow it, credentials to one origin
+            if isinstance(result, tuple):  # a redirect: followed within the origin only
+                status, location = result
                 current, authorization = scrape_rules.follow_redirect(
-                    current, result, authorization
+                    current, location, authorization, status
                 )
                 continue
             return result
         return failures.too_many_redirects()
+    except OffOriginRedirect as exc:
+        return failures.off_origin(exc)
     except scrape_rules.TooLarge:
         return failures.too_large(max_body_bytes)
     except scrape_rules.BadEncoding as exc:
@@ -121,8 +126,8 @@ def _get_once(
     deadline: float,
     sink: scrape_rules.Body,
     failures: scrape_rules.Failures,
-) -> scrape_rules.Fetched | scrape_rules.FetchFailed | str:
-    """One request: the response, a failure, or the `Location` of a redirect."""
+) -> scrape_rules.Fetched | scrape_rules.FetchFailed | tuple[int, str]:
+    """One request: the response, a failure, or a redirect's (status, `Location`)."""
     try:
         host, port, tls = scrape_rules.origin_of(url)
     except scrape_rules.Unfetchable as exc:
@@ -141,7 +146,7 @@ def _get_once(
         status, response_headers = head.status, head.headers
         location = response_headers.get("location")
         if status in scrape_rules.REDIRECT_STATUSES and location:
-            return location
+            return status, location
         sink.open(status, response_headers)
         try:
             for event in events:

@@ -3,6 +3,13 @@
 `get_request` writes a GET's bytes: the request target percent-encoded where the URL left
 text that may not stand in one, and the `Host` the URL names.
 
+`redirect_target` is the one origin rule of every HTTP call wedgewatch makes to a watched
+server (the scrape, the exec probe, the canary, the engine calls): a redirect is followed
+only within the origin (scheme, host and port) it came from; anything else raises
+`OffOriginRedirect`, which the caller reports as a failure naming where it pointed. A
+hostile or confused target must never make wedgewatch (root, next to the server) GET
+another port, another host or a cloud metadata address.
+
 In the manner of python-hyper/h11, a transport hands the parser the bytes it received
 (`receive_data`; `b""` when the connection closed) and takes events (`next_event`) until
 the response ends:
@@ -33,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import NamedTuple
-from urllib.parse import SplitResult, quote
+from urllib.parse import SplitResult, quote, urljoin, urlsplit
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADER_FIELDS = 100
@@ -52,6 +59,44 @@ def port_of(parts: SplitResult) -> int:
     Raises ValueError for a port out of range, as `SplitResult.port` does.
     """
     return parts.port or _DEFAULT_PORTS.get(parts.scheme, 80)
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    """A URL's origin: (scheme, host, port), lower-case, the port defaulted by the scheme.
+
+    Raises ValueError for a port out of range.
+    """
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port_of(parts)
+
+
+def same_origin(a: str, b: str) -> bool:
+    """Whether two URLs share scheme, host and port (a bad port is never the same origin)."""
+    try:
+        return origin(a) == origin(b)
+    except ValueError:
+        return False
+
+
+class OffOriginRedirect(Exception):
+    """A redirect that leaves its origin: never followed. `target` is where it pointed
+    (unredacted: redact before printing), `status` the redirect's status."""
+
+    def __init__(self, status: int, target: str) -> None:
+        super().__init__(f"HTTP {status} redirect off the origin")
+        self.status = status
+        self.target = target
+
+
+def redirect_target(current: str, location: str, status: int = 302) -> str:
+    """The absolute URL that a redirect (`status`) from `current` to `location` leads to.
+
+    Raises `OffOriginRedirect` when it leads off `current`'s origin (scheme, host, port).
+    """
+    target = urljoin(current, location)
+    if not same_origin(current, target):
+        raise OffOriginRedirect(status, target)
+    return target
 
 
 class ProtocolError(Exception):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import signal
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -709,3 +710,95 @@ def _records_under(root: int) -> tuple[list[ProcessRecord], list[str]]:
         else:
             records.append(record)
     return records, notes
+
+
+# -- signalling exactly the process that was proven ------------------------------------------
+
+
+class PinnedProcess:
+    """A process held by a pidfd, so that a signal reaches it and never a reused pid.
+
+    Between reading a process (its title, to prove it is the server) and signalling it,
+    the process may exit and its pid go to another one. A pidfd (Linux 5.3+
+    `os.pidfd_open`, signals by `signal.pidfd_send_signal`, 5.1+) names the process
+    itself: opened first, then checked to be the process that was read (its create
+    time), it can only ever signal that process; once it has exited the signal is
+    refused (ESRCH), whatever now holds the pid.
+
+    Without pidfds (another OS, an older kernel, a seccomp filter) the fallback is
+    psutil's `send_signal`, which checks the create time just before `kill(2)`: the race
+    narrows to that instant, it does not close. `pidfd` says which one is in use.
+    """
+
+    def __init__(self, proc: psutil.Process, pidfd: int | None) -> None:
+        self.proc = proc
+        self.pidfd = pidfd
+
+    @property
+    def pid(self) -> int:
+        """The process id (as it was when pinned)."""
+        return int(self.proc.pid)
+
+    def send_signal(self, sig: int) -> bool:
+        """Send `sig` to the pinned process; False when it has exited (nothing was sent).
+
+        Raises PermissionError when the signal is not permitted.
+        """
+        if self.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            except ProcessLookupError:
+                return False
+            return True
+        try:
+            self.proc.send_signal(sig)  # psutil refuses a pid reused since the handle was made
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.AccessDenied as exc:
+            raise PermissionError(str(exc)) from None
+        return True
+
+    def close(self) -> None:
+        """Release the pidfd (idempotent)."""
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None
+
+
+def pin(proc: psutil.Process) -> PinnedProcess | None:
+    """Hold `proc` by a pidfd (see `PinnedProcess`); None when it is gone or its pid now
+    names another process.
+
+    The pidfd is opened first and the process checked after: if the check passes, the
+    pidfd cannot name anything but the process that was read.
+    """
+    pidfd: int | None = None
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is not None and hasattr(signal, "pidfd_send_signal"):
+        try:
+            pidfd = pidfd_open(proc.pid)
+        except ProcessLookupError:
+            return None
+        except OSError:  # ENOSYS (older kernel), EPERM (seccomp): the fallback
+            pidfd = None
+    pinned = PinnedProcess(proc, pidfd)
+    try:
+        same = proc.is_running()  # psutil compares the create time it read first
+    except psutil.Error:
+        same = False
+    if not same:
+        pinned.close()
+        return None
+    return pinned
+
+
+def pidfds_available() -> bool:
+    """Whether this system signals through pidfds (else the psutil fallback is used)."""
+    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    return True

@@ -24,7 +24,7 @@ from wedgewatch.core.restart.restart_policy import FailureReason, RestartOutcome
 from wedgewatch.core.restart.server_proof import prove_server
 from wedgewatch.core.text.escape import neutralise
 from wedgewatch.core.text.redact import redact_text, redact_url
-from wedgewatch.io.procs import own_lineage, title_from_cmdline
+from wedgewatch.io.procs import PinnedProcess, own_lineage, pin, title_from_cmdline
 from wedgewatch.io.runner import CommandResult, run_command
 
 #: How long a restarter waits for processes to vanish after SIGKILL before reporting them.
@@ -202,9 +202,16 @@ def _send(
     sig: signal.Signals,
     errors: list[str],
     leader_create_time: float | None = None,
+    *,
+    pins: dict[int, PinnedProcess] | None = None,
 ) -> int | None:
     """Send `sig` to `group` (when it is still ours) and to every victim outside it; returns
-    the group that was used, None when it was not (then every victim got its own signal)."""
+    the group that was used, None when it was not (then every victim got its own signal).
+
+    Each victim is signalled through its pidfd (`procs.pin`): `pins` holds those opened
+    before the proof; a victim found since (a group member) is pinned now.
+    """
+    pins = {} if pins is None else pins
     if group is not None and not group_is_still_ours(group, leader_create_time):
         errors.append(
             f"process group {group} not signalled: its leader's pid now belongs to another "
@@ -221,11 +228,15 @@ def _send(
     for proc in victims:
         if group is not None and _pgid(proc.pid) == group:
             continue  # already reached through the group
+        pinned = pins.get(proc.pid)
+        if pinned is None:
+            pinned = pin(proc)
+            if pinned is None:
+                continue  # gone (or its pid reused) since it was listed
+            pins[proc.pid] = pinned
         try:
-            proc.send_signal(sig)  # psutil refuses a pid reused since the handle was made
-        except psutil.NoSuchProcess:
-            pass
-        except psutil.AccessDenied:
+            pinned.send_signal(sig)  # exactly that process, or nothing once it has exited
+        except PermissionError:
             errors.append(f"permission denied sending {sig.name} to {_describe(proc)}")
     return group
 
@@ -249,6 +260,8 @@ async def _terminate(
     group: int | None,
     grace_seconds: float,
     leader_create_time: float | None = None,
+    *,
+    pins: dict[int, PinnedProcess] | None = None,
 ) -> _Termination:
     """SIGTERM the victims (through `group` where they are in it), SIGKILL what outlives grace.
 
@@ -256,13 +269,13 @@ async def _terminate(
     collected: the group is signalled only while it still identifies that process.
     """
     errors: list[str] = []
-    group = _send(victims, group, signal.SIGTERM, errors, leader_create_time)
+    group = _send(victims, group, signal.SIGTERM, errors, leader_create_time, pins=pins)
     if await _gone(victims, group, grace_seconds):
         return _Termination(len(victims), True, 0, (), tuple(errors))
     stubborn = [p for p in victims if _alive(p)]
     if group is not None:
         stubborn += [p for p in _group_members(group) if p not in stubborn]
-    group = _send(stubborn, group, signal.SIGKILL, errors, leader_create_time)
+    group = _send(stubborn, group, signal.SIGKILL, errors, leader_create_time, pins=pins)
     await _gone(stubborn, group, KILL_WAIT_SECONDS)
     survivors = [p for p in stubborn if _alive(p)]
     if group is not None:
@@ -335,6 +348,37 @@ class SignalRestarter:
             return outcome(True, f"server process {pid} had already exited")
         except psutil.AccessDenied as exc:
             return outcome(False, f"cannot inspect server process {pid}: {exc}")
+        # Pin every process (a pidfd each) before proving it: what is proven is then
+        # exactly what gets signalled, even if a pid is reused meanwhile.
+        pins = {p.pid: pinned for p in tree if (pinned := pin(p)) is not None}
+        try:
+            if pid not in pins:
+                return outcome(True, f"server process {pid} had already exited")
+            tree = [p for p in tree if p.pid in pins]
+            return await self._prove_and_stop(
+                request,
+                tree,
+                pins=pins,
+                leader_create_time=leader_create_time,
+                started=started,
+                outcome=outcome,
+            )
+        finally:
+            for pinned in pins.values():
+                pinned.close()
+
+    async def _prove_and_stop(
+        self,
+        request: RestartRequest,
+        tree: list[psutil.Process],
+        *,
+        pins: dict[int, PinnedProcess],
+        leader_create_time: float,
+        started: float,
+        outcome: Callable[..., RestartOutcome],
+    ) -> RestartOutcome:
+        """Prove the pinned tree is the server, then stop it through its pidfds."""
+        pid = tree[0].pid
         own_pids, own_groups = own_lineage()
         refusal = prove_server(
             [(p.pid, _title(p)) for p in tree],
@@ -359,7 +403,7 @@ class SignalRestarter:
                 f"server {pid} does not lead its process group ({led}); SIGTERM to its "
                 f"{len(victims)} processes one by one"
             )
-        result = await _terminate(victims, group, self._grace, leader_create_time)
+        result = await _terminate(victims, group, self._grace, leader_create_time, pins=pins)
         elapsed = self._clock() - started
         detail = _summarise(what, result, self._grace, elapsed)
         return outcome(not result.survivors, detail)

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from wedgewatch.core.detection.detect import Observation
 from wedgewatch.io import http1
-from wedgewatch.io.http_parse import ProtocolError, get_request
+from wedgewatch.io.http_parse import OffOriginRedirect, ProtocolError, get_request
 from wedgewatch.io.scrape_rules import (
     MAX_REDIRECTS,
     REDIRECT_STATUSES,
@@ -57,17 +57,18 @@ def new_client(keepalive: int = 20, tls: ssl.SSLContext | None = None) -> httpx.
     """The client wedgewatch scrapes with: no proxies from the environment, no pooled retries.
 
     A sidecar scrapes a server next to it; an `HTTP_PROXY` meant for egress must never
-    carry that traffic, so the environment's proxy settings are ignored. `keepalive`
-    connections stay open between scrapes (one per target it serves; more are opened when
-    needed, never queued behind a slow one). `tls` shares one TLS context between clients.
+    carry that traffic, so the environment's proxy settings are ignored. httpx follows no
+    redirect: `fetch` follows them within the origin only, as with the lean client.
+    `keepalive` connections stay open between scrapes (one per target it serves; more are
+    opened when needed, never queued behind a slow one). `tls` shares one TLS context
+    between clients.
     """
     import httpx  # noqa: PLC0415 - see TYPE_CHECKING above
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=keepalive)
     return httpx.AsyncClient(
         trust_env=False,
-        follow_redirects=True,
-        max_redirects=MAX_REDIRECTS,
+        follow_redirects=False,
         limits=limits,
         verify=tls or True,
     )
@@ -79,7 +80,7 @@ class ScrapeClient:
     One kept-alive connection (a sixth of httpx's CPU per scrape: `bench/bench_scrape.py`,
     2026-12-02), read with the exec probe's parser (`io.http_parse`) and following its rules
     (`io.scrape_rules`): credentials in the URL as basic auth to its origin only, redirects
-    followed by `follow_redirect` on every scrape, at most `MAX_REDIRECTS`. https is
+    followed by `follow_redirect` within the origin only, at most `MAX_REDIRECTS`. https is
     verified with `tls`, or with `scrape_rules.tls_context()` made on first need. Never
     reads the environment's proxy settings.
     """
@@ -163,6 +164,8 @@ async def fetch(
         return failures.unfetchable(exc)
     except _TooManyRedirects:
         return failures.too_many_redirects()
+    except OffOriginRedirect as exc:
+        return failures.off_origin(exc)
     except _Broken as exc:  # httpx saw the connection break, or broken HTTP
         return failures.broken(exc, what=exc.what)
     except ProtocolError as exc:
@@ -172,18 +175,19 @@ async def fetch(
 async def _get(
     client: httpx.AsyncClient | ScrapeClient, url: str, sink: Body, timeout_seconds: float
 ) -> None:
-    """Send the GET and read the response into `sink`, following redirects."""
-    if not isinstance(client, ScrapeClient):
-        await _get_httpx(client, url, sink, timeout_seconds)
-        return
+    """Send the GET and read the response into `sink`, following redirects within the origin."""
     authorization = basic_auth(url)
+    headers: Mapping[str, str]
     for _ in range(MAX_REDIRECTS + 1):
-        host, port, request, tls = client.lean_request(url, authorization)
-        status, headers, _ = await client.lean.get(host, port, request, sink.open, tls)
+        if isinstance(client, ScrapeClient):
+            host, port, request, tls = client.lean_request(url, authorization)
+            status, headers, _ = await client.lean.get(host, port, request, sink.open, tls)
+        else:
+            status, headers = await _get_httpx(client, url, sink, timeout_seconds)
         location = headers.get("location")
         if status not in REDIRECT_STATUSES or not location:
             return
-        url, authorization = follow_redirect(url, location, authorization)
+        url, authorization = follow_redirect(url, location, authorization, status)
     raise _TooManyRedirects
 
 
@@ -205,13 +209,18 @@ class _Broken(Exception):
 
 async def _get_httpx(
     client: httpx.AsyncClient, url: str, sink: Body, timeout_seconds: float
-) -> None:
-    """`_get` through httpx; its errors become the module's own (httpx imported only here)."""
+) -> tuple[int, Mapping[str, str]]:
+    """One GET of `_get` through httpx (which follows no redirect): the status and headers.
+
+    Its errors become the module's own (httpx imported only here).
+    """
     import httpx  # noqa: PLC0415 - see TYPE_CHECKING above
 
     timeout = httpx.Timeout(timeout_seconds)
     try:
         async with client.stream("GET", url, headers=REQUEST_HEADERS, timeout=timeout) as response:
+            if response.status_code in REDIRECT_STATUSES and "location" in response.headers:
+                return response.status_code, response.headers
             sink.open(response.status_code, response.headers)
             if response.status_code != _OK:
                 sink.encoding = "identity"  # httpx decodes what it reads
@@ -226,12 +235,11 @@ async def _get_httpx(
             elif sink.inflater is not None:
                 async for chunk in response.aiter_raw():
                     sink.feed(chunk)
+            return response.status_code, response.headers
     except httpx.TimeoutException:
         raise TimeoutError from None
     except httpx.ConnectError as exc:
         raise _ConnectFailed(str(exc)) from exc
-    except httpx.TooManyRedirects:
-        raise _TooManyRedirects from None
     except httpx.HTTPError as exc:
         raise _Broken(type(exc).__name__, str(exc)) from exc
 

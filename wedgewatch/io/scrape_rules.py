@@ -9,7 +9,8 @@ question and fail for the same reasons in the same words:
 * `tls_context`: https verified against certifi's roots when installed, as httpx does;
 * `basic_auth` and `follow_redirect`: credentials in the URL are sent as basic auth to that
   URL's origin only; a redirect (`REDIRECT_STATUSES` with a `Location`) is followed, at
-  most `MAX_REDIRECTS` times, and keeps the credentials only on the same origin;
+  most `MAX_REDIRECTS` times, and only within its origin (`http_parse.redirect_target`;
+  one off it is the failure `Failures.off_origin`);
 * `ScrapeLimits`: a total deadline, a cap on the decoded body and on the engines parsed;
 * `Inflater`: gzip decoded in bounded steps, the cap applied to the decoded size, so a gzip
   bomb is cut off after `max_body_bytes` of output;
@@ -29,13 +30,13 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from wedgewatch import __version__
 from wedgewatch.core.detection.detect import Observation, Scraped, ScrapeFailed
 from wedgewatch.core.detection.states import ScrapeFailureReason
 from wedgewatch.core.text.redact import redact_url, scrub_text, secret_fragments
-from wedgewatch.io.http_parse import port_of
+from wedgewatch.io.http_parse import OffOriginRedirect, port_of, redirect_target
 from wedgewatch.vllm import signals
 
 if TYPE_CHECKING:
@@ -197,17 +198,14 @@ def basic_auth(url: str) -> str | None:
 
 
 def follow_redirect(
-    current: str, location: str, authorization: str | None
+    current: str, location: str, authorization: str | None, status: int = 302
 ) -> tuple[str, str | None]:
-    """Where a redirect from `current` leads, and the `Authorization` to send there.
+    """Where a redirect (`status`) from `current` leads, and the `Authorization` to send there.
 
-    The credentials go on to the same origin (scheme, host and port) only; another origin
-    gets its own URL's credentials, if any, as a browser and httpx do.
+    Only within `current`'s origin (scheme, host and port), where the credentials go on;
+    off it raises `http_parse.OffOriginRedirect` (report it with `Failures.off_origin`).
     """
-    target = urljoin(current, location)
-    if _origin(target) != _origin(current):
-        authorization = basic_auth(target)
-    return target, authorization
+    return redirect_target(current, location, status), authorization
 
 
 def tls_context() -> ssl.SSLContext:
@@ -221,11 +219,6 @@ def tls_context() -> ssl.SSLContext:
         return ssl.create_default_context(cafile=certifi.where())
     except ImportError:
         return ssl.create_default_context()
-
-
-def _origin(url: str) -> tuple[str, str | None, int | None]:
-    parts = urlsplit(url)
-    return parts.scheme, parts.hostname, parts.port
 
 
 def is_refused(exc: BaseException) -> bool:
@@ -289,6 +282,14 @@ class Failures:
         """A response other than 200, with the start of its body."""
         return self.failed(
             "http_status", f"HTTP {status} from {self._url}" + (f": {snippet}" if snippet else "")
+        )
+
+    def off_origin(self, exc: OffOriginRedirect) -> FetchFailed:
+        """A redirect off the scraped URL's origin: not followed; says where it pointed."""
+        return self.failed(
+            "http_status",
+            f"HTTP {exc.status} from {self._url} redirects off its origin (scheme, host, "
+            f"port) to {redact_url(exc.target)}: not followed",
         )
 
     def too_many_redirects(self) -> FetchFailed:
