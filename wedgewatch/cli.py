@@ -454,8 +454,63 @@ def _run(
         raise _fail(["no targets to watch: give --target URL or [[targets]] in --config"], 2)
     configure_logging(loaded.config.log_level)
     from wedgewatch.daemon.loop import serve  # noqa: PLC0415 - heavy: only for `run`
+    from wedgewatch.io import doctor  # noqa: PLC0415  (local: this block is added to a shared file)
 
+    doctor.check_in_background(loaded.config)
     raise typer.Exit(serve(loaded.config))
+
+
+# -- wedgewatch doctor (see wedgewatch/io/doctor.py, docs/remedies.md) ---------------------
+
+
+@app.command("doctor")
+@with_config_flags(*SETTINGS)
+def _doctor(
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            help="Check only this target (its name or URL); a URL not in the configuration "
+            "is checked as an extra target.",
+            show_default=False,
+        ),
+    ] = None,
+    config_file: Annotated[Path | None, _CONFIG_FILE_OPTION] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False,
+    *,
+    flags: dict[str, Any],
+) -> None:
+    """Check every cure and capture the configuration relies on, before a wedge needs them.
+
+    ptrace rights (kernel.yama.ptrace_scope), py-spy and one real attach (--nonblocking),
+    the right to signal the server, the remedy's command or unit, whether the server answers
+    vLLM's abort endpoint (looked up, never called), and whether its dev routes are exposed
+    beyond loopback. Prints what will work and what will not, each with the fix. Exit 0 when
+    everything the configuration relies on can work, 1 when something cannot, 2 for a bad
+    configuration.
+    """
+    from wedgewatch.io import doctor  # noqa: PLC0415  (local: this block is added to a shared file)
+
+    if target is not None and "://" in target:
+        flags = {**flags, "targets": (*flags.get("targets", ()), target)}
+    try:
+        loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
+    except config.ConfigError as exc:
+        raise _fail(exc.messages, 2) from None
+    settings = loaded.config
+    if not settings.targets:
+        raise _fail(["no targets to check: give a TARGET URL, --target URL or --config"], 2)
+    only = target
+    if target is not None and "://" in target:
+        only = config.Target.model_validate(target).name
+    elif target is not None and target not in {t.name for t in settings.targets}:
+        raise _fail([f"no target named {safe_line(target)!r} in the configuration"], 2)
+    findings = doctor.examine(settings, only=only)
+    if as_json:
+        typer.echo(json.dumps({"findings": [f.to_json() for f in findings]}))
+    else:
+        for line in doctor.render(findings):
+            typer.echo(safe_line(line))
+    raise typer.Exit(doctor.exit_code(findings))
 
 
 @app.command("capture")
