@@ -54,7 +54,8 @@ def _metrics() -> tuple[CollectorRegistry, OwnMetrics]:
 
 
 def _story(metrics: OwnMetrics) -> None:
-    """A wedge story on two targets: one wedges, is captured, restarted; one stays healthy."""
+    """A wedge story on two targets: one wedges, is captured, aborted, restarted; one stays
+    healthy."""
     metrics.add_target("llama", state="starting", remedy="signal", budget_remaining=3)
     metrics.add_target("qwen", state="starting", remedy="none", budget_remaining=3)
     metrics.add_canary("qwen")
@@ -83,6 +84,8 @@ def _story(metrics: OwnMetrics) -> None:
     metrics.count_capture_failure("llama", "ptrace_denied")
     metrics.count_restart("llama", "signal")
     metrics.count_restart_failure("llama", "not_recovered")
+    metrics.count_recovery("llama", "abort", "escalated")
+    metrics.count_recovery("llama", "restart", "failed")
     metrics.set_restart_budget("llama", remaining=2, gave_up=False)
     metrics.set_restart_budget("qwen", remaining=0, gave_up=True)
     metrics.count_webhook_failure()

@@ -559,6 +559,18 @@ class Config(BaseModel):
         "Whether `/probe` and `check --state-file` fail for a wedge only while the restart "
         "budget and back-off allow a restart (then pass with `gave_up`); off: always fail.",
     )
+    abort_first: bool = _setting(
+        False,
+        "remedy",
+        "Try the abort cure before a restart: for a scheduler wedge (`deferred_stall`, "
+        "`admission_stall`, `deferred_only_stall`; `output_stall` when the triage saw the "
+        "engine loop run) wedgewatch asks vLLM to abort every in-flight request "
+        "(`POST /abort_requests`, which vLLM serves with `VLLM_SERVER_DEV_MODE=1`) once the "
+        "evidence is captured, then proves recovery by progress within 30 s; when it does "
+        "not recover, or the wedge is a frozen loop, the `remedy` restarts the server. At "
+        "most one abort per episode; needs a `remedy` other than `none` (observe mode acts "
+        "on nothing) and a server proven to be vLLM (as for `signal`). See docs/remedies.md.",
+    )
     systemd_unit: str = _setting(
         "vllm.service",
         "remedy",
@@ -662,6 +674,14 @@ class Config(BaseModel):
         if self.remedy == "exec" and not self.exec_command:
             raise FieldRuleError(
                 "exec_command", self.exec_command, 'must not be empty when remedy = "exec"'
+            )
+        if self.abort_first and self.remedy == "none":
+            raise FieldRuleError(
+                "abort_first",
+                self.abort_first,
+                'needs a remedy other than "none": observe mode acts on nothing (use '
+                'remedy = "probe" in Kubernetes, or a restarting remedy, to escalate to when '
+                "the abort does not cure the wedge)",
             )
         if self.restart_backoff_max_seconds < self.restart_backoff_seconds:
             raise FieldRuleError(

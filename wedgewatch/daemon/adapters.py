@@ -28,13 +28,14 @@ from wedgewatch.core.detection.states import CaptureFailureReason, CapturePhase
 from wedgewatch.core.text.redact import redact_url
 from wedgewatch.daemon.report import thresholds_of
 from wedgewatch.daemon.roles import (
+    AbortOutcome,
     CaptureOutcome,
     CaptureRequest,
     Clock,
     Deps,
     ScrapeResult,
 )
-from wedgewatch.io import canary, evidence, restarters, statefile
+from wedgewatch.io import abort, canary, evidence, restarters, statefile
 from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.notify import Notification, WebhookNotifier
 from wedgewatch.io.private_paths import private_dir
@@ -98,6 +99,41 @@ class HttpCanary:
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
+
+
+class HttpAborter:
+    """The abort cure over HTTP (`io.abort`), then one canary (`io.canary`) as its proof.
+
+    A client of its own per call: it never follows a redirect, and keeps nothing open
+    between wedges (an abort is rare).
+    """
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+
+    async def abort(self, target: Target, *, proof_seconds: float) -> AbortOutcome:
+        """POST the abort, then a canary bounded by `proof_seconds` (and the canary timeout)."""
+        config = self._config
+        limit = min(config.scrape_timeout_seconds * 2, proof_seconds)
+        async with abort.new_abort_client() as client:
+            sent = await abort.send_abort(client, target.metrics_url, timeout_seconds=limit)
+            if not sent.ok:
+                return AbortOutcome(False, sent.detail)
+            spec = canary.CanarySpec(
+                base_url=canary.base_url_of(target.metrics_url),
+                model=config.canary_model,
+                prompt=config.canary_prompt,
+                max_tokens=config.canary_max_tokens,
+                timeout_seconds=min(config.canary_timeout_seconds, proof_seconds),
+            )
+            result = await canary.send(client, spec, sent_at=time.monotonic())
+        return AbortOutcome(
+            True,
+            sent.detail,
+            aborted=sent.aborted,
+            canary_ok=result.reason is None,
+            canary_detail=result.detail or "",
+        )
 
 
 class HttpScraper:
@@ -196,6 +232,7 @@ class BundleEvidence:
             + (f" (known issue: {', '.join(result.known_issues)})" if result.known_issues else ""),
             detail="; ".join(result.failures),
             server_gone=result.server_gone,
+            triage_kind=str(result.triage.kind),
         )
 
     async def cut_off(self, bundle: str, detail: str) -> None:
@@ -420,6 +457,7 @@ def real_deps(
         bundle_hook=BundleHook(config.on_bundle, timeout_seconds=config.on_bundle_timeout_seconds)
         if config.on_bundle
         else None,
+        aborter=HttpAborter(config) if config.abort_first and config.remedy != "none" else None,
     )
 
 

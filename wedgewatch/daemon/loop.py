@@ -125,6 +125,7 @@ class Daemon:
                         config.suspect_capture_min_interval_seconds
                     ),
                     detect=self.policy,
+                    abort_first=config.abort_first,
                 ),
                 reporter=reporter,
                 timeouts=self.timeouts,

@@ -177,6 +177,13 @@ class OwnMetrics:
             ["target", "reason"],
             registry=registry,
         )
+        self._recoveries = Counter(
+            "wedgewatch_recoveries",
+            "Cures that ended, by cure (abort, restart) and outcome (recovered, failed, "
+            "escalated).",
+            ["target", "cure", "outcome"],
+            registry=registry,
+        )
         self._budget_remaining = Gauge(
             "wedgewatch_restart_budget_remaining",
             "Restarts still allowed in the current budget window.",
@@ -319,6 +326,10 @@ class OwnMetrics:
     def count_restart(self, target: str, remedy: str) -> None:
         """Count a restart wedgewatch requested."""
         self._restarts.labels(target, remedy).inc()
+
+    def count_recovery(self, target: str, cure: str, outcome: str) -> None:
+        """A cure ended (the cure ladder's rule K1)."""
+        self._recoveries.labels(target, cure, outcome).inc()
 
     def count_restart_failure(self, target: str, reason: str) -> None:
         """Count a restart that failed, by reason."""

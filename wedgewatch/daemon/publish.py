@@ -98,6 +98,7 @@ def target_snapshot(
         ),
         last_restart_failure=core.last_restart_failure,
         waiting_for_supervisor=core.waiting_for_supervisor,
+        recoveries=tuple(r.to_json() for r in core.recoveries),
     )
 
 

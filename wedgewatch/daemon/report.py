@@ -110,8 +110,12 @@ class Reporter:
                 | ReportEvent.GAVE_UP_CLEARED
                 | ReportEvent.BACKOFF_RESET
                 | ReportEvent.BUDGET_RESET
+                | ReportEvent.ABORT_REQUESTED
+                | ReportEvent.ABORT_SKIPPED
+                | ReportEvent.ABORT_SUCCEEDED
+                | ReportEvent.ABORT_FAILED
             ):
-                pass  # no counter: the log line (and a webhook, when notified) only
+                pass  # no counter: the log line (a cure is counted from `Recovered`)
             case _:
                 assert_never(event)
 

@@ -103,6 +103,26 @@ class CaptureOutcome:
     triage: str | None = None
     detail: str = ""
     server_gone: bool = False  # nothing to capture from: not a failure
+    triage_kind: str | None = None  # the triage's kind alone (the cure ladder reads it)
+
+
+@dataclass(frozen=True, slots=True)
+class AbortOutcome:
+    """What the abort cure's call did, and whether the canary sent after it completed."""
+
+    ok: bool
+    detail: str
+    aborted: int | None = None  # vLLM's count of aborted requests, when it said
+    canary_ok: bool = False
+    canary_detail: str = ""
+
+
+class Aborter(Protocol):
+    """Sends the abort cure to a target (`io.abort`), then one canary; failures as data."""
+
+    async def abort(self, target: Target, *, proof_seconds: float) -> AbortOutcome:
+        """Abort every in-flight request of `target`, then send one canary."""
+        ...
 
 
 class EvidenceCollector(Protocol):
@@ -199,3 +219,4 @@ class Deps:
     supervisor_probe: SupervisorProbe | None = None
     canary: CanarySender | None = None  # None: no canary is ever sent
     bundle_hook: BundleHook | None = None  # `on_bundle`; None: no hook
+    aborter: Aborter | None = None  # the abort cure (`abort_first`); None: never aborts

@@ -94,6 +94,8 @@ class TargetSnapshot:
     # Set while a supervisor (systemd) is already restarting the server: why no restart now.
     waiting_for_supervisor: str | None = None
     canary: Mapping[str, Any] | None = None  # None when the canary is off
+    # How the cures of this target ended, newest last (the cure ladder's rule K1).
+    recoveries: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +398,7 @@ def _target_json(target: TargetSnapshot) -> dict[str, Any]:
         ),
         "waiting_for_supervisor": target.waiting_for_supervisor,
         "canary": dict(target.canary) if target.canary is not None else None,
+        "recoveries": [{**r, "time": _iso(r.get("timestamp"))} for r in target.recoveries],
         "engines": [
             {
                 "model_name": e.model_name,

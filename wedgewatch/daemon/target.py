@@ -36,9 +36,16 @@ from wedgewatch.daemon.adapters import run_bundle_hook
 from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import target_ready, target_record, target_snapshot
 from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
-from wedgewatch.daemon.roles import CaptureOutcome, CaptureRequest, Deps, ScrapeResult
+from wedgewatch.daemon.roles import (
+    Aborter,
+    AbortOutcome,
+    CaptureOutcome,
+    CaptureRequest,
+    Deps,
+    ScrapeResult,
+)
 from wedgewatch.daemon.server import TargetSnapshot
-from wedgewatch.io import bundles, restarters, statefile
+from wedgewatch.io import abort, bundles, restarters, statefile
 from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.procs import Discovery, ProcessFinder, ProcessSelector
 from wedgewatch.io.supervisor import SupervisorProbe
@@ -231,6 +238,11 @@ class TargetRunner:
                 self.queue.put_nowait(_CaptureJob(effect, self.last_body, summary))
             elif isinstance(effect, core.Resolve | core.QueueRestart | core.CheckListener):
                 self.queue.put_nowait(effect)
+            elif isinstance(effect, core.Recovered):  # K1
+                recovery = effect.recovery
+                self.reporter.metrics.count_recovery(
+                    self.name, str(recovery.cure), str(recovery.outcome)
+                )
             elif isinstance(effect, core.ResetDetector):
                 self.detector = TargetState.initial()  # and a fresh canary (TargetCanary.detect)
                 self.failure = None
@@ -369,6 +381,7 @@ class TargetRunner:
             detail=outcome.detail,
             duration_seconds=time.monotonic() - started,
             server_gone=outcome.server_gone,
+            triage_kind=outcome.triage_kind,
         )
         clock = self.deps.clock
         self.feed(done, clock.monotonic(), clock.wall())
@@ -381,13 +394,44 @@ class TargetRunner:
             self.hooks.add(task)
             task.add_done_callback(self.hooks.discard)
 
+    async def _abort(self, run: core.RunAbort, discovery: Discovery) -> None:
+        """K2-K3: prove the server (as for signals), send the abort and its canary, and feed
+        the result back (`AbortDone`); the core judges the proof on the next scrapes."""
+        self.busy = "abort"
+        clock = self.deps.clock
+        started = clock.monotonic()
+        refusal = abort.abort_refusal(discovery)
+        outcome = await _abort_outcome(self.deps.aborter, self.target, refusal, run.proof_seconds)
+        now_at = clock.monotonic()
+        log.info(
+            "abort_sent" if outcome.ok else "abort_not_sent",
+            target=self.name,
+            detail=outcome.detail,
+            aborted=outcome.aborted,
+            canary_ok=outcome.canary_ok,
+            canary_detail=outcome.canary_detail or None,
+            server_pid=discovery.root_pid,
+        )
+        detail = outcome.detail
+        if outcome.ok and not outcome.canary_ok and outcome.canary_detail:
+            detail += f"; the canary after it: {outcome.canary_detail}"
+        done = core.AbortDone(
+            outcome.ok,
+            detail,
+            aborted=outcome.aborted,
+            canary_ok_at=now_at if outcome.canary_ok else None,
+            duration_seconds=now_at - started,
+        )
+        self.feed(done, now_at, clock.wall())
+        await self.host.state_written()
+
     async def _hook(self, hook: BundleHook, bundle: str, phase: str) -> None:
         result = await run_bundle_hook(hook, bundle, target=self.name, phase=phase)
         self.reporter.metrics.count_bundle_hook(self.name, result)
 
     async def _restart(self, job: core.QueueRestart) -> None:
         restarter = self.deps.restarters.get(self.name)
-        if restarter is None:
+        if restarter is None and not self.rules.abort_first:
             return
         clock = self.deps.clock
         supervisor = await supervisor_says(self.deps.supervisor_probe, self.name, self.failure)
@@ -396,8 +440,13 @@ class TargetRunner:
             job.key, job.family, job.reason, supervisor, server_pid=discovery.root_pid
         )
         step = self.feed(due, clock.monotonic(), clock.wall())
+        cure = next((e for e in step.effects if isinstance(e, core.RunAbort)), None)
+        if cure is not None:
+            await self.host.state_written()  # the abort is on disk before it is sent
+            await self._abort(cure, discovery)
+            return
         run = next((e for e in step.effects if isinstance(e, core.RunRestart)), None)
-        if run is None:
+        if run is None or restarter is None:
             return
         await self.host.state_written()  # the attempt is on disk before the remedy runs
         config = self.config
@@ -440,6 +489,24 @@ class TargetRunner:
         done = core.RestartDone(outcome, listener_of(discovery))
         self.feed(done, clock.monotonic(), clock.wall())
         await self.host.state_written()  # and its outcome before the next job
+
+
+async def _abort_outcome(
+    aborter: Aborter | None, target: Target, refusal: str | None, proof_seconds: float
+) -> AbortOutcome:
+    """The abort call (and its canary), bounded; refused for an unproven server."""
+    if aborter is None:
+        return AbortOutcome(False, "no abort sender is configured (abort_first is off)")
+    if refusal is not None:
+        return AbortOutcome(False, f"refusing to send the abort: {refusal}")
+    try:
+        async with asyncio.timeout(proof_seconds + 10.0):
+            return await aborter.abort(target, proof_seconds=proof_seconds)
+    except TimeoutError:
+        return AbortOutcome(False, f"the abort did not finish within {proof_seconds + 10.0:g} s")
+    except Exception as exc:  # a bug in the adapter is a failed abort, never a stuck worker
+        detail = neutralise(f"{type(exc).__name__}: {exc}", 500)
+        return AbortOutcome(False, f"the abort could not be sent: {detail}")
 
 
 async def discover(finder: ProcessFinder, target: Target) -> Discovery:
@@ -492,6 +559,14 @@ def remedy_note(
             record["detail"] = fields.get("detail")
         case core.ReportEvent.EPISODE_CLOSED:
             record = {"event": "episode_closed", "outcome": fields.get("outcome"), **stamp}
+        case core.ReportEvent.ABORT_REQUESTED:
+            record = {"event": "abort_requested", "reason": fields.get("reason"), **stamp}
+            record["triage"] = fields.get("triage")
+        case core.ReportEvent.ABORT_SUCCEEDED | core.ReportEvent.ABORT_FAILED:
+            ok = effect.event is core.ReportEvent.ABORT_SUCCEEDED
+            record = {"event": "abort", "ok": ok, "outcome": fields.get("outcome"), **stamp}
+            record.update(aborted=fields.get("aborted"), detail=fields.get("detail"))
+            record["serving_lost_seconds"] = fields.get("seconds")
         case (
             core.ReportEvent.STALL_SUSPECTED
             | core.ReportEvent.WEDGE_DETECTED
@@ -513,6 +588,7 @@ def remedy_note(
             | core.ReportEvent.GAVE_UP_CLEARED
             | core.ReportEvent.BACKOFF_RESET
             | core.ReportEvent.BUDGET_RESET
+            | core.ReportEvent.ABORT_SKIPPED
         ):
             return None  # says nothing about what became of the bundle
         case _:

@@ -94,6 +94,25 @@ about it; the restart policy (`restart_policy`) decides whether a restart is all
 #                                  P2's tick, then keep what /probe answers until the next scrape.
 #   ProbeServed(mark)          Q2  /probe sent a 503 about the server `mark` (R1); Persist soon.
 #
+# The remedy subsystem (`core.restart.remedy`, its one face): every input above that concerns
+#   the restart policy, the probe or the cure ladder is one `remedy.step` call (Observed: one
+#   Scrape fact with P1's proof, P2, Q1; RestartDue: CureDue; RestartDone, ProbeServed,
+#   OperatorReset, AbortDone: their facts). The rules below are the episode's side of it.
+#
+# The cure ladder (`core.restart.ladder`, rules L1-L6; with `abort_first`)
+#   K1  every cure that ends is kept in `recoveries` (newest last, 10 kept; /status) and
+#       counted (`Recovered`): an abort recovered / failed / escalated, a restart whose new
+#       server answered (recovered) or never came (failed); `seconds` from the wedged verdict
+#       (R1) to serving again.
+#   K2  R1 with abort_first (and a remedy other than "none") always queues the cure behind
+#       the captures; at RestartDue the ladder decides: RunAbort (Persist now,
+#       abort_requested), or the restart rung (R2 as before; "probe": the kubelet via /probe);
+#       abort_skipped says why the abort rung was passed over.
+#   K3  AbortDone: the call's result (vLLM's count, the canary). While an abort is proven E2
+#       does not close the episode; a proof closes it "recovered" (abort_succeeded).
+#   K4  an abort that failed or did not cure: abort_failed, and a restart is queued (when a
+#       restarter exists; it runs only while the verdict is still acted on, R2).
+#
 # Notify (H1): a Report sends a webhook exactly when its event is a `NotifyEvent`
 # (core/detection/states.py):
 #   `episode_types.notify_event` maps every `ReportEvent` (the closed set of reported events).
@@ -127,6 +146,8 @@ from typing import Any, assert_never
 from wedgewatch.core.detection.detect import CaptureEvidence, Restart, TargetVerdict
 from wedgewatch.core.detection.states import ACTED_ON, CALM, STALLED, CapturePhase, EngineState
 from wedgewatch.core.episode.episode_types import (
+    RECOVERIES_KEPT,
+    AbortDone,
     Capture,
     CaptureDone,
     CheckListener,
@@ -141,18 +162,22 @@ from wedgewatch.core.episode.episode_types import (
     Persist,
     ProbeServed,
     QueueRestart,
+    Recovered,
+    Recovery,
     Report,
     ResetDetector,
     Resolve,
     RestartDone,
     RestartDue,
     Rules,
+    RunAbort,
     RunRestart,
     Step,
 )
 from wedgewatch.core.episode.events import ReportEvent
 from wedgewatch.core.episode.transitions import transition_reports
-from wedgewatch.core.restart import probe_policy, probe_step, restart_policy
+from wedgewatch.core.restart import probe_step, remedy, restart_policy
+from wedgewatch.core.restart.ladder import Outcome, Rung
 from wedgewatch.core.restart.replacement import (
     NotReplaced,
     ServerIdentity,
@@ -165,6 +190,7 @@ __all__ = [
     "ACTED_ON",
     "CALM",
     "STALLED",
+    "AbortDone",
     "Capture",
     "CaptureDone",
     "CheckListener",
@@ -178,6 +204,8 @@ __all__ = [
     "Persist",
     "ProbeServed",
     "QueueRestart",
+    "Recovered",
+    "Recovery",
     "Report",
     "ReportEvent",
     "ResetDetector",
@@ -185,6 +213,7 @@ __all__ = [
     "RestartDone",
     "RestartDue",
     "Rules",
+    "RunAbort",
     "RunRestart",
     "Step",
     "episode_id",
@@ -226,14 +255,15 @@ def step(state: EpisodeState, event: Input, rules: Rules, at: float, timestamp: 
         run.restart_due(event)
     elif isinstance(event, RestartDone):
         run.restart_done(event)
+    elif isinstance(event, AbortDone):
+        run.abort_done(event)
     elif isinstance(event, ProbeServed):  # Q2
-        memory = probe_policy.served_failure(state.probe, event.mark, at)
-        run.state = replace(run.state, probe=memory)
+        run.remedy_step(remedy.ProbeServed(event.mark))
         run.effects.append(Persist())
     elif isinstance(event, ListenerSeen):
         run.listener_seen(event)
     else:
-        run.policy_step(restart_policy.reset(state.policy, at, timestamp))
+        run.remedy_step(remedy.OperatorReset())  # O1
     return Step(run.state, tuple(run.effects))
 
 
@@ -276,17 +306,19 @@ class _Run:
         self.track_episode(verdict)
         if self.state.episode is not None and verdict.failure is not None:
             self.update_episode(scrape_failure=verdict.failure.reason)  # E3
+        wedged_family: str | None = None
         for action in verdict.actions:
-            self.on_action(verdict, action)
-        if event.good:  # P1
-            self.good_scrape(event.identity)
-        self.probe_step(event)  # P2, Q1
+            asked = self.on_action(verdict, action)
+            wedged_family = asked or wedged_family
+        proof = self.good_scrape(event.identity) if event.good else None  # P1
+        self.remedy_scrape(event, wedged_family, proof)  # P2, Q1, K2-K4
         if event.worker_idle:
             self.retry_restart(verdict)
 
-    def probe_step(self, event: Observed) -> None:
-        """P2 and Q1: the one probe step (`core.probe_step`) that `check` takes too."""
-        verdict, rules = event.verdict, self.rules
+    def remedy_scrape(self, event: Observed, wedged_family: str | None, proof: str | None) -> None:
+        """P1 (a new server), P2 and Q1 (the probe step `check` takes too), K2-K4 (the
+        ladder): the one call into the remedy subsystem for a judged scrape."""
+        verdict = event.verdict
         starting = self.state.policy.phase is restart_policy.Phase.STARTING
         scrape = probe_step.ProbeScrape(
             target_state=verdict.state,
@@ -295,32 +327,28 @@ class _Run:
             mark=event.mark,
             not_replaced=self.state.not_replaced if starting else None,
         )
-        config = probe_step.ProbeConfig(
-            rules.restart_policy, rules.probe_respects_budget, observe=rules.remedy == "none"
+        done = self.remedy_step(
+            remedy.Scrape(
+                scrape,
+                engines=tuple(e.state for e in verdict.engines),
+                episode_open=self.state.episode is not None,
+                wedged_family=wedged_family,
+                new_server=proof,
+            )
         )
-        done = probe_step.step(
-            probe_step.ProbeState(self.state.policy, self.state.probe),
-            scrape,
-            self.at,
-            self.timestamp,
-            config,
-        )
-        if done.state.memory != self.state.probe:
-            self.state = replace(self.state, probe=done.state.memory)
-            self.effects.append(Persist())
-        self.policy_step(restart_policy.Step(done.state.policy, done.events))
-        if done.verdict is not None:
-            self.state = replace(self.state, probe_answer=done.verdict)
+        if done.probe is not None:
+            self.state = replace(self.state, probe_answer=done.probe)
 
-    def good_scrape(self, identity: ServerIdentity | None) -> None:
-        """P1 and N1: a good scrape ends the startup grace only from a new server."""
+    def good_scrape(self, identity: ServerIdentity | None) -> str | None:
+        """P1 and N1: a good scrape ends the startup grace only from a new server: the
+        proof that it is one (for the remedy subsystem), or None."""
         phase = self.state.policy.phase
         if phase in (restart_policy.Phase.ARMED, restart_policy.Phase.GAVE_UP):
             if identity is not None:
                 self.state = replace(self.state, server=identity)
-            return
+            return None
         if phase is not restart_policy.Phase.STARTING:
-            return
+            return None
         old = self.state.old_server or ServerIdentity()
         judged = judge_replacement(old, with_listener(identity, self.state.listener_after))
         if isinstance(judged, NotReplaced):
@@ -328,14 +356,91 @@ class _Run:
             if old.listener_pid is not None and not self.state.listener_check:
                 self.state = replace(self.state, listener_check=True)
                 self.effects.append(CheckListener())
-            return
+            return None
         self.state = replace(
             self.state, server=identity, old_server=None, not_replaced=None, listener_after=None
         )
-        policy, rules = self.state.policy, self.rules.restart_policy
-        self.policy_step(
-            restart_policy.record_good_scrape(policy, rules, self.at, self.timestamp, judged.proof)
+        return judged.proof or ""
+
+    # -- the remedy subsystem (core.restart.remedy): one call per input --------------------
+
+    def remedy_step(self, fact: remedy.Fact) -> remedy.RemedyStep:
+        """Hand one fact to the remedy subsystem; keep its state, report its events and notes."""
+        state = self.state
+        before = remedy.RemedyState(state.policy, state.probe, state.ladder)
+        done = remedy.step(before, fact, self.remedy_config, self.at, self.timestamp)
+        after = done.state
+        self.state = replace(state, policy=after.policy, probe=after.probe, ladder=after.ladder)
+        if after.probe != before.probe:
+            self.effects.append(Persist())
+        self.policy_events(done.events)
+        for note in done.notes:
+            self.cure_note(note)
+        return done
+
+    @property
+    def remedy_config(self) -> remedy.RemedyConfig:
+        """The remedy subsystem's slice of the rules."""
+        rules = self.rules
+        return remedy.RemedyConfig(
+            policy=rules.restart_policy,
+            remedy=rules.remedy,
+            can_restart=rules.can_restart,
+            respects_budget=rules.probe_respects_budget,
+            abort_first=rules.abort_first,
+            abort_proof_seconds=rules.abort_proof_seconds,
         )
+
+    def cure_note(self, note: remedy.CureNote) -> None:
+        """K2-K4: report a fact of the cure ladder; a judged abort is a recovery (K1), and
+        one that did not cure escalates to the restart rung."""
+        episode = self.state.episode
+        fields: dict[str, Any] = {"detail": note.detail}
+        if episode is not None:
+            fields.update(episode=episode.episode_id, family=episode.family, bundle=episode.bundle)
+        if note.outcome is None:
+            if note.rung is Rung.RESTART:
+                self.report(ReportEvent.ABORT_SKIPPED, "info", **fields)
+            return  # abort_requested is reported with the RunAbort (R2)
+        self.record_recovery(note.rung, note.outcome, note.seconds, note.detail, note.aborted)
+        fields.update(aborted=note.aborted, outcome=str(note.outcome))
+        if note.outcome is Outcome.RECOVERED:
+            fields["seconds"] = None if note.seconds is None else round(note.seconds, 3)
+            self.report(ReportEvent.ABORT_SUCCEEDED, "info", **fields)
+            self.close("recovered")
+            return
+        self.report(ReportEvent.ABORT_FAILED, "warning", **fields)
+        self.effects.append(Persist())
+        if episode is None or not self.rules.can_restart:
+            return  # remedy = "probe": /probe now asks the kubelet (rule P1a no longer holds)
+        verdict = self.state.verdict
+        worst = next((e for e in verdict.engines if e.state in ACTED_ON), None) if verdict else None
+        key = worst.key if worst is not None else episode.key
+        reason = worst.reason if worst is not None else episode.family
+        self.effects.append(QueueRestart(key, episode.family, reason))
+
+    def record_recovery(
+        self,
+        cure: Rung,
+        outcome: Outcome,
+        seconds: float | None,
+        detail: str,
+        aborted: int | None = None,
+    ) -> None:
+        """K1: keep how a cure ended (newest last, bounded) and have it counted."""
+        episode = self.state.episode
+        recovery = Recovery(
+            cure=cure,
+            outcome=outcome,
+            seconds=seconds,
+            timestamp=self.timestamp,
+            episode=episode.episode_id if episode is not None else None,
+            detail=detail,
+            aborted=aborted,
+        )
+        kept = (*self.state.recoveries, recovery)[-RECOVERIES_KEPT:]
+        self.state = replace(self.state, recoveries=kept)
+        self.effects.append(Recovered(recovery))
 
     def listener_seen(self, event: ListenerSeen) -> None:  # N2
         seen = None if event.pid is None else (event.pid, event.create_time)
@@ -368,7 +473,13 @@ class _Run:
         restart_phases = (restart_policy.Phase.RESTARTING, restart_policy.Phase.STARTING)
         # Unknown (non-finite values, several servers) is not calm: the episode stays open.
         calm = bool(verdict.engines) and all(e.state in CALM for e in verdict.engines)
-        if episode is not None and calm and self.state.policy.phase not in restart_phases:
+        proving = self.state.ladder.abort is not None  # K3 judges an abort's episode
+        if (
+            episode is not None
+            and calm
+            and self.state.policy.phase not in restart_phases
+            and not proving
+        ):
             self.close("recovered")  # E2
 
     def close(self, outcome: str) -> None:
@@ -389,39 +500,45 @@ class _Run:
         self.state = replace(self.state, waiting_for_supervisor=None)
         self.effects.append(Persist())
 
-    def on_action(self, verdict: TargetVerdict, action: CaptureEvidence | Restart) -> None:
+    def on_action(self, verdict: TargetVerdict, action: CaptureEvidence | Restart) -> str | None:
+        """C1, C2, C4 and R1; the family of the wedge when R1 asked for its cure now."""
         episode = self.state.episode
         if episode is None:  # an action always comes with a stalled engine, hence an episode
-            return
+            return None
         if isinstance(action, CaptureEvidence):
             if action.phase == CapturePhase.SUSPECT:  # C1
                 if episode.suspect_asked or episode.wedged_asked:
-                    return
+                    return None
                 if self.suspect_capture_too_soon(episode):  # C4
-                    return
+                    return None
                 self.update_episode(suspect_asked=True)
                 self.state = replace(self.state, last_suspect_capture_at=self.at)
             else:  # C2
                 if episode.wedged_asked:
-                    return
+                    return None
                 self.update_episode(wedged_asked=True)
             self.effects.append(
                 Capture(action.phase, action.key, str(action.family), episode.episode_id, self.at)
             )
-            return
+            return None
         if episode.restart_asked:  # R1
-            return
-        self.update_episode(restart_asked=True)
+            return None
+        self.update_episode(restart_asked=True, wedged_at=self.at)
         engine = next((e for e in verdict.engines if e.key == action.key), None)
         reason = engine.reason if engine is not None else str(action.family)
+        family = str(action.family)
+        if self.rules.abort_first and self.rules.remedy != "none":  # K2: the ladder decides
+            self.effects.append(QueueRestart(action.key, family, reason))
+            return family
         if not self.rules.can_restart:
             why = {
                 "none": 'remedy = "none" (observe mode): reporting only',
                 "probe": 'remedy = "probe": /probe fails and the kubelet restarts the server',
             }.get(self.rules.remedy, f"no {self.rules.remedy} restarter for this target")
             self.report(ReportEvent.RESTART_SKIPPED, "info", episode=episode.episode_id, reason=why)
-            return
-        self.effects.append(QueueRestart(action.key, str(action.family), reason))
+            return family
+        self.effects.append(QueueRestart(action.key, family, reason))
+        return family
 
     def suspect_capture_too_soon(self, episode: Episode) -> bool:
         why = suspect_rate_limited(self.rules, self.state, self.at)
@@ -456,7 +573,11 @@ class _Run:
             self.state = replace(self.state, last_bundle=event.bundle)
             episode = self.state.episode
             if episode is not None and episode.episode_id == event.episode_id:
-                self.update_episode(bundle=event.bundle, triage=event.triage or episode.triage)
+                self.update_episode(
+                    bundle=event.bundle,
+                    triage=event.triage or episode.triage,
+                    triage_kind=event.triage_kind or episode.triage_kind,
+                )
             self.effects.append(Persist())
         failure = self.state.episode.scrape_failure if self.state.episode else None
         for name, level, more, fields in capture_reports(event, failure):
@@ -482,15 +603,41 @@ class _Run:
             )
             return
         self.state = replace(self.state, waiting_for_supervisor=None)
-        decision, result = restart_policy.decide(
-            self.state.policy, self.rules.restart_policy, self.at, self.timestamp
-        )
-        self.policy_step(result)
+        episode = self.state.episode
+        triage_kind = episode.triage_kind if episode is not None else None
+        done = self.remedy_step(remedy.CureDue(event.family, triage_kind))
+        decision = done.action
+        if isinstance(decision, remedy.RunAbort):  # K2: the abort rung
+            self.effects.append(Persist(now=True))
+            self.effects.append(
+                RunAbort(event.key, event.family, event.reason, decision.proof_seconds)
+            )
+            self.report(
+                ReportEvent.ABORT_REQUESTED,
+                "warning",
+                episode=episode.episode_id if episode is not None else None,
+                family=event.family,
+                engine=event.key.engine,
+                model_name=event.key.model_name,
+                server_pid=event.server_pid,
+                triage=triage_kind,
+                reason=event.reason,
+                proof_seconds=decision.proof_seconds,
+            )
+            return
+        if decision is None:
+            if self.state.ladder.rung is not Rung.ABORT and not self.rules.can_restart:
+                self.report(
+                    ReportEvent.RESTART_SKIPPED,
+                    "info",
+                    reason='remedy = "probe": /probe fails and the kubelet restarts the server',
+                )
+            return
         if isinstance(decision, restart_policy.Deny):
             if decision.reason is restart_policy.DenyReason.BACKOFF and self.state.episode:
                 self.update_episode(restart_pending_since=self.at)
                 self.report(ReportEvent.RESTART_DEFERRED, "info", reason=decision.detail)
-            elif not result.events:  # a fresh gave_up was just reported with its reason
+            elif not done.events:  # a fresh gave_up was just reported with its reason
                 self.report(ReportEvent.RESTART_SKIPPED, "info", reason=decision.detail)
             return
         self.state = replace(self.state, restarts=self.state.restarts + 1)
@@ -504,11 +651,7 @@ class _Run:
 
     def restart_done(self, event: RestartDone) -> None:  # R3
         outcome = event.outcome
-        self.policy_step(
-            restart_policy.record_restart(
-                self.state.policy, self.rules.restart_policy, self.at, self.timestamp, outcome
-            )
-        )
+        self.remedy_step(remedy.RestartFinished(outcome))
         if outcome.ok:
             old = with_listener(self.state.server, event.listener)
             self.state = replace(
@@ -529,11 +672,16 @@ class _Run:
             )
         self.effects.append(Persist(now=True))
 
+    def abort_done(self, event: AbortDone) -> None:  # K3, K4
+        self.remedy_step(
+            remedy.AbortFinished(event.ok, event.detail, event.aborted, event.canary_ok_at)
+        )
+        self.effects.append(Persist())
+
     # -- policy events (P*) ---------------------------------------------------------------
 
-    def policy_step(self, result: restart_policy.Step) -> None:
-        self.state = replace(self.state, policy=result.state)
-        for event in result.events:
+    def policy_events(self, events: tuple[restart_policy.PolicyEvent, ...]) -> None:
+        for event in events:
             self.effects.append(Persist())
             fields: dict[str, Any] = {"reason": event.reason, "detail": event.detail}
             if self.state.verdict is not None:
@@ -552,6 +700,7 @@ class _Run:
                     self.restart_failed(event, fields)
                 case ReportEvent.RESTART_SUCCEEDED:
                     self.report(event.kind, "info", **fields)
+                    self.restart_recovery(Outcome.RECOVERED, event.detail)
                     self.close("restarted")
                 case ReportEvent.GAVE_UP:
                     self.report(event.kind, "error", **fields)
@@ -563,6 +712,14 @@ class _Run:
                     self.report(event.kind, "info", **fields)
                 case _:
                     assert_never(event.kind)
+
+    def restart_recovery(self, outcome: Outcome, detail: str) -> None:
+        """K1: a restart's cure ended (a new server answered, or none came)."""
+        episode = self.state.episode
+        wedged_at = episode.wedged_at if episode is not None else None
+        recovered = outcome is Outcome.RECOVERED and wedged_at is not None
+        seconds = max(self.at - wedged_at, 0.0) if recovered and wedged_at is not None else None
+        self.record_recovery(Rung.RESTART, outcome, seconds, detail)
 
     def restart_failed(self, event: restart_policy.PolicyEvent, fields: dict[str, Any]) -> None:
         """P*: keep the failure (/status); a server that never came (back) ends the episode."""
@@ -576,6 +733,7 @@ class _Run:
         )
         if event.reason in no_new_server:
             self.report(ReportEvent.RESTART_FAILED, "error", **fields)
+            self.restart_recovery(Outcome.FAILED, event.detail)
             self.state = replace(
                 self.state,
                 ignore_before_at=None,

@@ -14,6 +14,7 @@ from wedgewatch.core.detection.detect import Policy, TargetVerdict
 from wedgewatch.core.detection.states import CaptureFailureReason, EpisodePhase, NotifyEvent
 from wedgewatch.core.episode.events import ReportEvent
 from wedgewatch.core.restart import probe_policy, restart_policy
+from wedgewatch.core.restart.ladder import PROOF_SECONDS, LadderState, Outcome, Rung
 from wedgewatch.core.restart.replacement import ServerIdentity
 from wedgewatch.vllm.signals import EngineKey
 
@@ -32,6 +33,8 @@ class Rules:
     probe_respects_budget: bool = True
     suspect_capture_min_interval_seconds: float = 0.0  # C4; 0 = no rate limit
     detect: Policy = field(default_factory=Policy)  # the thresholds the T1 reports quote
+    abort_first: bool = False  # the cure ladder's abort rung (core.restart.ladder)
+    abort_proof_seconds: float = PROOF_SECONDS  # L5: how long an abort has to prove
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,8 @@ class Episode:
     triage: str | None = None
     scrape_failure: str | None = None  # the latest scrape failure reason seen in the episode
     supervisor_retry_at: float | None = None  # W1: ask the supervisor again from then on
+    triage_kind: str | None = None  # C3: the triage's kind (the ladder's rule L2 reads it)
+    wedged_at: float | None = None  # R1: the wedged verdict a cure answers
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,41 @@ class EpisodeState:
     not_replaced: str | None = None  # N1: why the answering server is not proven new
     last_restart_failure: Mapping[str, Any] | None = None  # reason, detail, timestamp
     waiting_for_supervisor: str | None = None  # W1: why no restart runs now
+    ladder: LadderState = field(default_factory=LadderState)  # the cure ladder
+    recoveries: tuple[Recovery, ...] = ()  # K1: the cures that ended, newest last (/status)
+
+
+#: How many recoveries a target keeps for /status (K1).
+RECOVERIES_KEPT = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """How one cure ended (K1): which cure, its outcome, and how long serving was lost.
+
+    `seconds` runs from the wedged verdict to serving again (None when it did not recover);
+    `aborted` is vLLM's count of the requests an abort ended.
+    """
+
+    cure: Rung
+    outcome: Outcome
+    seconds: float | None
+    timestamp: float
+    episode: str | None
+    detail: str
+    aborted: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry of `/status`'s `recoveries`."""
+        return {
+            "cure": str(self.cure),
+            "outcome": str(self.outcome),
+            "seconds": None if self.seconds is None else round(self.seconds, 3),
+            "timestamp": round(self.timestamp, 3),
+            "episode": self.episode,
+            "aborted": self.aborted,
+            "detail": self.detail,
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,6 +145,7 @@ class CaptureDone:
     detail: str = ""  # what went wrong, when something did
     duration_seconds: float = 0.0
     server_gone: bool = False  # the server had crashed or stopped: an outcome, not a failure
+    triage_kind: str | None = None  # the triage's kind alone (`scheduler_wedge`, ...)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +165,17 @@ class RestartDone:
 
     outcome: restart_policy.RestartOutcome
     listener: tuple[int, float | None] | None = None  # the port's (pid, create time) before
+
+
+@dataclass(frozen=True, slots=True)
+class AbortDone:
+    """The worker ran a `RunAbort`: the call's result and the canary sent after it."""
+
+    ok: bool
+    detail: str
+    aborted: int | None = None  # vLLM's count of aborted requests, when it said
+    canary_ok_at: float | None = None  # when the canary sent after the abort completed
+    duration_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +199,14 @@ class ProbeServed:
 
 
 Input = (
-    Observed | CaptureDone | RestartDue | RestartDone | ListenerSeen | OperatorReset | ProbeServed
+    Observed
+    | CaptureDone
+    | RestartDue
+    | RestartDone
+    | AbortDone
+    | ListenerSeen
+    | OperatorReset
+    | ProbeServed
 )
 
 
@@ -191,6 +250,24 @@ class RunRestart:
     family: str
     reason: str
     attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunAbort:
+    """Run the abort cure now (the ladder allowed it): prove the server, `POST
+    /abort_requests`, send one canary; send `AbortDone`. Bounded by `proof_seconds`."""
+
+    key: EngineKey
+    family: str
+    reason: str
+    proof_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """A cure ended (K1): count it (`wedgewatch_recoveries_total`)."""
+
+    recovery: Recovery
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +321,10 @@ def notify_event(event: ReportEvent) -> NotifyEvent | None:
             | ReportEvent.RESTART_COMPLETED
             | ReportEvent.BACKOFF_RESET
             | ReportEvent.BUDGET_RESET
+            | ReportEvent.ABORT_REQUESTED
+            | ReportEvent.ABORT_SKIPPED
+            | ReportEvent.ABORT_SUCCEEDED
+            | ReportEvent.ABORT_FAILED
         ):
             return None
         case _:
@@ -269,7 +350,16 @@ class Report:
 
 
 Effect = (
-    Capture | Resolve | QueueRestart | RunRestart | CheckListener | ResetDetector | Persist | Report
+    Capture
+    | Resolve
+    | QueueRestart
+    | RunRestart
+    | RunAbort
+    | Recovered
+    | CheckListener
+    | ResetDetector
+    | Persist
+    | Report
 )
 
 

@@ -51,3 +51,8 @@ class ReportEvent(StrEnum):
     GAVE_UP_CLEARED = "gave_up_cleared"
     BACKOFF_RESET = "backoff_reset"
     BUDGET_RESET = "budget_reset"
+    # K1-K4: the cure ladder's abort rung (core/restart/ladder.py)
+    ABORT_REQUESTED = "abort_requested"
+    ABORT_SKIPPED = "abort_skipped"
+    ABORT_SUCCEEDED = "abort_succeeded"
+    ABORT_FAILED = "abort_failed"

@@ -12,6 +12,10 @@ counted against the budget once it is proven. Pure: time is passed in, results a
 #   P0  Observe mode (`remedy = "none"`): the probe always passes, decision `observe`, for
 #       every state: nothing is to be restarted, so no answer may ask for a restart.
 #   P1  A target that is not wedged or unreachable passes (decision `healthy`).
+#   P1a The abort cure is being tried (`core.restart.ladder`: the abort rung is open, its
+#       call is queued, running or proving itself): a wedged target passes (decision
+#       `abort`), so the kubelet restarts the server only after the abort failed or was not
+#       applicable.
 #   P2  probe_respects_budget off: a wedged or unreachable target fails (decision
 #       `restart`), whatever the budget says (the behaviour before the budget applied).
 #   P3  Otherwise the restart policy is asked (`decide`) without committing to a restart:
@@ -65,7 +69,9 @@ from wedgewatch.core.restart.restart_policy import (
 #: Target states in which a liveness probe would ask for a restart: the acted-on states.
 FAILING_STATES = ACTED_ON
 
-Decision = Literal["healthy", "observe", "restart", "gave_up", "backoff", "in_grace", "in_progress"]
+Decision = Literal[
+    "healthy", "observe", "abort", "restart", "gave_up", "backoff", "in_grace", "in_progress"
+]
 _DENIED: Mapping[DenyReason, Decision] = {
     DenyReason.BUDGET_EXHAUSTED: "gave_up",
     DenyReason.BACKOFF: "backoff",
@@ -159,12 +165,14 @@ def probe_verdict(
     *,
     respects_budget: bool = True,
     observe: bool = False,
+    hold: str | None = None,
 ) -> tuple[ProbeVerdict, Step]:
     """Rules P0-P3: the probe's answer for a target in `target_state`, and the policy step.
 
     The step is the policy state to keep: unchanged, or moved to gave_up with its event. An
     Allow is never committed here: a restart counts only once it is proven (rule R2).
-    `observe`: observe mode (`remedy = "none"`, rule P0).
+    `observe`: observe mode (`remedy = "none"`, rule P0). `hold`: why the abort cure holds
+    the restart back (rule P1a), None when it does not.
     """
     if observe:  # P0
         detail = (
@@ -177,6 +185,10 @@ def probe_verdict(
         )
     if target_state not in FAILING_STATES:
         return _verdict(True, "healthy", "", state=policy_state, policy=policy, at=at), Step(
+            policy_state
+        )
+    if hold is not None:  # P1a
+        return _verdict(True, "abort", hold, state=policy_state, policy=policy, at=at), Step(
             policy_state
         )
     if not respects_budget:

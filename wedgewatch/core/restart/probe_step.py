@@ -70,6 +70,7 @@ class ProbeConfig:
     policy: RestartPolicy
     respects_budget: bool = True
     observe: bool = False  # remedy = "none": never ask for a restart (rule P0)
+    hold: str | None = None  # the abort cure holds the restart back (rule P1a): why
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +121,7 @@ def step(
             timestamp,
             respects_budget=config.respects_budget,
             observe=config.observe,
+            hold=config.hold,
         )
         policy = result.state
         events += result.events
