@@ -74,6 +74,8 @@ class Settings(Protocol):
     @property
     def systemd_unit(self) -> str: ...
     @property
+    def abort_first(self) -> bool: ...
+    @property
     def targets(self) -> Sequence[Target]: ...
 
 
@@ -167,7 +169,7 @@ def plan_of(config: Settings) -> Plan:
     """What `config` relies on."""
     return Plan(
         remedy=config.remedy,
-        abort_first=bool(getattr(config, "abort_first", False)),
+        abort_first=config.abort_first,
         pyspy_path=config.pyspy_path,
         exec_command=tuple(config.exec_command),
         systemd_unit=config.systemd_unit,
