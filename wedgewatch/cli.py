@@ -699,6 +699,16 @@ def _launch(
             rich_help_panel=LAUNCHER_PANEL,
         ),
     ] = False,
+    dev_endpoints: Annotated[
+        bool,
+        typer.Option(
+            "--dev-endpoints",
+            help="Start vLLM with VLLM_SERVER_DEV_MODE=1: its abort endpoint, which the "
+            "abort cure (--abort-first) needs, and its other dev routes, unauthenticated, on the "
+            "API port (docs/launcher.md). Off unless given here or by the profile.",
+            rich_help_panel=LAUNCHER_PANEL,
+        ),
+    ] = False,
     list_profiles: Annotated[
         bool,
         typer.Option(
@@ -756,6 +766,7 @@ def _launch(
         extra_args=tuple(extra_args or ()),
         dry_run=dry_run,
         watch=watch,
+        dev_endpoints=dev_endpoints,
     )
     try:
         code = launch.launch(options, loaded.config, profiles)
