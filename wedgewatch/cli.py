@@ -14,6 +14,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -812,6 +813,14 @@ def _demo(
             help="Give up when the story takes longer (default 300; 1800 with --real).",
         ),
     ] = None,
+    abort_first: Annotated[
+        bool,
+        typer.Option(
+            "--abort-first",
+            help="The abort cure: the wedge cured without a restart (same pids, restarts 0), "
+            "then a frozen loop that the abort cannot reach, restarted.",
+        ),
+    ] = False,
     real: Annotated[
         bool,
         typer.Option(
@@ -844,6 +853,12 @@ def _demo(
         timeout_seconds=timeout_seconds or (1800.0 if real else 300.0),
         real=real,
     )
+    if abort_first and not real:
+        from wedgewatch.lab import demo_abort  # noqa: PLC0415  (local: added to a shared file)
+
+        raise typer.Exit(demo_abort.run_demo(options, configure_logging=configure_logging))
+    if abort_first:
+        options = replace(options, abort_first=True)
     raise typer.Exit(demo.run_demo(options, configure_logging=configure_logging))
 
 
