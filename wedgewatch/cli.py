@@ -749,6 +749,8 @@ def _launch(
     from wedgewatch import launch  # noqa: PLC0415  (local: this block is added to a shared file)
     from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles  # noqa: PLC0415
 
+    if watch:  # the launcher's watchdog restarts its own child: remedy supervise (watch_config)
+        flags = {**flags, "remedy": "supervise"}
     try:
         loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
         profiles = merge_profiles(builtin_profiles(), loaded.config.profiles)

@@ -94,3 +94,19 @@ def test_launch_with_dev_endpoints_serves_the_abort_route(tmp_path: Path) -> Non
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_watch_with_abort_first_is_accepted_and_warns_without_dev_endpoints() -> None:
+    """`launch --watch --abort-first` (remedy supervise) runs; without --dev-endpoints it says
+    the abort cannot be sent; with it, the command carries VLLM_SERVER_DEV_MODE=1."""
+    argv = [*WEDGEWATCH, "launch", "--model", "m", "--vllm-bin", "nosuch", "--dry-run", "--watch",
+            "--abort-first"]  # fmt: skip
+    plain = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert plain.returncode == 0, plain.stderr
+    assert "add --dev-endpoints" in plain.stderr
+    opted = subprocess.run(
+        [*argv, "--dev-endpoints"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert opted.returncode == 0, opted.stderr
+    assert opted.stdout.startswith("VLLM_SERVER_DEV_MODE=1 ")
+    assert "add --dev-endpoints" not in opted.stderr
