@@ -129,6 +129,12 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs per cure")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
     workdir = Path(tempfile.mkdtemp(prefix="bench-cure-"))
     log = workdir / "connector.jsonl"
     results: dict[str, list[dict[str, Any]]] = {"abort": [], "restart": []}
@@ -170,12 +176,6 @@ def main() -> int:
         server.stop()
     abort_first = [r["seconds_to_first_completion"] for r in results["abort"]]
     restart_first = [r["seconds_to_first_completion"] for r in results["restart"]]
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
     report = {
         "commit": commit,
         "machine": f"{platform.machine()}, {platform.python_version()}",
