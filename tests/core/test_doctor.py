@@ -164,3 +164,11 @@ def test_render_puts_each_fix_under_its_finding() -> None:
     index = next(i for i, line in enumerate(lines) if line.startswith("FAIL abort"))
     assert lines[index + 1].startswith("     fix: start the server with VLLM_SERVER_DEV_MODE=1")
     assert lines[-1].startswith("1 check(s) failed")
+
+
+def test_a_process_not_proven_the_server_is_not_attached_and_warns() -> None:
+    """A listener that is not proven vLLM is never py-spied: a warning, not a ptrace failure."""
+    refused = replace(SERVER, attach=Probe(False, "no VLLM::EngineCore below pid 42", refused=True))
+    attach = of(judge(ABORT, ROOT, [refused]), "py-spy attach")
+    assert attach.status == "warn"
+    assert "pid_file" in attach.fix

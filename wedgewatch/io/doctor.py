@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-import httpx
 import psutil
 import structlog
 
@@ -37,7 +36,8 @@ from wedgewatch.core.restart.doctor import (
     render,
 )
 from wedgewatch.core.text.redact import redact_url
-from wedgewatch.io import pyspy
+from wedgewatch.io import http_get as http_get_io
+from wedgewatch.io import procs, pyspy, scrape_rules
 from wedgewatch.io.canary import base_url_of, endpoint
 from wedgewatch.io.procs import ProcessFinder, ProcessSelector, PsutilProcessFinder
 from wedgewatch.vllm.semantics import Role
@@ -80,7 +80,9 @@ class Settings(Protocol):
 
 
 PTRACE_SCOPE_FILE = Path("/proc/sys/kernel/yama/ptrace_scope")
-PROBE_TIMEOUT_SECONDS = 10.0
+PROBE_TIMEOUT_SECONDS = 5.0
+PROBE_BODY_BYTES = 4 * 1024 * 1024
+"""vLLM's /openapi.json is a few hundred KiB; anything past this is not a vLLM answer."""
 ATTACH_TIMEOUT_SECONDS = 30.0
 
 
@@ -129,12 +131,16 @@ def signal_probe(pid: int) -> Probe:
 
 
 def http_get(url: str, timeout: float) -> tuple[int, str]:
-    """GET `url`: (status, body), or (0, the error) when it does not answer."""
-    try:
-        response = httpx.get(url, timeout=timeout)
-    except httpx.HTTPError as exc:
-        return 0, f"{type(exc).__name__}: {exc}"
-    return response.status_code, response.text
+    """GET `url` under one total deadline, reading at most `PROBE_BODY_BYTES`: (status, body),
+    or (0, the error) when it does not answer (a trickling or huge answer is cut off)."""
+    result = http_get_io.fetch(url, timeout_seconds=timeout, max_body_bytes=PROBE_BODY_BYTES)
+    if isinstance(result, scrape_rules.Fetched):
+        return result.status, result.body.decode("utf-8", errors="replace")
+    if result.reason == "http_status":
+        words = result.detail.split(" ", 2)
+        if len(words) > 1 and words[1].isdigit():
+            return int(words[1]), result.detail
+    return 0, result.detail
 
 
 def listen_addresses(pids: Sequence[int], port: int | None) -> tuple[str, ...]:
@@ -254,7 +260,10 @@ def target_facts(
         with contextlib.suppress(psutil.Error):
             uid = psutil.Process(root).uids().effective
     attached: Probe | None = None
-    if attach and engine is not None and host.pyspy is not None:
+    refusal = procs.dump_refusal(discovery) if root is not None else None
+    if refusal is not None:  # never py-spy (ptrace) a process not proven to be the server
+        attached = Probe(False, refusal, refused=True)
+    elif attach and engine is not None and host.pyspy is not None:
         code, out, err = lookups.run(
             (host.pyspy, "dump", "--nonblocking", "--pid", str(engine)), ATTACH_TIMEOUT_SECONDS
         )

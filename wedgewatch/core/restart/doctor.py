@@ -91,6 +91,7 @@ class Probe:
 
     ok: bool
     detail: str
+    refused: bool = False  # not tried: the process is not proven to be the server
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +201,13 @@ def judge_target(plan: Plan, host: HostFacts, target: TargetFacts) -> list[Findi
     if target.attach is not None and host.pyspy is not None:
         if target.attach.ok:
             add("py-spy attach", "ok", f"py-spy read the stacks of pid {target.server_pid}")
+        elif target.attach.refused:
+            add(
+                "py-spy attach",
+                "warn",
+                f"pid {target.server_pid} was not attached: {target.attach.detail}",
+                "check that the URL reaches the vLLM server, or give the target's pid or pid_file",
+            )
         else:
             add(
                 "py-spy attach",
