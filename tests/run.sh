@@ -70,6 +70,9 @@ if [ "$tier" = real ]; then
     serve_venv="$(bash wedgewatch/lab/real/install-vllm.sh --dir --serve 0.30.0)"
     PYTHONPATH="$PWD" flock "$models/tiny-llama.lock" \
         "$serve_venv/bin/python" -m wedgewatch.lab.real.tiny_model "$models/tiny-llama"
+    # The released code the known issues' "fixed in" claims are read in (wheels, not installed;
+    # about 130 MB each, once per machine): tests/vllm/test_release_fixes.py.
+    .venv/bin/python tests/support/release_code.py --fetch
     export WEDGEWATCH_REQUIRE_VLLM=1  # a missing venv fails these tests instead of skipping
     exec .venv/bin/python -m pytest -p no:xdist -m "vllm or soak" "$@"
 fi

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,13 @@ from wedgewatch.core.evidence.known_issues import (
     shipped_known_issues,
     version_in,
 )
-from wedgewatch.report.model import read_bundle
+from wedgewatch.report.model import list_bundles, read_bundle
 from wedgewatch.vllm.build_info import cache_config_labels, features
 
 OFFLOAD = TP2_OFFLOAD  # with no VLLM_USE_SIMPLE_KV_OFFLOAD: vLLM's OffloadingConnector
 MTP = ("--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}')
+NIXL = ("--kv-transfer-config", '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}')
+LMCACHE = ("--kv-transfer-config", '{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}')
 STALLED = {"family": "admission_stall", "wedge": reading(capacity=5)}
 
 # entry id -> (bundle that must match, bundle that must not); make_bundle keyword arguments.
@@ -47,12 +50,15 @@ KNOWN_ISSUE_EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"flags": OFFLOAD, "env": SIMPLE_ENV},
     ),
     "vllm-44560": (
-        {"flags": OFFLOAD, "version": "0.25.2"},
-        {"flags": OFFLOAD, "version": "0.26.0"},
+        {"flags": OFFLOAD, "version": "0.22.1"},
+        {"flags": OFFLOAD, "version": "0.23.0"},
     ),
     "vllm-57104": (
-        {"flags": (*OFFLOAD, *MTP), "version": "0.30.0"},
-        {"flags": (*OFFLOAD, *MTP), "version": "0.31.0"},
+        # 0.30.0 keeps both stuck requests in skipped_waiting: only deferred ones waiting.
+        {"flags": (*OFFLOAD, *MTP), "version": "0.30.0", "family": "deferred_only_stall",
+         "wedge": reading(deferred=2, kv=0.99)},
+        {"flags": (*OFFLOAD, *MTP), "version": "0.31.0", "family": "deferred_only_stall",
+         "wedge": reading(deferred=2, kv=0.99)},
     ),
     "vllm-49829": (
         {"flags": OFFLOAD, "wedge": reading(deferred=4)},
@@ -83,6 +89,26 @@ KNOWN_ISSUE_EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "vllm-39863": (
         {"stacks": "engine_dead"},
         {"stacks": "scheduler_wedge"},
+    ),
+    "vllm-56640": (
+        # What vLLM's own metric code shows for the parked request: deferred 1, running 0.
+        {"flags": NIXL, "version": "0.29.0", "family": "deferred_only_stall",
+         "wedge": reading(deferred=1, kv=0.8)},
+        {"flags": NIXL, "version": "0.30.0", "family": "deferred_only_stall",
+         "wedge": reading(deferred=1, kv=0.8)},
+    ),
+    "vllm-53859": (
+        {"family": "progress_stall", "wedge": reading(running=3),
+         "rename_frames": {"EngineCore._process_engine_step": "ZmqEventPublisher.publish"}},
+        {"family": "progress_stall", "wedge": reading(running=3)},
+    ),
+    "vllm-metal-479": (
+        {"family": "admission_stall", "wedge": reading(capacity=6, kv=0.0)},
+        {"family": "admission_stall", "wedge": reading(capacity=6, deferred=1, kv=0.0)},
+    ),
+    "lil-vllm-191": (
+        {"flags": LMCACHE, "family": "deferred_only_stall", "wedge": reading(deferred=1)},
+        {"flags": LMCACHE, "family": "deferred_stall", "wedge": reading(capacity=2, deferred=1)},
     ),
 }  # fmt: skip
 
@@ -157,6 +183,10 @@ def test_version_ranges(version: tuple[int, ...], spec: str, inside: bool) -> No
     assert version_in(version, spec) is inside
 
 
+ENTRY = ("[[issue]]\nid='a'\nurl='u'\ntitle='t'\nstatus='s'\naffected='a'\nworkaround='w'\n"
+         "families=['x']\n")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -169,6 +199,12 @@ def test_version_ranges(version: tuple[int, ...], spec: str, inside: bool) -> No
         ("[[issue]]\nid='a'\nurl='u'\ntitle='t'\nstatus='s'\naffected='a'\nworkaround='w'\n"
          "frames=['nocolon']\n", "role:pattern"),
         ("not toml [", "known_issues.toml"),
+        (ENTRY + "fixed_in='0.31.0'\n", "fixed_in needs fix_marker"),
+        (ENTRY + "fixed_in='0.31.0'\nfix_marker='scheduler.py'\n", "vllm/<file>.py::<text"),
+        (ENTRY + "bug_marker='vllm/a.py::x'\n", "bug_marker and checked_through go together"),
+        (ENTRY + "checked_through='0.34.0'\n", "bug_marker and checked_through go together"),
+        (ENTRY + "fixed_in='0.31.0'\nfix_marker='vllm/a.py::x'\nchecked_through='0.34.0'\n"
+         "bug_marker='vllm/a.py::y'\n", "fixed (fixed_in) or not released"),
     ],
 )  # fmt: skip
 def test_bad_entries_are_rejected_with_the_reason(text: str, message: str) -> None:
@@ -222,7 +258,8 @@ def test_a_match_says_whether_the_release_is_affected_and_what_closes_it() -> No
     assert not first.possible
     assert first.action.startswith(
         "#57841: vLLM 0.30.0+wedgewatch.sim is affected (before 0.31.0); "
-        "upgrade to vLLM 0.31.0 or later (closes this path); meanwhile: restart the server"
+        "fixed in vLLM 0.31.0: upgrade to it or later (closes this path); "
+        "meanwhile: restart the server"
     )
     assert first.to_json()["fixed_in"] == "0.31.0"
     fixed = match_known_issues(
@@ -232,7 +269,7 @@ def test_a_match_says_whether_the_release_is_affected_and_what_closes_it() -> No
     unknown = match_issue(first.issue, Facts("deferred_stall", "scheduler_wedge", None,
                                              OFFLOAD_WEDGE))  # fmt: skip
     assert unknown is not None
-    assert unknown.action.startswith("#57841: vLLM version unknown: affected if <0.31.0; upgrade")
+    assert unknown.action.startswith("#57841: vLLM version unknown: affected if <0.31.0; fixed in")
 
 
 def test_a_fault_the_evidence_cannot_show_is_ranked_last_and_labelled() -> None:
@@ -283,3 +320,37 @@ def test_the_default_offloading_backend_label_is_not_offloading() -> None:
 
     assert "#57841" not in refs(labels)
     assert "#57841" in refs({**labels, "kv_offloading_size": "60.0"})
+
+
+def test_an_unfixed_entry_names_the_newest_release_read() -> None:
+    """An entry whose faulty code is still in the newest release read says "fix not released"
+    and names that release; an entry never read says only that no release closes it."""
+    matches = match_known_issues(
+        shipped_known_issues(),
+        Facts("progress_stall", "event_publisher_blocked", "0.34.0", {"running_nonzero": "r"},
+              (SeenFrame("engine_core", 7, "wedged", "ZmqEventPublisher.publish"),)),
+    )  # fmt: skip
+    (publisher,) = [m for m in matches if m.issue.id == "vllm-53859"]
+    assert "fix not released (vLLM 0.34.0, the newest release read, still has it)" in (
+        publisher.action
+    )
+    assert publisher.to_json()["checked_through"] == "0.34.0"
+    assert "frame ZmqEventPublisher.publish in engine_core 7 (wedged)" in publisher.evidence
+
+
+def test_bundles_says_fixed_in_or_fix_not_released(tmp_path: Path) -> None:
+    """`wedgewatch bundles` names, beside each match, the release that fixes it or that no
+    release read does."""
+    fixed = make_bundle(tmp_path, "20261202T090000Z_local_engine0_deferred_stall",
+                        flags=OFFLOAD, version="0.30.0")  # fmt: skip
+    blocked = make_bundle(tmp_path, "20261202T100000Z_local_engine0_progress_stall",
+                          family="progress_stall", wedge=reading(running=3),
+                          rename_frames={"EngineCore._process_engine_step":
+                                         "ZmqEventPublisher.publish"})  # fmt: skip
+    for bundle in (fixed, blocked):
+        summary = json.loads((bundle / "summary.json").read_text())
+        summary["known_issues"] = [m.to_json() for m in read_bundle(bundle).matches]
+        (bundle / "summary.json").write_text(json.dumps(summary))
+    rows = {r.name: r.known_issues for r in list_bundles(tmp_path)}
+    assert "vllm-57841 (fixed in 0.31.0)" in rows[fixed.name]
+    assert "vllm-53859 (fix not released)" in rows[blocked.name]

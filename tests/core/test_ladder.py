@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wedgewatch.core.detection.detect import (
     CaptureEvidence,
@@ -59,7 +61,9 @@ def engine(state: EngineState, family: Family) -> EngineVerdict:
 
 
 def verdict(state: EngineState, family: Family, at: float, *, wedge: bool = False) -> TargetVerdict:
-    actions = (CaptureEvidence(KEY, family, CapturePhase.WEDGED), Restart(KEY, family)) if wedge else ()
+    actions = (
+        (CaptureEvidence(KEY, family, CapturePhase.WEDGED), Restart(KEY, family)) if wedge else ()
+    )
     states = {state}
     target = next((s for s in SEVERITY if s in states), EngineState.STARTING)
     return TargetVerdict(at, target, (engine(state, family),), (), actions, None)
@@ -350,3 +354,68 @@ def test_abort_refusal_reads_family_and_triage() -> None:
     assert ladder.abort_refusal("unreachable", None) is not None
     assert {str(r) for r in Rung} == {"abort", "restart"}
     assert {str(o) for o in Outcome} == {"recovered", "failed", "escalated"}
+
+
+_STEP = st.one_of(
+    st.tuples(st.just("scrape"), st.sampled_from(["wedged", "idle", "ok", "suspect"])),
+    st.tuples(st.just("capture"), st.sampled_from(["scheduler_wedge", "collective_hang", None])),
+    st.tuples(st.just("due"), st.just(None)),
+    st.tuples(st.just("abort_done"), st.sampled_from(["ok", "ok_canary", "failed"])),
+    st.tuples(st.just("wait"), st.floats(min_value=1.0, max_value=40.0)),
+)
+
+
+def _play(
+    story: Story, steps: list[tuple[str, object]]
+) -> list[tuple[str | None, EngineState | None, object]]:
+    """Feed the steps; (open episode id, latest verdict's state, effect) for every effect."""
+    seen: list[tuple[str | None, EngineState | None, object]] = []
+    for kind, value in steps:
+        before = story.state.episode.episode_id if story.state.episode else None
+        if kind == "scrape":
+            state = EngineState(str(value))
+            effects = story.scrape(state, wedge=state is EngineState.WEDGED)
+        elif kind == "capture":
+            if story.state.episode is None:
+                continue
+            effects = story.feed(
+                CaptureDone(
+                    story.state.episode.episode_id,
+                    CapturePhase.WEDGED,
+                    "/b",
+                    key=KEY,
+                    family="deferred_stall",
+                    triage_kind=value if isinstance(value, str) else None,
+                )
+            )
+        elif kind == "due":
+            effects = story.feed(RestartDue(KEY, "deferred_stall", "flat"))
+        elif kind == "abort_done":
+            ok = value != "failed"
+            canary = story.at if value == "ok_canary" else None
+            effects = story.feed(AbortDone(ok, str(value), aborted=1, canary_ok_at=canary))
+        else:
+            assert isinstance(value, float)
+            story.at += value
+            effects = []
+        latest = story.state.verdict.state if story.state.verdict else None
+        seen += [(before, latest, e) for e in effects]
+    return seen
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_STEP, max_size=40), st.sampled_from(["signal", "probe", "none"]))
+def test_never_two_aborts_in_an_episode_and_never_in_observe_mode(
+    steps: list[tuple[str, object]], remedy_name: str
+) -> None:
+    """L1, L3 under any input order: at most one RunAbort per episode, none with remedy =
+    "none", and a RunAbort only while the latest verdict is wedged."""
+    rules = replace(ABORT, remedy=remedy_name, can_restart=remedy_name == "signal")
+    story = Story(rules=rules)
+    aborts: dict[str | None, int] = {}
+    for episode_id, verdict_state, effect in _play(story, steps):
+        if isinstance(effect, RunAbort):
+            assert remedy_name != "none"
+            aborts[episode_id] = aborts.get(episode_id, 0) + 1
+            assert aborts[episode_id] == 1, episode_id
+            assert verdict_state is EngineState.WEDGED

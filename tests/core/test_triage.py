@@ -91,6 +91,18 @@ ENGINE_SCHEDULING = (
     ("EngineCoreProc._process_engine_step", CORE),
     *LOOP,
 )
+# vLLM 0.30.0's ZmqEventPublisher.publish blocked in Queue.put, called from update_from_output
+# (the frames of a real dump: tests/lab/test_variants_real.py).
+KV_EVENTS = "/x/vllm/distributed/kv_events.py"
+ENGINE_PUBLISHER_BLOCKED = (
+    ("Condition.wait", THREADING),
+    ("Queue.put", "/usr/lib/python3.11/queue.py"),
+    ("ZmqEventPublisher.publish", KV_EVENTS),
+    ("Scheduler.update_from_output", "/x/vllm/v1/core/sched/scheduler.py"),
+    ("EngineCore.step", CORE),
+    ("EngineCoreProc._process_engine_step", CORE),
+    *LOOP,
+)
 ENGINE_FUTURE = (
     ("Condition.wait", THREADING),
     ("Future.result", FUTURES),
@@ -318,6 +330,12 @@ def test_parse_tolerates_missing_optional_fields() -> None:
         pytest.param(ENGINE_BATCH_QUEUE, EnginePosture.EXECUTOR_WAIT, id="collective-rpc"),
         pytest.param(ENGINE_INPUT_WAIT, EnginePosture.INPUT_WAIT, id="input-queue"),
         pytest.param(ENGINE_TP1_DEVICE, EnginePosture.DEVICE_WAIT, id="tp1-device-sync"),
+        pytest.param(ENGINE_PUBLISHER_BLOCKED, EnginePosture.PUBLISHER_BLOCKED, id="kv-events"),
+        pytest.param(
+            (("Queue.put", "/usr/lib/python3.11/queue.py"), *ENGINE_SCHEDULING),
+            EnginePosture.SPINNING,
+            id="queue-put-elsewhere",
+        ),
         pytest.param((("main", "/x/app.py"),), EnginePosture.UNKNOWN, id="unrelated"),
     ],
 )
@@ -715,3 +733,15 @@ def test_real_recordings_keep_the_blocking_pyspy_error_of_a_stopped_process() ->
     assert [p["role"] for p in stopped] == ["worker"]
     assert "Failed to suspend process" in stopped[0]["blocking_pyspy_error"]
     assert stopped[0]["state"]["wchan"] == "do_signal_stop"
+
+
+def test_engine_blocked_in_the_kv_event_publisher_in_every_round() -> None:
+    """The loop waiting in Queue.put under the KV-event publisher in both rounds is named as
+    such (not a scheduler wedge); seen in one round only, the loop stepping in the other, it
+    is not."""
+    both = [server(ENGINE_PUBLISHER_BLOCKED), server(ENGINE_PUBLISHER_BLOCKED, label="wedged")]
+    verdict = triage(both)
+    assert verdict.kind is TriageKind.EVENT_PUBLISHER_BLOCKED
+    assert "ZmqEventPublisher.publish" in verdict.summary
+    once = [server(ENGINE_PUBLISHER_BLOCKED), server(ENGINE_SPINNING, label="wedged")]
+    assert triage(once).kind is not TriageKind.EVENT_PUBLISHER_BLOCKED

@@ -46,7 +46,7 @@ SCHEDULE_FRAME = re.compile(r"\.schedule \(\S*vllm/v1/core/sched/scheduler\.py:"
 BUSY_LOOP_FRAMES = tuple(
     re.compile(pattern)
     for pattern in (
-        r"RealScheduler\.step \(\S*wedgewatch/lab/sim/vllm_core\.py:",
+        r"RealScheduler\.step \(\S*wedgewatch/lab/real/vllm_core\.py:",
         r"EngineCoreProc\.step \(\S*wedgewatch/lab/sim/engine\.py:",
         r"EngineCoreProc\._process_engine_step \(\S*wedgewatch/lab/sim/engine\.py:",
         r"EngineCoreProc\.run_busy_loop \(\S*wedgewatch/lab/sim/engine\.py:",

@@ -94,6 +94,30 @@ def test_verdict_names_target_engine_family_duration_and_outcome(tmp_path: Path)
     assert {label for _t, label in model.marks} == {"suspect", "wedged", "restart", "back"}
 
 
+def test_the_report_says_which_cure_ran_what_it_cost_and_serving_lost(tmp_path: Path) -> None:
+    """An abort cure in remedy.jsonl: the report says the abort ran, how many requests it
+    aborted, that no restart followed and how long serving was lost; it marks the timeline."""
+    bundle = make_bundle(
+        tmp_path,
+        flags=TP2_OFFLOAD,
+        env=SIMPLE_ENV,
+        remedy=[{"event": "abort_requested", "at": 1031.0, "reason": "flat"},
+                {"event": "abort", "at": 1032.0, "ok": True, "outcome": "recovered",
+                 "aborted": 3, "serving_lost_seconds": 1.4},
+                {"event": "episode_closed", "outcome": "recovered", "at": 1032.5}],
+    )  # fmt: skip
+    model = read_bundle(bundle)
+    write_report(bundle)
+    html = (bundle / "report.html").read_text()
+    assert "aborted (3 request(s) aborted), serving again 1.4 s after the verdict, no restart" in (
+        html
+    )
+    assert "abort cure" in html
+    assert "abort" in {label for _t, label in model.marks}
+    rows = list_bundles(tmp_path)
+    assert rows[0].remedy.startswith("aborted (3 request(s) aborted)")
+
+
 @pytest.mark.parametrize(
     ("damage", "said"),
     [
@@ -171,7 +195,9 @@ def test_bundles_lists_newest_first_with_match_and_remedy(tmp_path: Path) -> Non
     (tmp_path / "not-a-bundle").mkdir()
     rows = list_bundles(tmp_path)
     assert [r.name for r in rows] == [newer.name, "20261202T090000Z_local_engine0_admission_stall"]
-    assert rows[0].known_issues == "vllm-53868, possibly vllm-simple-offload-stuck-transfer"
+    assert rows[0].known_issues == (
+        "vllm-53868 (no fix known), possibly vllm-simple-offload-stuck-transfer (no fix known)"
+    )
     assert rows[0].remedy == "restarted"
     assert rows[1].remedy == "none recorded"
     text = format_bundles(rows)

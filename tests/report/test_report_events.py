@@ -74,8 +74,8 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 def _rename(core: Path, old: str, new: str) -> None:
     """Rename the ReportEvent member `old` in its definition and in every use in the core."""
-    _edit(core / "events.py", f"    {old} = ", f"    {new} = ")
-    for path in core.glob("*.py"):
+    _edit(core / "episode" / "events.py", f"    {old} = ", f"    {new} = ")
+    for path in core.rglob("*.py"):
         text = path.read_text()
         path.write_text(text.replace(f"ReportEvent.{old}", f"ReportEvent.{new}"))
 
@@ -110,7 +110,7 @@ def test_renaming_or_adding_an_event_without_the_shell_fails_mypy(tmp_path: Path
     # 2. Undo that; add an event nobody decided about: every dispatch fails at assert_never.
     _rename(core, "WEDGE_SEEN", "WEDGE_DETECTED")
     _edit(
-        core / "events.py",
+        core / "episode" / "events.py",
         '    BUDGET_RESET = "budget_reset"\n',
         '    BUDGET_RESET = "budget_reset"\n    ENGINE_HAUNTED = "engine_haunted"\n',
     )
@@ -126,8 +126,8 @@ def test_renaming_or_adding_an_event_without_the_shell_fails_mypy(tmp_path: Path
 
     # 3. Undo that; rename one of the restart policy's events in the one type, but not in
     #    the policy: the policy's own Literal and its uses fail, in the core.
-    _edit(core / "events.py", '    ENGINE_HAUNTED = "engine_haunted"\n', "")
-    _edit(core / "events.py", "    BUDGET_RESET = ", "    BUDGET_CLEARED = ")
+    _edit(core / "episode" / "events.py", '    ENGINE_HAUNTED = "engine_haunted"\n', "")
+    _edit(core / "episode" / "events.py", "    BUDGET_RESET = ", "    BUDGET_CLEARED = ")
     policy = _mypy(project, cache)
     assert policy.returncode == 1, policy.stdout + policy.stderr
     assert 'has no attribute "BUDGET_RESET"' in policy.stdout, policy.stdout
@@ -135,9 +135,9 @@ def test_renaming_or_adding_an_event_without_the_shell_fails_mypy(tmp_path: Path
 
     # 4. Undo that; the policy reports one more kind that the episode core does not
     #    handle: its match on the policy's events fails at assert_never.
-    _edit(core / "events.py", "    BUDGET_CLEARED = ", "    BUDGET_RESET = ")
+    _edit(core / "episode" / "events.py", "    BUDGET_CLEARED = ", "    BUDGET_RESET = ")
     _edit(
-        core / "restart_policy.py",
+        core / "restart" / "restart_policy.py",
         "    ReportEvent.BUDGET_RESET,\n]",
         "    ReportEvent.BUDGET_RESET,\n    ReportEvent.RESTART_DEFERRED,\n]",
     )

@@ -479,6 +479,14 @@ class Config(BaseModel):
         ge=1,
         le=1000,
     )
+    watchdog_dump_dir: str = _setting(
+        "",
+        "evidence",
+        "The directory vLLM's own stack-dump watchdog writes to (`--watchdog-config` "
+        "`dump_dir`, vLLM 0.34 and later). Each bundle then carries its newest "
+        "`VLLM_STACK_DUMP_for_<name>_<pid>.log` files and the report shows them beside "
+        "py-spy's stacks. Empty = not read.",
+    )
     suspect_capture_min_interval_seconds: float = _setting(
         600.0,
         "evidence",

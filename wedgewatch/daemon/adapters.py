@@ -365,6 +365,7 @@ def evidence_settings(config: Config) -> evidence.EvidenceSettings:
         capture_deadline_seconds=capture_deadline_seconds(config),
         profile_seconds=config.profile_seconds,
         profile_rate_hz=config.profile_rate_hz,
+        watchdog_dump_dir=config.watchdog_dump_dir,
     )
 
 

@@ -74,7 +74,9 @@ from wedgewatch.io.procs import (
 )
 from wedgewatch.io.profile import PySpyProfiler, profile_engines
 from wedgewatch.io.pyspy import DumpStatus, PySpyRunner, StackDump, StackDumper
+from wedgewatch.io.watchdog_dumps import read_watchdog_dumps
 from wedgewatch.vllm.semantics import Role
+from wedgewatch.vllm.signals import watchdog_timeouts
 
 SCHEMA = "wedgewatch.evidence/1"
 _DUMPED_ROLES = (Role.API_SERVER, Role.ENGINE_CORE, Role.WORKER)
@@ -97,6 +99,7 @@ class EvidenceSettings:
     protected_wedge_bundles: int = 1
     profile_seconds: int = 2  # the wedge-time `py-spy record` of each EngineCore; 0 = none
     profile_rate_hz: int = 50
+    watchdog_dump_dir: str = ""  # vLLM's --watchdog-config dump_dir; "" = not read
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "evidence_dir", Path(self.evidence_dir))
@@ -741,7 +744,13 @@ async def _finish(
     since_verdict = _since(request, finished_at)
     if since_verdict is not None:
         summary["since_verdict_seconds"] = round(since_verdict, 4)
-    summary["known_issues"] = await asyncio.to_thread(known_issues_of, bundle, summary, rounds)
+    watchdog = await asyncio.to_thread(read_watchdog_dumps, deps.settings.watchdog_dump_dir)
+    timeouts = watchdog_timeouts(request.metrics_body) if request.metrics_body else {}
+    if watchdog.summary or timeouts:
+        summary["watchdog"] = {**watchdog.summary, "timeouts_total": timeouts or None}
+        failures.extend(await asyncio.to_thread(write_round_files, bundle, watchdog.files, True))
+    matched = [*rounds, watchdog.round] if watchdog.round is not None else rounds
+    summary["known_issues"] = await asyncio.to_thread(known_issues_of, bundle, summary, matched)
     failures.extend(await _write_summary(bundle, summary))
     evicted, retention_failures = await _retention(deps, bundle.name)
     phase = CapturePhase(summary["verdict"])

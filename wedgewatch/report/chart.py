@@ -22,6 +22,7 @@ _MARK_COLOURS = {
     "wedged": "#c62828",
     "unreachable": "#6a1b9a",
     "restart": "#1565c0",
+    "abort": "#00838f",
     "recovered": "#2e7d32",
     "back": "#2e7d32",
 }

@@ -33,6 +33,11 @@ from wedgewatch.core.evidence.triage import (
     _python_frames,
     parse_pyspy_json,
 )
+from wedgewatch.core.evidence.watchdog import (
+    StackDumpRecord,
+    parse_dump_name,
+    parse_dump_text,
+)
 from wedgewatch.io.bundles import (
     UntrustedRead,
     bundle_bytes,
@@ -89,6 +94,22 @@ class StackView:
     state: str | None = None  # why it could not be dumped normally (/proc: stopped, zombie, ...)
 
 
+@dataclass(frozen=True, slots=True)
+class WatchdogView:
+    """One of vLLM's own watchdog dump files the bundle carries (`watchdog/`), read."""
+
+    file: str
+    name: str
+    role: str
+    pid: int
+    dumps: tuple[StackDumpRecord, ...]
+
+    @property
+    def last(self) -> StackDumpRecord | None:
+        """The newest dump in the file (the one the report shows)."""
+        return self.dumps[-1] if self.dumps else None
+
+
 @dataclass(frozen=True)
 class BundleModel:
     """Everything the report shows about one bundle."""
@@ -107,6 +128,14 @@ class BundleModel:
     matches: tuple[Match, ...]
     metrics_files: tuple[str, ...] = ()
     files: Mapping[str, int] = field(default_factory=dict)
+    watchdog: tuple[WatchdogView, ...] = ()
+
+    @property
+    def watchdog_timeouts(self) -> Mapping[str, Any]:
+        """`vllm:watchdog_timeouts_total` by label set, as the capture read it ({} if none)."""
+        section = self.summary.get("watchdog")
+        value = section.get("timeouts_total") if isinstance(section, Mapping) else None
+        return value if isinstance(value, Mapping) else {}
 
     # -- summary fields, with safe defaults ------------------------------------------------
     def text(self, key: str, default: str = "?") -> str:
@@ -192,6 +221,7 @@ def load_files(path: Path, names: Sequence[str] | None = None) -> dict[str, byte
     if names is None:
         names = [*_TOP_FILES]
         names += [n for n in list_untrusted(path, "pyspy") if n.endswith((".json", ".txt"))]
+        names += [n for n in list_untrusted(path, "watchdog") if n.endswith(".log")]
     for rel in names:
         try:
             files[rel] = bundle_bytes(rel, read_untrusted(path, rel, MAX_FILE_BYTES))
@@ -475,11 +505,13 @@ def build_model(
     points, marks = timeline(history, engine, wedge_at)
     origin = wedge_at if wedge_at is not None else None
     for event in remedy:
+        if event.get("event") == "abort_requested":
+            continue  # the abort's result below marks the timeline
         at = _event_at(event, origin) if origin is not None else None
         if at is not None and origin is not None:
             label = (
-                "restart"
-                if event.get("event") == "restart"
+                str(event.get("event"))
+                if event.get("event") in ("restart", "abort")
                 else {"restarted": "back", "recovered": "recovered"}.get(
                     str(event.get("outcome")), "episode ended"
                 )
@@ -487,8 +519,12 @@ def build_model(
             marks = (*marks, (at - origin, label))
 
     stacks = _stacks(summary, files, problems)
+    watchdog = _watchdog(files)
     workers = {v.pid for v in stacks if v.role == str(Role.WORKER)}
-    frames = seen_frames((v.round, v.role, v.pid, v.threads) for v in stacks)
+    frames = seen_frames(
+        [(v.round, v.role, v.pid, v.threads) for v in stacks]
+        + [("watchdog", w.role, w.pid, w.last.threads) for w in watchdog if w.last]
+    )
     facts = bundle_facts(
         summary, build, history, frames, workers=len(workers), cache_config=cache_config
     )
@@ -510,7 +546,32 @@ def build_model(
         matches=matches,
         metrics_files=metrics_files,
         files=sizes,
+        watchdog=watchdog,
     )
+
+
+def _fix_note(match: Mapping[str, Any]) -> str:
+    """` (fixed in 0.31.0)`, ` (fix not released)` or ` (no fix known)` for `bundles`."""
+    if match.get("fixed_in"):
+        return f" (fixed in {match['fixed_in']})"
+    if match.get("checked_through"):
+        return " (fix not released)"
+    return " (no fix known)"
+
+
+def _watchdog(files: Mapping[str, bytes | str]) -> tuple[WatchdogView, ...]:
+    """vLLM's watchdog dump files in the bundle (`watchdog/VLLM_STACK_DUMP_for_*.log`)."""
+    views: list[WatchdogView] = []
+    for rel, data in sorted(files.items()):
+        if not rel.startswith("watchdog/") or not isinstance(data, bytes):
+            continue
+        file = rel.removeprefix("watchdog/")
+        named = parse_dump_name(file)
+        if named is None:
+            continue
+        dumps = parse_dump_text(data.decode("utf-8", errors="replace"))
+        views.append(WatchdogView(file, named.name, str(named.role), named.pid, dumps))
+    return tuple(views)
 
 
 def _wedge_at(summary: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> float | None:
@@ -575,9 +636,37 @@ _CLOSED = {
 }
 
 
+def abort_outcome(events: Sequence[Mapping[str, Any]]) -> str | None:
+    """The abort cure's part of `remedy.jsonl` in words (None when no abort ran): what it
+    cost (requests aborted), whether it worked, and how long serving was lost."""
+    aborts = [e for e in events if e.get("event") == "abort"]
+    if not aborts:
+        return None
+    last = aborts[-1]
+    count = last.get("aborted")
+    cost = f"{count} request(s) aborted" if isinstance(count, int) else "in-flight requests aborted"
+    if last.get("ok") is not True:
+        return f"abort did not cure ({last.get('outcome') or 'failed'}; {cost})"
+    lost = last.get("serving_lost_seconds")
+    if isinstance(lost, int | float):
+        return f"aborted ({cost}), serving again {lost:.1f} s after the verdict, no restart"
+    return f"aborted ({cost}), serving again, no restart"
+
+
 def remedy_outcome(events: Sequence[Mapping[str, Any]]) -> str:
     """What happened after the capture, from `remedy.jsonl`: `restarted, server back after
-    the restart`, `restart failed: ...`, `recovered without restart`, `none recorded`."""
+    the restart`, `restart failed: ...`, `recovered without restart`, `none recorded`; an
+    abort cure comes first (`aborted (3 request(s) aborted), serving again ...`)."""
+    aborted = abort_outcome(events)
+    text = _restart_outcome(events)
+    if aborted is None:
+        return text
+    if text in ("none recorded", "recovered without restart", "recovered"):
+        return aborted
+    return f"{aborted}; then {text}"
+
+
+def _restart_outcome(events: Sequence[Mapping[str, Any]]) -> str:
     restarts = [e for e in events if e.get("event") == "restart"]
     closed = [e for e in events if e.get("event") == "episode_closed"]
     ending = (
@@ -617,7 +706,7 @@ def list_bundles(evidence_dir: Path) -> list[BundleRow]:
         issues = summary.get("known_issues")
         known = (
             ", ".join(
-                ("possibly " if m.get("possibility") else "") + str(m.get("id"))
+                ("possibly " if m.get("possibility") else "") + str(m.get("id")) + _fix_note(m)
                 for m in issues
                 if isinstance(m, Mapping)
             )

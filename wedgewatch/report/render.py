@@ -23,10 +23,18 @@ from typing import Any, NamedTuple
 from wedgewatch import __version__
 from wedgewatch.core.detection.states import CapturePhase
 from wedgewatch.core.evidence.known_issues import Match
+from wedgewatch.core.evidence.triage import digest
+from wedgewatch.core.evidence.watchdog import StackDumpRecord
 from wedgewatch.core.text.escape import md_fence, md_inline, md_text, neutralise
 from wedgewatch.core.text.redact import redact_argv, redact_env
 from wedgewatch.report.chart import INSTALL_HINT
-from wedgewatch.report.model import BundleModel, Point, StackView, remedy_outcome
+from wedgewatch.report.model import (
+    BundleModel,
+    Point,
+    StackView,
+    abort_outcome,
+    remedy_outcome,
+)
 
 NO_MATCH = "No known issue matches this bundle."
 _UPSTREAM_ROWS = 12
@@ -146,6 +154,9 @@ def _did(model: BundleModel) -> str:
         f"Captured this bundle at {_clock(model.verdict_timestamp)} (py-spy stacks of "
         f"{len(stacks)} processes, /metrics, the process tree, the flight recorder)"
     )
+    aborted = abort_outcome(model.remedy)
+    if aborted is not None:
+        text += f", then sent the abort cure: {aborted}"
     restarts = [e for e in model.remedy if e.get("event") == "restart"]
     closed = [e for e in model.remedy if e.get("event") == "episode_closed"]
     if restarts:
@@ -158,7 +169,7 @@ def _did(model: BundleModel) -> str:
             text += f"; it answered again {human_seconds(max(back - when, 0.0))} later"
         elif last.get("ok") is not True:
             text += f" ({last.get('detail')})"
-    else:
+    elif aborted is None:
         text += f"; {remedy_outcome(model.remedy)}"
     return text + "."
 
@@ -429,6 +440,7 @@ def render_html(model: BundleModel, chart_svg: str | None) -> str:
             current = view.round
             s.append(f"<h3>Round: {_e(current)}</h3>")
         s.append(_stack_html(view))
+    s.extend(_watchdog_html(model))
 
     s.append("<h2>vLLM build and configuration</h2>")
     s.append(_build_html(model))
@@ -597,6 +609,7 @@ def render_markdown(model: BundleModel) -> str:
             *md_fence(_frames_text(view)),
             "",
         ]
+    lines += _watchdog_md(model)
     lines += ["## vLLM build", ""]
     lines += _build_md(model)
     lines += ["", "## wedgewatch thresholds", ""]
@@ -605,6 +618,80 @@ def render_markdown(model: BundleModel) -> str:
     )
     lines += ["", f"Bundle: {md_inline(model.path, 1000)}", ""]
     return "\n".join(lines)
+
+
+_WATCHDOG_INTRO = (
+    "vLLM's own watchdog dumps every thread's stack when its process's loop has not fed it "
+    "for its timeout: a loop blocked inside a step dumps, a scheduler that keeps stepping "
+    "without scheduling anything never does."
+)
+
+
+def _watchdog_rows(model: BundleModel) -> list[list[object]]:
+    return [
+        [
+            w.file,
+            w.role,
+            w.pid,
+            len(w.dumps),
+            w.last.at if w.last else "",
+            w.last.reason if w.last else "",
+            digest(w.last.main, depth=6) if w.last and w.last.main else "",
+        ]
+        for w in model.watchdog
+    ]
+
+
+_WATCHDOG_HEAD = ["file", "role", "pid", "dumps", "last dump at", "reason", "loop thread"]
+
+
+def _dump_text(record: StackDumpRecord) -> str:
+    """One dump's threads, innermost frame first, as faulthandler lists them."""
+    lines: list[str] = []
+    for thread in record.threads:
+        lines.append(f"Thread {thread.thread_id:#x}")
+        lines += [f"  {f.name} ({f.filename}:{f.line})" for f in thread.frames]
+    return "\n".join(lines)
+
+
+def _watchdog_html(model: BundleModel) -> list[str]:
+    """vLLM's watchdog dumps and timeout counter, beside py-spy's stacks (none: nothing)."""
+    timeouts = model.watchdog_timeouts
+    if not model.watchdog and not timeouts:
+        return []
+    out = ["<h2>vLLM's watchdog</h2>", f"<p class=muted>{_e(_WATCHDOG_INTRO)}</p>"]
+    if timeouts:
+        rows = [[labels or "(no labels)", value] for labels, value in sorted(timeouts.items())]
+        out.append(_table(rows, ["vllm:watchdog_timeouts_total", "value"]))
+    if model.watchdog:
+        out.append(_table(_watchdog_rows(model), _WATCHDOG_HEAD))
+    for w in model.watchdog:
+        if w.last is not None:
+            out.append(
+                f"<h3>{_e(w.file)}: dump #{_e(w.last.seq)}</h3><pre>{_e(_dump_text(w.last))}</pre>"
+            )
+    return out
+
+
+def _watchdog_md(model: BundleModel) -> list[str]:
+    timeouts = model.watchdog_timeouts
+    if not model.watchdog and not timeouts:
+        return []
+    lines = ["## vLLM's watchdog", "", md_text(_WATCHDOG_INTRO), ""]
+    if timeouts:
+        lines += _md_table(
+            [(labels or "(no labels)", value) for labels, value in sorted(timeouts.items())],
+            ["vllm:watchdog_timeouts_total", "value"],
+        )
+        lines.append("")
+    if model.watchdog:
+        lines += _md_table(_watchdog_rows(model), _WATCHDOG_HEAD)
+        lines.append("")
+    for w in model.watchdog:
+        if w.last is not None:
+            lines += [f"### {md_text(w.file)}: dump #{w.last.seq}", ""]
+            lines += [*md_fence(_dump_text(w.last)), ""]
+    return lines
 
 
 def _build_md(model: BundleModel) -> list[str]:

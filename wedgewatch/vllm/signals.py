@@ -539,3 +539,49 @@ def _not_vllm(text: str) -> str:
         "no vllm:num_requests_running samples: not a vLLM /metrics body or stats disabled "
         f"(--disable-log-stats){suffix}"
     )
+
+
+# --------------------------------------------------------------------------- vLLM's watchdog
+# Kept apart from `parse` (the per-scrape path): read once per evidence capture.
+
+#: The counter a vLLM with the stack-dump watchdog may export (RFC #56816); none of the
+#: releases read through 0.34.0 does, which ship the watchdog's dump files only.
+WATCHDOG_TIMEOUTS: Final = "vllm:watchdog_timeouts_total"
+#: Most series of the watchdog counter kept from one body.
+MAX_WATCHDOG_SERIES: Final = 64
+
+
+def watchdog_timeouts(body: bytes | str) -> dict[str, float]:
+    """`vllm:watchdog_timeouts_total` by its label set as printed (`engine="0",name="engine_0"`,
+    or "" without labels), finite values only; {} when the body has none or is not text."""
+    if isinstance(body, bytes):
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return {}
+    found: dict[str, float] = {}
+    start = body.find(WATCHDOG_TIMEOUTS)
+    while start != -1 and len(found) < MAX_WATCHDOG_SERIES:
+        end = body.find("\n", start)
+        line = body[start : end if end != -1 else len(body)]
+        at_line_start = start == 0 or body[start - 1] == "\n"  # not in a `# HELP` line
+        start = -1 if end == -1 else body.find(WATCHDOG_TIMEOUTS, end)
+        rest = line[len(WATCHDOG_TIMEOUTS) :]
+        labels = ""
+        if rest.startswith("{"):
+            close = rest.rfind("}")
+            if close == -1:
+                continue
+            labels, rest = rest[1:close], rest[close + 1 :]
+        elif not rest.startswith((" ", "\t")):
+            continue  # another family whose name starts the same way
+        parts = rest.split()
+        if not at_line_start or not parts:
+            continue
+        try:
+            value = float(parts[0])
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            found[truncate(labels)] = value
+    return found

@@ -4,7 +4,8 @@ No IO and no clock: every input comes with `at` (monotonic seconds) and `timesta
 seconds). `step` folds one input into the target's `EpisodeState` and returns the new state
 with the effects the shell must carry out, in order (capture evidence, restart, notify,
 persist). The detector (`detect.step`) says what an engine is; this module decides what to do
-about it; the restart policy (`restart_policy`) decides whether a restart is allowed now.
+about it; the remedy subsystem (`core.restart.remedy`, its one face: restart policy, probe
+and cure ladder behind it) decides whether and how the server is cured now.
 """
 
 # RULES (the contract of this module; tests/core/test_episode.py checks them row by row)
@@ -176,7 +177,7 @@ from wedgewatch.core.episode.episode_types import (
 )
 from wedgewatch.core.episode.events import ReportEvent
 from wedgewatch.core.episode.transitions import transition_reports
-from wedgewatch.core.restart import probe_step, remedy, restart_policy
+from wedgewatch.core.restart import remedy
 from wedgewatch.core.restart.ladder import Outcome, Rung
 from wedgewatch.core.restart.replacement import (
     NotReplaced,
@@ -319,8 +320,8 @@ class _Run:
         """P1 (a new server), P2 and Q1 (the probe step `check` takes too), K2-K4 (the
         ladder): the one call into the remedy subsystem for a judged scrape."""
         verdict = event.verdict
-        starting = self.state.policy.phase is restart_policy.Phase.STARTING
-        scrape = probe_step.ProbeScrape(
+        starting = self.state.policy.phase is remedy.Phase.STARTING
+        scrape = remedy.ProbeScrape(
             target_state=verdict.state,
             healthy=bool(verdict.engines) and verdict.state in CALM,
             scraped=event.good,
@@ -343,11 +344,11 @@ class _Run:
         """P1 and N1: a good scrape ends the startup grace only from a new server: the
         proof that it is one (for the remedy subsystem), or None."""
         phase = self.state.policy.phase
-        if phase in (restart_policy.Phase.ARMED, restart_policy.Phase.GAVE_UP):
+        if phase in (remedy.Phase.ARMED, remedy.Phase.GAVE_UP):
             if identity is not None:
                 self.state = replace(self.state, server=identity)
             return None
-        if phase is not restart_policy.Phase.STARTING:
+        if phase is not remedy.Phase.STARTING:
             return None
         old = self.state.old_server or ServerIdentity()
         judged = judge_replacement(old, with_listener(identity, self.state.listener_after))
@@ -470,7 +471,7 @@ class _Run:
                 family=family,
             )
             return
-        restart_phases = (restart_policy.Phase.RESTARTING, restart_policy.Phase.STARTING)
+        restart_phases = (remedy.Phase.RESTARTING, remedy.Phase.STARTING)
         # Unknown (non-finite values, several servers) is not calm: the episode stays open.
         calm = bool(verdict.engines) and all(e.state in CALM for e in verdict.engines)
         proving = self.state.ladder.abort is not None  # K3 judges an abort's episode
@@ -633,8 +634,8 @@ class _Run:
                     reason='remedy = "probe": /probe fails and the kubelet restarts the server',
                 )
             return
-        if isinstance(decision, restart_policy.Deny):
-            if decision.reason is restart_policy.DenyReason.BACKOFF and self.state.episode:
+        if isinstance(decision, remedy.Deny):
+            if decision.reason is remedy.DenyReason.BACKOFF and self.state.episode:
                 self.update_episode(restart_pending_since=self.at)
                 self.report(ReportEvent.RESTART_DEFERRED, "info", reason=decision.detail)
             elif not done.events:  # a fresh gave_up was just reported with its reason
@@ -680,7 +681,7 @@ class _Run:
 
     # -- policy events (P*) ---------------------------------------------------------------
 
-    def policy_events(self, events: tuple[restart_policy.PolicyEvent, ...]) -> None:
+    def policy_events(self, events: tuple[remedy.PolicyEvent, ...]) -> None:
         for event in events:
             self.effects.append(Persist())
             fields: dict[str, Any] = {"reason": event.reason, "detail": event.detail}
@@ -721,15 +722,15 @@ class _Run:
         seconds = max(self.at - wedged_at, 0.0) if recovered and wedged_at is not None else None
         self.record_recovery(Rung.RESTART, outcome, seconds, detail)
 
-    def restart_failed(self, event: restart_policy.PolicyEvent, fields: dict[str, Any]) -> None:
+    def restart_failed(self, event: remedy.PolicyEvent, fields: dict[str, Any]) -> None:
         """P*: keep the failure (/status); a server that never came (back) ends the episode."""
         failure = {"reason": event.reason, "detail": event.detail}
         self.state = replace(
             self.state, last_restart_failure={**failure, "timestamp": event.timestamp}
         )
         no_new_server = (
-            restart_policy.FailureReason.NOT_RECOVERED,
-            restart_policy.FailureReason.NOT_REPLACED,
+            remedy.FailureReason.NOT_RECOVERED,
+            remedy.FailureReason.NOT_REPLACED,
         )
         if event.reason in no_new_server:
             self.report(ReportEvent.RESTART_FAILED, "error", **fields)
@@ -801,9 +802,7 @@ def capture_reports(
     return reports
 
 
-def requested_fields(
-    event: RestartDue, rules: Rules, decision: restart_policy.Allow
-) -> dict[str, Any]:
+def requested_fields(event: RestartDue, rules: Rules, decision: remedy.Allow) -> dict[str, Any]:
     """What the restart_requested report (R2) says."""
     return {
         "remedy": rules.remedy,

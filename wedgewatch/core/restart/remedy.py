@@ -32,14 +32,41 @@ from wedgewatch.core.detection.states import EngineState
 from wedgewatch.core.restart import ladder, probe_policy, probe_step, restart_policy
 from wedgewatch.core.restart.ladder import LadderState, Outcome, Rung
 from wedgewatch.core.restart.probe_policy import ProbeMemory, ProbeVerdict, ServerMark
+from wedgewatch.core.restart.probe_step import ProbeScrape
 from wedgewatch.core.restart.restart_policy import (
     Allow,
     Deny,
+    DenyReason,
+    FailureReason,
+    Phase,
     PolicyEvent,
     PolicyState,
     RestartOutcome,
     RestartPolicy,
 )
+
+#: What the episode reads of the subsystem's words (its state's phase, a decision's reason).
+__all__ = [
+    "AbortFinished",
+    "Allow",
+    "CureDue",
+    "CureNote",
+    "Deny",
+    "DenyReason",
+    "FailureReason",
+    "OperatorReset",
+    "Phase",
+    "PolicyEvent",
+    "ProbeScrape",
+    "ProbeServed",
+    "RemedyConfig",
+    "RemedyState",
+    "RemedyStep",
+    "RestartFinished",
+    "RunAbort",
+    "Scrape",
+    "step",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +102,7 @@ class RemedyState:
 class Scrape:
     """One judged scrape, as far as curing is concerned."""
 
-    scrape: probe_step.ProbeScrape
+    scrape: ProbeScrape
     engines: tuple[EngineState, ...]  # every engine's state in the verdict
     episode_open: bool  # an episode is open after this scrape's episode rules
     wedged_family: str | None = None  # the episode's first wedged verdict came now (R1)
