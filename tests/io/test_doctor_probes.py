@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from simproc import WEDGEWATCH, SimProcess, running
+from wedgewatch_daemon import watching
 
 from wedgewatch.config import Config, Target
 from wedgewatch.core.restart.doctor import Finding
@@ -115,3 +116,13 @@ def test_the_command_prints_the_truth_and_exits_1(plain_sim: SimProcess, tmp_pat
     assert "FAIL abort:" in done.stdout
     assert "fix: start the server with VLLM_SERVER_DEV_MODE=1" in done.stdout
     assert "ok   remedy:" in done.stdout
+
+
+def test_run_logs_one_line_per_problem_at_start(plain_sim: SimProcess, tmp_path: Path) -> None:
+    """`wedgewatch run --abort-first` against a server without dev mode: at start the daemon
+    logs `doctor_fail` for the abort check, with its fix, and keeps running."""
+    with watching(plain_sim.url, tmp_path, "--remedy", "signal", "--abort-first") as daemon:
+        line = daemon.wait_for("doctor_fail", timeout_seconds=60, check="abort")
+        assert "VLLM_SERVER_DEV_MODE=1" in line["fix"]
+        assert line["target"] == "real"
+        assert daemon.get("/health").status_code == 200
