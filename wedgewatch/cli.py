@@ -15,6 +15,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -457,12 +458,67 @@ def _run(
     configure_logging(loaded.config.log_level)
     with _extras_hidden():
         from wedgewatch.daemon.loop import serve  # noqa: PLC0415 - heavy: only for `run`
+    from wedgewatch.io import doctor  # noqa: PLC0415 - only `run` and `doctor` check the cures
 
     def reload_config() -> config.Config:
         """SIGHUP: the configuration read again from the same file, environment and flags."""
         return config.load_config(config_file=config_file, environ=os.environ, flags=flags).config
 
+    doctor.check_in_background(loaded.config)
     raise typer.Exit(serve(loaded.config, load_config=reload_config))
+
+
+# -- wedgewatch doctor (see wedgewatch/io/doctor.py, docs/remedies.md) ---------------------
+
+
+@app.command("doctor")
+@with_config_flags(*SETTINGS)
+def _doctor(
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            help="Check only this target (its name or URL); a URL not in the configuration "
+            "is checked as an extra target.",
+            show_default=False,
+        ),
+    ] = None,
+    config_file: Annotated[Path | None, _CONFIG_FILE_OPTION] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False,
+    *,
+    flags: dict[str, Any],
+) -> None:
+    """Check every cure and capture the configuration relies on, before a wedge needs them.
+
+    ptrace rights (kernel.yama.ptrace_scope), py-spy and one real attach (--nonblocking),
+    the right to signal the server, the remedy's command or unit, whether the server answers
+    vLLM's abort endpoint (looked up, never called), and whether its dev routes are exposed
+    beyond loopback. Prints what will work and what will not, each with the fix. Exit 0 when
+    everything the configuration relies on can work, 1 when something cannot, 2 for a bad
+    configuration.
+    """
+    from wedgewatch.io import doctor  # noqa: PLC0415  (local: this block is added to a shared file)
+
+    if target is not None and "://" in target:
+        flags = {**flags, "targets": (*flags.get("targets", ()), target)}
+    try:
+        loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
+    except config.ConfigError as exc:
+        raise _fail(exc.messages, 2) from None
+    settings = loaded.config
+    if not settings.targets:
+        raise _fail(["no targets to check: give a TARGET URL, --target URL or --config"], 2)
+    only = target
+    if target is not None and "://" in target:
+        only = config.Target.model_validate(target).name
+    elif target is not None and target not in {t.name for t in settings.targets}:
+        raise _fail([f"no target named {safe_line(target)!r} in the configuration"], 2)
+    findings = doctor.examine(settings, only=only)
+    if as_json:
+        typer.echo(json.dumps({"findings": [f.to_json() for f in findings]}))
+    else:
+        for line in doctor.render(findings):
+            typer.echo(safe_line(line))
+    raise typer.Exit(doctor.exit_code(findings))
 
 
 @app.command("capture")
@@ -659,6 +715,16 @@ def _launch(
             rich_help_panel=LAUNCHER_PANEL,
         ),
     ] = False,
+    dev_endpoints: Annotated[
+        bool,
+        typer.Option(
+            "--dev-endpoints",
+            help="Start vLLM with VLLM_SERVER_DEV_MODE=1: its abort endpoint, which the "
+            "abort cure (--abort-first) needs, and its other dev routes, unauthenticated, on the "
+            "API port (docs/launcher.md). Off unless given here or by the profile.",
+            rich_help_panel=LAUNCHER_PANEL,
+        ),
+    ] = False,
     list_profiles: Annotated[
         bool,
         typer.Option(
@@ -698,6 +764,8 @@ def _launch(
     from wedgewatch import launch  # noqa: PLC0415  (local: this block is added to a shared file)
     from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles  # noqa: PLC0415
 
+    if watch:  # the launcher's watchdog restarts its own child: remedy supervise (watch_config)
+        flags = {**flags, "remedy": "supervise"}
     try:
         loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
         profiles = merge_profiles(builtin_profiles(), loaded.config.profiles)
@@ -716,6 +784,7 @@ def _launch(
         extra_args=tuple(extra_args or ()),
         dry_run=dry_run,
         watch=watch,
+        dev_endpoints=dev_endpoints,
     )
     try:
         code = launch.launch(options, loaded.config, profiles)
@@ -761,6 +830,14 @@ def _demo(
             help="Give up when the story takes longer (default 300; 1800 with --real).",
         ),
     ] = None,
+    abort_first: Annotated[
+        bool,
+        typer.Option(
+            "--abort-first",
+            help="The abort cure: the wedge cured without a restart (same pids, restarts 0), "
+            "then a frozen loop that the abort cannot reach, restarted.",
+        ),
+    ] = False,
     real: Annotated[
         bool,
         typer.Option(
@@ -793,6 +870,12 @@ def _demo(
         timeout_seconds=timeout_seconds or (1800.0 if real else 300.0),
         real=real,
     )
+    if abort_first and not real:
+        from wedgewatch.lab import demo_abort  # noqa: PLC0415  (local: added to a shared file)
+
+        raise typer.Exit(demo_abort.run_demo(options, configure_logging=configure_logging))
+    if abort_first:
+        options = replace(options, abort_first=True)
     raise typer.Exit(demo.run_demo(options, configure_logging=configure_logging))
 
 

@@ -55,6 +55,20 @@ RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
 SIMULATOR_MARKER = "wedgewatch"
 DEFAULT_PROFILE = "plain"  # `vllm serve MODEL` and the user's flags, nothing added
 DEFAULT_VLLM_PORT = 8000
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+#: What `VLLM_SERVER_DEV_MODE=1` opens on vLLM 0.30.0's API port (vllm/entrypoints/serve/dev/).
+DEV_ROUTES = (
+    "/abort_requests",
+    "/pause",
+    "/resume",
+    "/is_paused",
+    "/sleep",
+    "/wake_up",
+    "/collective_rpc",
+    "/reset_prefix_cache",
+    "/server_info",
+    "/update_weights and the other weight-transfer routes",
+)
 
 log = structlog.get_logger("wedgewatch.launch")
 
@@ -193,10 +207,17 @@ def build_command(
     profile: Profile,
     extra_args: Sequence[str] = (),
     vllm_version: tuple[int, int, int] | None = None,
+    dev_endpoints: bool = False,
 ) -> LaunchCommand:
-    """Build the `vllm serve` argv and environment for a profile (pure)."""
+    """Build the `vllm serve` argv and environment for a profile (pure).
+
+    `dev_endpoints` (`--dev-endpoints`) or the profile's `dev_endpoints` sets
+    `VLLM_SERVER_DEV_MODE=1`; nothing else does (see `server_environment`).
+    """
     knobs: list[str] = []
     env = dict(profile.env)
+    if dev_endpoints or profile.dev_endpoints:
+        env[DEV_MODE_ENV] = "1"
     if profile.kv_cache_dtype is not None:
         knobs += ["--kv-cache-dtype", profile.kv_cache_dtype]
     if profile.block_size is not None:
@@ -349,8 +370,53 @@ def check_gpus(command: LaunchCommand, binary: VllmBinary, environ: Mapping[str,
 
 
 def server_environment(command: LaunchCommand, environ: Mapping[str, str]) -> dict[str, str]:
-    """Our environment with the profile's variables on top."""
-    return {**environ, **command.env}
+    """Our environment with the profile's variables on top.
+
+    `VLLM_SERVER_DEV_MODE` is not inherited: vLLM's dev endpoints are on only when the
+    operator opted in (`--dev-endpoints`, a profile's `dev_endpoints` or its `env`).
+    """
+    inherited = {k: v for k, v in environ.items() if k != DEV_MODE_ENV}
+    return {**inherited, **command.env}
+
+
+def dev_mode_on(env: Mapping[str, str]) -> bool:
+    """vLLM's reading of `VLLM_SERVER_DEV_MODE` (`bool(int(...))`; not a number: off here)."""
+    try:
+        return bool(int(env.get(DEV_MODE_ENV, "0")))
+    except ValueError:
+        return False
+
+
+def dev_mode_notice(
+    command: LaunchCommand, environ: Mapping[str, str], *, abort_first: bool = False
+) -> list[str]:
+    """What the launcher says at start about vLLM's dev endpoints (pure)."""
+    if dev_mode_on(command.env):
+        host = command.host or "0.0.0.0"
+        where = (
+            f"the server listens on {host}, loopback only"
+            if host.startswith("127.") or host in ("localhost", "::1")
+            else f"the server listens on {host}: anyone who reaches port {command.port} can "
+            "call them; keep them off the client path (--host 127.0.0.1 behind a proxy that "
+            "forwards only /v1/, or a NetworkPolicy)"
+        )
+        return [
+            f"vLLM's development endpoints are ON ({DEV_MODE_ENV}=1, opted in): on the API "
+            f"port, without --api-key: {', '.join(DEV_ROUTES)}; {where}",
+        ]
+    notes = []
+    if dev_mode_on(environ):
+        notes.append(
+            f"{DEV_MODE_ENV} in this environment is not passed to the server: the launcher "
+            "turns vLLM's development endpoints on only with --dev-endpoints or a profile's "
+            "dev_endpoints = true"
+        )
+    if abort_first:
+        notes.append(
+            "abort_first is on but vLLM's development endpoints are off: the abort cure "
+            "cannot be sent, every wedge goes to the restart (add --dev-endpoints)"
+        )
+    return notes
 
 
 # ---- the watchdog's view of the launched server (pure) -------------------------------------
@@ -395,6 +461,7 @@ class LaunchOptions:
     extra_args: tuple[str, ...] = ()
     dry_run: bool = False
     watch: bool = False
+    dev_endpoints: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +496,7 @@ def prepare(
         profile=profile,
         extra_args=options.extra_args,
         vllm_version=binary.version if binary is not None else None,
+        dev_endpoints=options.dev_endpoints,
     )
     _ = (command.port, command.tensor_parallel_size)  # LaunchError now for a non-number
     return Prepared(command=command, binary=binary, profile=profile)
@@ -681,10 +749,17 @@ def launch(
     Raises LaunchError (the CLI prints it and exits 2) when a check before launch fails.
     """
     prepared = prepare(options, profiles)
+    notice = dev_mode_notice(
+        prepared.command, os.environ, abort_first=options.watch and config.abort_first
+    )
     if options.dry_run:
         stderr.write(describe_dry_run(prepared, options, config if options.watch else None))
+        stderr.writelines(f"# {line}\n" for line in notice)
         stdout.write(prepared.command.render() + "\n")
         return 0
+    for line in notice:
+        log.warning("dev_endpoints", note=line)
+        stderr.write(f"wedgewatch launch: {line}\n")
     binary = prepared.binary
     assert binary is not None  # noqa: S101 - prepare() raises when it is missing outside a dry run
     preflight(prepared.command, binary, config if options.watch else None)

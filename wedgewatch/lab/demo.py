@@ -196,6 +196,7 @@ class DemoOptions:
     stall_after_seconds: float = 10.0
     timeout_seconds: float = 300.0
     real: bool = False  # a real CPU vLLM and the seed's wedge (wedgewatch/lab/demo_real.py)
+    abort_first: bool = False  # --real --abort-first: the abort cure on the real server
 
 
 def demo_settings(options: DemoOptions, *, listen_port: int) -> dict[str, Any]:
@@ -567,6 +568,7 @@ async def _run_real(
 
     del shim  # a real vllm serves, not the simulator
     port = free_port()
+    cured: list[str] = []
     story = await demo_real.run_real(
         directory=options.directory,
         screen=screen,
@@ -576,7 +578,21 @@ async def _run_real(
         log_path=log_path,
         timeout_seconds=options.timeout_seconds,
         port=port,
+        abort_first=options.abort_first,
+        cured=cured,
     )
+    if options.abort_first:
+        ok = bool(cured) and cured[0] != ""
+        screen.lines(
+            [
+                "",
+                "the abort cure on a real vLLM 0.30.0: "
+                + ("the wedge cured without a restart" if ok else "it did NOT cure the wedge"),
+                *(f"  {line}" for line in cured if line),
+                f"  the bundles: {settings['evidence_dir']}   the log: {log_path}",
+            ]
+        )
+        return 0 if ok else 1
     bundle_lines = _show_bundle(screen, story.bundle, 0.0) if story.bundle else []
     screen.lines(render_summary(story, settings, bundle_lines, log_path))
     if story.bundle is not None:
@@ -671,14 +687,31 @@ def prepare_directory(directory: Path) -> Path:
     return directory / "demo.log"
 
 
-def run_demo(options: DemoOptions, *, configure_logging: Callable[[str], None]) -> int:
-    """`wedgewatch demo`: 0 when the whole story happened, 1 when it did not, 130 on Ctrl-C."""
+Runner = Callable[..., Awaitable[int]]
+"""One story: `_run`'s keyword arguments, its exit code."""
+
+
+def run_demo(
+    options: DemoOptions,
+    *,
+    configure_logging: Callable[[str], None],
+    runner: Runner | None = None,
+    adjust: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> int:
+    """`wedgewatch demo`: 0 when the whole story happened, 1 when it did not, 130 on Ctrl-C.
+
+    `runner` tells another story with the same set-up (`adjust` changes its settings).
+    """
     log_path = prepare_directory(options.directory)
     settings = demo_settings(options, listen_port=free_port())
     if options.real:
         from wedgewatch.lab import demo_real  # noqa: PLC0415  (only `--real` needs it)
 
         settings = demo_real.real_settings(settings)
+    if adjust is not None:
+        settings = adjust(settings)
+    elif options.abort_first:  # --real --abort-first: the launcher makes the remedy supervise
+        settings = {**settings, "abort_first": True, "remedy": "supervise"}
     config = load_config(flags=settings).config
     with tempfile.TemporaryDirectory(prefix="wedgewatch-demo-") as shim_dir:
         shim = install_shim(Path(shim_dir))
@@ -693,6 +726,7 @@ def run_demo(options: DemoOptions, *, configure_logging: Callable[[str], None]) 
                     config=config,
                     shim=shim,
                     log_path=log_path,
+                    runner=runner,
                 )
             )
 
@@ -705,6 +739,7 @@ async def _main(
     config: Config,
     shim: Path,
     log_path: Path,
+    runner: Runner | None = None,
 ) -> int:
     stop = asyncio.Event()
     interrupted: list[str] = []
@@ -717,7 +752,7 @@ async def _main(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        run = _run_real if options.real else _run
+        run = runner or (_run_real if options.real else _run)
         code = await run(
             options=options,
             screen=screen,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from wedgewatch import launch
 from wedgewatch.config import Config
@@ -129,15 +130,18 @@ def make_model(python: Path, directory: Path, env: Mapping[str, str]) -> Path:
     return model
 
 
-def real_command(venv: Path, model: Path, port: int, event_log: Path) -> launch.LaunchCommand:
-    """The real `vllm serve` of the demo: the tiny model, the emulated-tier connector."""
+def real_command(
+    venv: Path, model: Path, port: int, event_log: Path, *, dev_endpoints: bool = False
+) -> launch.LaunchCommand:
+    """The real `vllm serve` of the demo: the tiny model, the emulated-tier connector (and
+    vLLM's dev endpoints, on loopback, for the abort cure)."""
     argv = (
         str(venv / "bin" / "vllm"), "serve", str(model), "--host", "127.0.0.1",
         "--port", str(port), "--served-model-name", real_wedge.MODEL, "--dtype", "bfloat16",
         "--enforce-eager", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
         *real_wedge.serve_args(event_log),
     )  # fmt: skip
-    return launch.LaunchCommand(argv=argv, env={})
+    return launch.LaunchCommand(argv=argv, env={launch.DEV_MODE_ENV: "1"} if dev_endpoints else {})
 
 
 def keep_serving(url: str, stop: threading.Event) -> None:
@@ -158,8 +162,13 @@ async def run_real(
     log_path: Path,
     timeout_seconds: float,
     port: int,
+    abort_first: bool = False,
+    cured: list[str] | None = None,
 ) -> Story:
-    """Build what is missing, start the real server under `launch.watch`, tell the story."""
+    """Build what is missing, start the real server under `launch.watch`, tell the story.
+
+    With `abort_first` the story ends at the abort cure: `cured` gets its lines when the
+    wedge was cured without a restart (same pids, restarts 0, serving again)."""
     venv = await asyncio.to_thread(serving_venv)
     notice = build_notice(venv)
     if notice is not None:
@@ -177,6 +186,8 @@ async def run_real(
             stop=stop,
             timeout_seconds=timeout_seconds,
             port=port,
+            abort_first=abort_first,
+            cured=cured,
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -193,12 +204,14 @@ async def _tell(
     stop: asyncio.Event,
     timeout_seconds: float,
     port: int,
+    abort_first: bool = False,
+    cured: list[str] | None = None,
 ) -> Story:
     env = server_environment(python_path(directory), tmp, directory / "vllm-cache")
     model = await asyncio.to_thread(make_model, venv / "bin" / "python", directory, env)
     event_log = directory / "connector-events.jsonl"
     event_log.unlink(missing_ok=True)
-    command = real_command(venv, model, port, event_log)
+    command = real_command(venv, model, port, event_log, dev_endpoints=abort_first)
     server_url = f"http://127.0.0.1:{port}"
     screen.lines(
         [
@@ -211,7 +224,9 @@ async def _tell(
             "  real       vLLM's API server, EngineCore, worker, scheduler, KV-cache manager, "
             "/metrics; the stacks; the restart",
             f"  watchdog   launch --watch in this process, remedy supervise, "
-            f"stall_after_seconds = {settings['stall_after_seconds']:g}",
+            f"stall_after_seconds = {settings['stall_after_seconds']:g}"
+            + (", abort_first (the abort cure before any restart)" if abort_first else ""),
+            *(f"  note       {line}" for line in launch.dev_mode_notice(command, {})),
             "",
         ]
     )
@@ -227,6 +242,7 @@ async def _tell(
     driven: asyncio.Task[real_wedge.WedgeRun] | None = None
     serving = threading.Event()
     traffic = "none"
+    pids_before: tuple[int | None, ...] = ()
     try:
         async with httpx.AsyncClient(timeout=5.0) as client:
             while not stop.is_set() and not watched.done():
@@ -238,6 +254,7 @@ async def _tell(
                 for event in events:
                     screen.event(event)
                     if event.kind == "up" and driven is None:
+                        pids_before = _pids(supervisors)
                         traffic = "the #57841 sequence: A, S, then H (deferred), L (async load), W"
                         driven = asyncio.create_task(
                             asyncio.to_thread(real_wedge.drive, server_url, event_log)
@@ -253,6 +270,11 @@ async def _tell(
                         Event(elapsed, "burst", f"the sequence failed: {driven.exception()}")
                     )
                     break
+                if abort_first and cured is not None and _abort_cured(status):
+                    await asyncio.to_thread(
+                        _tell_cure, status, pids_before, _pids(supervisors), server_url, cured
+                    )
+                    break
                 header = render_header(status, elapsed, traffic, config.restart_budget)
                 screen.view([header, *render_engines(status, settings, {}, colour=screen.tty)])
                 if story.complete or elapsed > timeout_seconds:
@@ -265,3 +287,58 @@ async def _tell(
         with contextlib.suppress(Exception):
             await watched
     return story
+
+
+def _pids(supervisors: list[restarters.Supervisor]) -> tuple[int | None, ...]:
+    """The API server's and the EngineCore's pids now."""
+    if not supervisors or supervisors[0].pid is None:
+        return ()
+    root = supervisors[0].pid
+    engine = None
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(root).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if " ".join(child.cmdline()).startswith("VLLM::EngineCore"):
+                    engine = child.pid
+    return (root, engine)
+
+
+def _abort_cured(status: Mapping[str, Any]) -> bool:
+    targets = status.get("targets") or []
+    recoveries = (targets[0].get("recoveries") or []) if targets else []
+    return bool(recoveries)
+
+
+def _tell_cure(
+    status: Mapping[str, Any],
+    before: tuple[int | None, ...],
+    after: tuple[int | None, ...],
+    server_url: str,
+    cured: list[str],
+) -> None:
+    """The abort cure's outcome, as lines (appended to `cured` only when it cured)."""
+    target = (status.get("targets") or [{}])[0]
+    recovery = (target.get("recoveries") or [{}])[0]
+    restarts = int(target.get("restarts") or 0)
+    try:
+        real_wedge.complete(server_url, [1, 20, 30, 40], 4, timeout_s=120)
+        serving = True
+    except httpx.HTTPError:
+        serving = False
+    lines = [
+        f"cure {recovery.get('cure')}: {recovery.get('outcome')}, {recovery.get('seconds')} s "
+        f"from the verdict to serving again, {recovery.get('aborted')} requests aborted",
+        f"same pids (API server, EngineCore): {before} -> {after}; restarts {restarts}; "
+        f"serving again: {'yes' if serving else 'no'}",
+    ]
+    ok = (
+        recovery.get("cure") == "abort"
+        and recovery.get("outcome") == "recovered"
+        and before == after
+        and restarts == 0
+        and serving
+    )
+    cured.extend(lines if ok else [])
+    if not ok:
+        cured.append("")  # marks a failed cure: lines follow
+        cured.extend(lines)

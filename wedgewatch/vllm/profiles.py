@@ -29,6 +29,11 @@ class Profile(BaseModel):
     speculative_config: str | None = Field(
         None, description="Adds `--speculative-config JSON` (speculative decoding)."
     )
+    dev_endpoints: bool = Field(
+        False,
+        description="Start vLLM with VLLM_SERVER_DEV_MODE=1: its abort endpoint (the abort "
+        "cure) and every other dev route, unauthenticated, on the API port.",
+    )
     prefix_cache_retention_interval: int | None = Field(
         None,
         ge=0,

@@ -49,11 +49,40 @@ def _tokens(seed: int, count: int) -> list[int]:
     return [16 + (seed * 131 + i * 37 + (i * i) % 11) % 480 for i in range(count)]
 
 
-PROMPT_A = _tokens(1, A_BLOCKS * BLOCK_SIZE)
-PROMPT_S = _tokens(2, S_BLOCKS * BLOCK_SIZE)
-PROMPT_H = PROMPT_S + _tokens(3, BLOCK_SIZE)
+@dataclass(frozen=True)
+class Prompts:
+    """The five prompts of one drive (token ids)."""
+
+    a: list[int]
+    s: list[int]
+    h: list[int]
+    w: list[int]
+
+    @property
+    def l(self) -> list[int]:  # noqa: E743 - the scenario's name for it
+        """L is A's prompt again."""
+        return self.a
+
+
+def prompts(variant: int = 0) -> Prompts:
+    """The prompts of drive number `variant`: variant 0 is the module's PROMPT_*; another
+    variant has tokens of its own, so a server wedged, cured and driven again meets no prefix
+    of the earlier drives in its cache or its tier."""
+    base = 1 + 4 * variant
+    s = _tokens(base + 1, S_BLOCKS * BLOCK_SIZE)
+    return Prompts(
+        a=_tokens(base, A_BLOCKS * BLOCK_SIZE),
+        s=s,
+        h=s + _tokens(base + 2, BLOCK_SIZE),
+        w=_tokens(base + 3, W_BLOCKS * BLOCK_SIZE),
+    )
+
+
+PROMPT_A = prompts(0).a
+PROMPT_S = prompts(0).s
+PROMPT_H = prompts(0).h
 PROMPT_L = PROMPT_A
-PROMPT_W = _tokens(4, W_BLOCKS * BLOCK_SIZE)
+PROMPT_W = prompts(0).w
 MAX_TOKENS = 4
 MAX_MODEL_LEN = 480
 
@@ -110,12 +139,23 @@ def read_events(event_log: Path) -> list[dict[str, Any]]:
 
 
 def await_event(
-    event_log: Path, event: str, tokens: int, deadline: float, poll_s: float = 0.05
+    event_log: Path,
+    event: str,
+    tokens: int,
+    deadline: float,
+    poll_s: float = 0.05,
+    *,
+    since: float = 0.0,
 ) -> dict[str, Any]:
-    """The first `event` for a request of `tokens` tokens; TimeoutError past `deadline`."""
+    """The first `event` for a request of `tokens` tokens logged at `since` (wall clock) or
+    later; TimeoutError past `deadline`."""
     while time.monotonic() < deadline:
         for entry in read_events(event_log):
-            if entry.get("event") == event and entry.get("tokens") == tokens:
+            if (
+                entry.get("event") == event
+                and entry.get("tokens") == tokens
+                and float(entry.get("t", 0.0)) >= since
+            ):
                 return entry
         time.sleep(poll_s)
     raise TimeoutError(f"the connector logged no {event!r} for a {tokens}-token request")
@@ -174,17 +214,19 @@ class WedgeRun:
         return [f.name for f in self.flights if f.done and "response" in f.result]
 
 
-def drive(url: str, event_log: Path, *, timeout_s: float = 600.0) -> WedgeRun:
-    """Send the #57841 sequence; returns with H, L and W in flight."""
+def drive(url: str, event_log: Path, *, timeout_s: float = 600.0, variant: int = 0) -> WedgeRun:
+    """Send the #57841 sequence (the prompts of `variant`); returns with H, L and W in flight."""
     deadline = time.monotonic() + timeout_s
-    complete(url, PROMPT_A, MAX_TOKENS, timeout_s)
-    stored = await_event(event_log, "store", len(PROMPT_A) + MAX_TOKENS, deadline)
+    since = time.time()
+    p = prompts(variant)
+    complete(url, p.a, MAX_TOKENS, timeout_s)
+    stored = await_event(event_log, "store", len(p.a) + MAX_TOKENS, deadline, since=since)
     # The emulated copy takes store_seconds from the instant the connector logged it.
     time.sleep(max(0.0, stored["t"] + float(stored["seconds"]) + 0.5 - time.time()))
-    complete(url, PROMPT_S, 1, timeout_s)
-    flights = [send(url, "H", PROMPT_H, timeout_s)]
-    await_event(event_log, "deferred", len(PROMPT_H), deadline)
-    flights.append(send(url, "L", PROMPT_L, timeout_s))
-    await_event(event_log, "load", len(PROMPT_L), deadline)
-    flights.append(send(url, "W", PROMPT_W, timeout_s))
+    complete(url, p.s, 1, timeout_s)
+    flights = [send(url, "H", p.h, timeout_s)]
+    await_event(event_log, "deferred", len(p.h), deadline, since=since)
+    flights.append(send(url, "L", p.l, timeout_s))
+    await_event(event_log, "load", len(p.l), deadline, since=since)
+    flights.append(send(url, "W", p.w, timeout_s))
     return WedgeRun(flights)

@@ -265,6 +265,17 @@ class RealScheduler:
             num_free_blocks=int(pool.get_num_free_blocks()),
         )
 
+    def set_pause_state(self, state: str) -> None:
+        """vLLM's own `Scheduler.set_pause_state` (`/pause`, `/resume`); a release without
+        pause states logs an error and schedules on."""
+        try:
+            from vllm.v1.core.sched.interface import PauseState  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
+        except ImportError:
+            log.error("this vLLM release has no scheduler pause states: /pause is not applied")
+            return
+        names = {"unpaused": "UNPAUSED", "new": "PAUSED_NEW", "all": "PAUSED_ALL"}
+        self.engine.scheduler.set_pause_state(getattr(PauseState, names[state]))
+
     def arm_fault(self, fault: str) -> None:
         """From now on the emulated KV connector workers carry out `fault` (the busy loop
         calls this once the fault is due): the next store (`lost-store-event`) or load

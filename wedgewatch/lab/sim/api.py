@@ -9,7 +9,16 @@ Routes (as vLLM serves them):
 * `GET /v1/models`, `GET /version`, `GET /load`.
 * `POST /v1/completions`: answers when the simulated request finishes (or streams with
   `"stream": true`). Extensions: `prompt_tokens` (int), `prefix_id`, `prefix_tokens`.
-* Dev endpoints: `POST /sleep?level=1|2`, `POST /wake_up`, `GET /is_sleeping`.
+* `GET /openapi.json`: the routes served, as FastAPI lists them (paths and methods only).
+* Sleep mode: `POST /sleep?level=1|2`, `POST /wake_up`, `GET /is_sleeping` (served whatever
+  `VLLM_SERVER_DEV_MODE` says: the watchdog's tests put servers to sleep with them).
+* Dev endpoints, only with `VLLM_SERVER_DEV_MODE=1` (404 otherwise, as in vLLM), with vLLM
+  0.30.0's semantics (`vllm/entrypoints/serve/dev/rlhf/api_router.py`):
+  `POST /abort_requests` (a JSON body is required: none or invalid JSON is a 400
+  `{"detail": "Invalid JSON format"}`; `{"request_ids": [...]}` aborts those, anything else
+  every request in flight; answers `{"status": "aborted", "aborted": N}`),
+  `POST /pause?mode=abort|wait|keep` (answers `{"status": "paused"}` once the engines are
+  idle), `POST /resume`, `GET /is_paused`. Aborted requests end with `finish_reason` "abort".
 * `POST /v1/streaming_input` (simulator extension): a streaming-input session. The body is
   NDJSON read as it arrives: the first line is a completion request, each later line
   (`prompt_tokens`/`prompt`, `max_tokens`) is the session's next input chunk, and the end of
@@ -80,6 +89,32 @@ class BadRequest(Exception):
     def __init__(self, message: str, status_code: int = 400) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+_QUERY_BOOLEANS = ("true", "false", "1", "0", "yes", "no", "on", "off", "t", "f", "y", "n")
+"""What pydantic (FastAPI's query parsing) reads as a boolean."""
+
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+DEV_MODE_WARNING = (
+    "SECURITY WARNING: Development endpoints are enabled! This should NOT be used in production!"
+)
+
+
+def dev_mode_from_env(environ: Mapping[str, str]) -> bool:
+    """vLLM's `VLLM_SERVER_DEV_MODE`: `bool(int(value))`, unset is off (raises ValueError)."""
+    return bool(int(environ.get(DEV_MODE_ENV, "0")))
+
+
+def _validation_error(name: str, value: str, message: str) -> JSONResponse:
+    """FastAPI's 422 for a query parameter that does not validate."""
+    return JSONResponse(
+        {
+            "detail": [
+                {"type": "value_error", "loc": ["query", name], "msg": message, "input": value}
+            ]
+        },
+        status_code=422,
+    )
 
 
 def error_response(message: str, status_code: int) -> JSONResponse:
@@ -288,8 +323,11 @@ class SimServer:
         exposition: Exposition,
         faults: FaultClock,
         vllm_version: str = SIM_VLLM_VERSION,
+        *,
+        dev_mode: bool = False,
     ) -> None:
         self.args = args
+        self.dev_mode = dev_mode
         self.client = client
         self.exposition = exposition
         self.faults = faults
@@ -312,7 +350,19 @@ class SimServer:
             # vLLM mounts prometheus_client's app under /metrics; the exact route above wins
             # for `/metrics`, so the mount only serves sub-paths such as `/metrics/`.
             Route("/metrics/{path:path}", self.metrics_mount, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
         ]
+        if dev_mode:
+            routes += [
+                Route("/abort_requests", self.abort_requests, methods=["POST"]),
+                Route("/pause", self.pause, methods=["POST"]),
+                Route("/resume", self.resume, methods=["POST"]),
+                Route("/is_paused", self.is_paused, methods=["GET"]),
+            ]
+        self._openapi_paths: dict[str, dict[str, dict[str, str]]] = {}
+        for route in routes:
+            methods = sorted(m.lower() for m in (route.methods or ()) if m != "HEAD")
+            self._openapi_paths[route.path] = {m: {"summary": route.name} for m in methods}
         self.app: ASGIApp = InstrumentatorMiddleware(
             Starlette(routes=routes), lambda: self.exposition
         )
@@ -390,6 +440,74 @@ class SimServer:
         if faulty is not None:
             return faulty
         return Response(body(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    async def openapi(self, request: Request) -> Response:
+        """The routes this server answers, in FastAPI's `/openapi.json` shape (paths only)."""
+        return JSONResponse(
+            {
+                "openapi": "3.1.0",
+                "info": {"title": "FastAPI", "version": "0.1.0"},
+                "paths": self._openapi_paths,
+            }
+        )
+
+    # ------------------------------------------------------------ dev: abort and pause
+
+    async def abort_requests(self, request: Request) -> Response:
+        """vLLM's `POST /abort_requests` (dev mode): abort the ids given, or every request."""
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return JSONResponse({"detail": "Invalid JSON format"}, status_code=400)
+        if not isinstance(body, dict):  # vLLM calls body.get outside its handler: a 500
+            return Response("Internal Server Error", status_code=500, media_type="text/plain")
+        request_ids = body.get("request_ids")
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        if request_ids and not (
+            isinstance(request_ids, list) and all(isinstance(i, str) for i in request_ids)
+        ):
+            return JSONResponse(
+                {"error": "Failed to abort requests: request_ids must be a list of strings"},
+                status_code=500,
+            )
+        aborted = self.client.abort_requests(request_ids or None)
+        log.info("dev endpoint /abort_requests: aborted %d request(s)", aborted)
+        return JSONResponse({"status": "aborted", "aborted": aborted})
+
+    async def pause(self, request: Request) -> Response:
+        """vLLM's `POST /pause?mode=abort|wait|keep` (dev mode); answers once paused."""
+        mode = request.query_params.get("mode", "abort")
+        if mode not in ("abort", "wait", "keep"):
+            return _validation_error("mode", mode, "Input should be 'abort', 'wait' or 'keep'")
+        clear_cache = request.query_params.get("clear_cache", "true").lower()
+        if clear_cache not in _QUERY_BOOLEANS:
+            return _validation_error(
+                "clear_cache", clear_cache, "Input should be a valid boolean, unable to interpret"
+            )
+        try:
+            await self.client.pause(mode)
+        except EngineDeadError as exc:
+            return JSONResponse({"error": f"Failed to pause generation: {exc}"}, status_code=500)
+        log.info("dev endpoint /pause: paused (mode %s)", mode)
+        return JSONResponse({"status": "paused"})
+
+    async def resume(self, request: Request) -> Response:
+        """vLLM's `POST /resume` (dev mode)."""
+        try:
+            await self.client.resume()
+        except EngineDeadError as exc:
+            return JSONResponse({"error": f"Failed to resume generation: {exc}"}, status_code=500)
+        log.info("dev endpoint /resume: resumed")
+        return JSONResponse({"status": "resumed"})
+
+    async def is_paused(self, request: Request) -> Response:
+        """vLLM's `GET /is_paused` (dev mode): `{"is_paused": bool}`."""
+        try:
+            paused = await self.client.is_paused()
+        except EngineDeadError as exc:
+            return JSONResponse({"error": f"Failed to fetch pause status: {exc}"}, status_code=500)
+        return JSONResponse({"is_paused": paused})
 
     # ------------------------------------------------------------ dev: sleep mode
 
@@ -777,6 +895,13 @@ def serve(args: ServeArgs, origin_at: float) -> int:
     except ValueError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
+    try:
+        dev_mode = dev_mode_from_env(os.environ)
+    except ValueError:
+        log.error("%s must be an integer (0 or 1), got %r", DEV_MODE_ENV, os.environ[DEV_MODE_ENV])
+        return 2
+    if dev_mode:
+        log.warning("%s", DEV_MODE_WARNING)
     faults = FaultClock(origin_at=origin_at, faults=args.faults)
     frontend: VllmFrontend | None = None
     settings: RealSettings | None = None
@@ -870,6 +995,7 @@ def serve(args: ServeArgs, origin_at: float) -> int:
         exposition,
         faults,
         vllm_version=frontend.version if frontend is not None else emulated,
+        dev_mode=dev_mode,
     )
     received: list[int] = []
 

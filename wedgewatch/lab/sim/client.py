@@ -303,6 +303,33 @@ class EngineClient:
                 self._frontend.abort_request(request_id)
             self._send_queue.put((state.engine, AbortRequest(request_id)))
 
+    def abort_requests(self, request_ids: Sequence[str] | None = None) -> int:
+        """vLLM's `/abort_requests`: abort `request_ids`, or every request in flight when None.
+
+        The count is what vLLM answers: the ids given (known or not), else those in flight.
+        Each aborted request finishes with reason "abort" at its engine's next step.
+        """
+        ids = list(self._requests) if request_ids is None else list(request_ids)
+        for request_id in ids:
+            self.abort_request(request_id)
+        return len(ids)
+
+    async def pause(self, mode: str) -> None:
+        """vLLM's `pause_generation(mode)`: "abort" aborts every request in flight first; the
+        engines then pause (new requests wait until `resume`) and this returns once each has
+        gone idle ("keep": at once)."""
+        if mode == "abort":
+            self.abort_requests()
+        await self.call_utility("pause", mode=mode)
+
+    async def resume(self) -> None:
+        """vLLM's `resume_generation`."""
+        await self.call_utility("resume")
+
+    async def is_paused(self) -> bool:
+        """Whether any engine is paused."""
+        return any(await self.call_utility("is_paused"))
+
     def add_streaming_input(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
         """Send the next input chunk of a streaming-input session to its engine."""
         state = self._requests.get(request_id)
@@ -317,8 +344,9 @@ class EngineClient:
         if state is not None:
             self._send_queue.put((state.engine, CloseStreamingInput(request_id)))
 
-    async def call_utility(self, method: str, level: int = 1) -> list[bool]:
-        """Run `sleep` / `wake_up` / `is_sleeping` on every engine; their answers, by rank."""
+    async def call_utility(self, method: str, level: int = 1, mode: str = "abort") -> list[bool]:
+        """Run a utility call (`sleep`, `wake_up`, `is_sleeping`, `pause`, `resume`,
+        `is_paused`) on every engine; their answers, by rank."""
         if self.errored:
             raise EngineDeadError(self.dead_reason or "engine dead")
         loop = asyncio.get_running_loop()
@@ -328,7 +356,7 @@ class EngineClient:
             future: asyncio.Future[bool] = loop.create_future()
             self._calls[call_id] = future
             futures.append(future)
-            self._send_queue.put((engine.index, UtilityCall(call_id, method, level)))
+            self._send_queue.put((engine.index, UtilityCall(call_id, method, level, mode)))
         answers = list(await asyncio.gather(*futures))
         exposition = self._exposition_source()
         if method in ("sleep", "wake_up"):

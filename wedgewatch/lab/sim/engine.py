@@ -39,6 +39,7 @@ from wedgewatch.lab.sim.offload import TransferFault
 from wedgewatch.lab.sim.proctitle import configure_process_logging, set_process_title
 from wedgewatch.lab.sim.scheduler import (
     IterationStats,
+    PauseState,
     Scheduler,
     SchedulerConfig,
     SchedulerStats,
@@ -96,11 +97,14 @@ class CloseStreamingInput:
 
 @dataclass(frozen=True, slots=True)
 class UtilityCall:
-    """A control call answered with `UtilityResult` (`sleep`, `wake_up`, `is_sleeping`)."""
+    """A control call answered with `UtilityResult`: `sleep`, `wake_up`, `is_sleeping`, and
+    vLLM's `pause_scheduler` (`pause`, with `mode` "abort" | "wait" | "keep"), `resume`,
+    `is_paused`."""
 
     call_id: int
     method: str
     level: int = 1
+    mode: str = "abort"
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +206,7 @@ class EngineScheduler(Protocol):
     def close_streaming_input(self, request_id: str) -> None: ...
     def step(self) -> StepResult: ...
     def arm_fault(self, fault: TransferFault) -> None: ...
+    def set_pause_state(self, state: PauseState) -> None: ...
 
 
 CoreFactory = Callable[
@@ -266,6 +271,9 @@ class EngineCoreProc:
         self.input_queue = input_queue
         self.output_queue = output_queue
         self.sleeping = False
+        self.pause_state: PauseState = "unpaused"
+        # `pause` calls answered once the engine has no work left (vLLM's idle callbacks).
+        self._pause_waiters: list[int] = []
         self._faults = config.faults
         self._crash_at = self._faults.first_at("engine-crash", config.engine_index)
         self._transfer_faults = [
@@ -299,6 +307,7 @@ class EngineCoreProc:
         """Handle client messages; block for one when there is nothing to step."""
         while not self._has_work():
             self._flush_outputs()
+            self._answer_pause_waiters()
             timeout = None
             if self._crash_at is not None:
                 timeout = max(0.0, self._crash_at - time.monotonic())
@@ -334,6 +343,9 @@ class EngineCoreProc:
             raise TypeError(f"unknown engine input {message!r}")
 
     def _handle_utility(self, call: UtilityCall) -> None:
+        if call.method in ("pause", "resume", "is_paused"):
+            self._handle_pause(call)
+            return
         if call.method == "sleep":
             self.sleeping = True
             log.info("engine %d is sleeping (level %d)", self.config.engine_index, call.level)
@@ -343,6 +355,43 @@ class EngineCoreProc:
         elif call.method != "is_sleeping":
             raise ValueError(f"unknown utility call {call.method!r}")
         self.output_queue.put(UtilityResult(call_id=call.call_id, value=self.sleeping))
+
+    def _handle_pause(self, call: UtilityCall) -> None:
+        """vLLM's `EngineCore.pause_scheduler` / `resume_scheduler` / `is_scheduler_paused`.
+
+        `pause` with mode "abort" (the client sent the aborts just before) or "wait" sets
+        PAUSED_NEW and answers once the engine has no work left: the aborts processed, the
+        running requests drained ("wait"), an aborted load still in flight landed. "keep" sets
+        PAUSED_ALL and answers at once.
+        """
+        if call.method == "pause":
+            if call.mode not in ("abort", "wait", "keep"):
+                raise ValueError(f"Invalid pause mode: {call.mode}")
+            self.pause_state = "all" if call.mode == "keep" else "new"
+            self.scheduler.set_pause_state(self.pause_state)
+            log.info(
+                "engine %d: setting pause state to %s (mode %s)",
+                self.config.engine_index,
+                "PAUSED_ALL" if self.pause_state == "all" else "PAUSED_NEW",
+                call.mode,
+            )
+            if call.mode == "keep":
+                self.output_queue.put(UtilityResult(call_id=call.call_id, value=True))
+            else:
+                self._pause_waiters.append(call.call_id)
+            return
+        if call.method == "resume":
+            self.pause_state = "unpaused"
+            self.scheduler.set_pause_state("unpaused")
+            log.info("engine %d: setting pause state to UNPAUSED", self.config.engine_index)
+        self.output_queue.put(
+            UtilityResult(call_id=call.call_id, value=self.pause_state != "unpaused")
+        )
+
+    def _answer_pause_waiters(self) -> None:
+        waiters, self._pause_waiters = self._pause_waiters, []
+        for call_id in waiters:
+            self.output_queue.put(UtilityResult(call_id=call_id, value=True))
 
     def _process_engine_step(self) -> bool:
         """Run one step if there is work; sleep 1 ms when nothing could be scheduled."""

@@ -96,6 +96,9 @@ VLLM_STRUCTURES: tuple[VllmStructure, ...] = ("0.30", "0.31+")
 DEFAULT_VLLM_VERSION = EMULATED_RELEASES["0.30"]
 """The release the model follows by default: the last one with the mixed ``skipped_waiting``."""
 FinishReason = Literal["stop", "length", "abort"]
+PauseState = Literal["unpaused", "new", "all"]
+"""vLLM's ``PauseState`` (``/pause``): ``new`` (PAUSED_NEW: nothing leaves the waiting queues,
+running requests go on) or ``all`` (PAUSED_ALL: nothing is scheduled at all)."""
 
 GIB = 1024**3
 
@@ -483,6 +486,7 @@ class Scheduler:
         self._processed_seq = 0
         self._deferred_frees: deque[tuple[int, list[int]]] = deque()
         self._step = 0
+        self._pause: PauseState = "unpaused"
         # Streaming-input sessions paused between chunks: deferred, yet holding a batch slot.
         self._num_paused_sessions = 0
         self._pending_closes: list[str] = []
@@ -551,12 +555,28 @@ class Scheduler:
             session.session_closed = True
             self._pending_closes.append(request_id)
 
+    @property
+    def pause_state(self) -> PauseState:
+        """The pause state `/pause` set ("unpaused" until then)."""
+        return self._pause
+
+    def set_pause_state(self, state: PauseState) -> None:
+        """vLLM's ``Scheduler.set_pause_state``: under ``new`` the waiting queues are not
+        scheduled (new requests queue there until ``unpaused``); under ``all`` nothing is.
+
+        As in vLLM, a paused scheduler does not count waiting requests as work (``all``: not
+        even running ones), so the engine loop goes idle once the rest has drained.
+        """
+        self._pause = state
+
     def has_work(self) -> bool:
         """Whether the engine loop must keep stepping (vLLM's ``has_requests`` or a batch)."""
+        if self._pause == "all":
+            return bool(self._pending_aborts or self._batches)
+        queued = self._pause == "unpaused" and bool(self._waiting or self._skipped)
         return bool(
             self._running
-            or self._waiting
-            or self._skipped
+            or queued
             or self._pending_aborts
             or self._orphan_loads
             or self._batches
@@ -660,10 +680,12 @@ class Scheduler:
         )
 
     def _has_requests(self) -> bool:
+        if self._pause == "all":
+            return False
+        queued = self._pause == "unpaused" and bool(self._waiting or self._skipped)
         return bool(
             self._running
-            or self._waiting
-            or self._skipped
+            or queued
             or self._orphan_loads
             or self._finished_for_store
             or self._connector.jobs
@@ -814,7 +836,7 @@ class Scheduler:
             budget -= num_new
             index += 1
 
-        if not preempted:
+        if not preempted and self._pause == "unpaused":
             self._schedule_waiting(budget, scheduled, queries)
         return scheduled, preempted
 
