@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,18 @@ def test_one_shot_policy_caps_every_threshold_at_the_window() -> None:
     # A lone deferral (streaming input, P/D decode) is routine for minutes: never capped.
     assert capped == Policy(10.0, 10.0, 10.0, 10.0, 10.0, deferred_only_after_seconds=600.0)
     assert one_shot_policy(Policy(5.0, 120, 300, 30, None), 10.0).stall_after_seconds == 5.0
+
+
+def test_one_shot_policy_keeps_the_bounds_and_the_canary_timeout() -> None:
+    """One-shot keeps max_engines, the vanished-engine expiry and the canary's timeout as
+    configured: only the stall thresholds and the start-up timeout are capped."""
+    policy = replace(
+        POLICY, max_engines=4, vanished_engine_expiry_seconds=42.0, canary_timeout_seconds=7.0
+    )
+    capped = one_shot_policy(policy, 10.0)
+    assert capped.max_engines == 4
+    assert capped.vanished_engine_expiry_seconds == 42.0
+    assert capped.canary_timeout_seconds == 7.0
 
 
 async def test_healthy_busy_engine_is_ok() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -28,9 +29,12 @@ from wedgewatch.config import (
     render_table,
     render_toml,
 )
+from wedgewatch.core.detection.canary import CanaryPolicy
 from wedgewatch.core.detection.detect import Policy
-from wedgewatch.core.detection.states import THRESHOLD_SETTINGS
+from wedgewatch.core.detection.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS
+from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.io.scrape_rules import ScrapeLimits
+from wedgewatch.vllm.signals import DEFAULT_MAX_ENGINES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -338,6 +342,16 @@ def test_policy_and_scrape_limits_are_narrowed_from_the_config() -> None:
     assert config.scrape_limits() == ScrapeLimits(timeout_seconds=2.0, max_body_bytes=1024 * 1024)
 
 
+def test_the_default_config_narrows_to_the_core_defaults() -> None:
+    """Each default is written once: the default Config's slices equal the core dataclasses'
+    own defaults (detector, restart policy, canary)."""
+    config = Config()
+    assert config.policy() == Policy()
+    assert config.restart_policy() == RestartPolicy()
+    assert config.canary_policy() == CanaryPolicy()
+    assert config.scrape_limits().max_engines == DEFAULT_MAX_ENGINES == Policy().max_engines
+
+
 def test_the_detector_policy_holds_every_threshold_of_the_table() -> None:
     """Policy's fields are the threshold table's settings plus the start-up timeout and
     max_engines, each narrowed from the Config field of the same name, and the vanished
@@ -413,6 +427,20 @@ def test_reference_doc_is_current() -> None:
     assert committed == render_reference(), (
         "docs/configuration.md is stale: run `wedgewatch config reference -o docs/configuration.md`"
     )
+
+
+def test_readme_state_table_names_each_family_with_its_setting_and_default() -> None:
+    """The README's state table is the one family -> setting table: after each family's name
+    the first setting named is THRESHOLD_SETTING's, with the Config default."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("| state | meaning |") :]
+    table = table[: table.index("\n\n")]
+    for family, setting in THRESHOLD_SETTING.items():
+        after = table[table.index(f"`{family}`") + len(family) + 2 :]
+        named = re.search(r"`([a-z_]+_seconds)` = (\d+(?:\.\d+)?) s", after)
+        assert named is not None, family
+        assert named.group(1) == setting, family
+        assert float(named.group(2)) == getattr(Config(), setting), family
 
 
 def test_reference_names_every_setting_and_spelling() -> None:

@@ -32,9 +32,9 @@ from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition, parse
 MODEL = "org/model-7b"
 K0 = EngineKey(MODEL, "0")
 K1 = EngineKey(MODEL, "1")
-POLICY = (
-    Policy()
-)  # stall 60 s, hang 120 s, output stall 300 s, unreachable 30 s, no startup timeout
+# The defaults (stall 60 s, hang 120 s, output stall 300 s, unreachable 30 s) without a
+# start-up timeout.
+POLICY = Policy(startup_timeout_seconds=None)
 
 S = EngineState
 F = Family

@@ -107,15 +107,16 @@ def one_shot_policy(policy: Policy, window_seconds: float) -> Policy:
 
     Except `deferred_only_after_seconds`: requests deferred with nothing waiting for capacity
     are routine for minutes (streaming-input sessions, P/D decode nodes), so a short window
-    cannot call them wedged; it keeps its configured value (0 still disables it).
+    cannot call them wedged; it keeps its configured value (0 still disables it). The bounds
+    (`max_engines`, `vanished_engine_expiry_seconds`) and the canary's timeout are kept too.
     """
-    return Policy(
+    return replace(
+        policy,
         stall_after_seconds=min(policy.stall_after_seconds, window_seconds),
         hang_after_seconds=min(policy.hang_after_seconds, window_seconds),
         output_stall_after_seconds=min(policy.output_stall_after_seconds, window_seconds),
         unreachable_after_seconds=min(policy.unreachable_after_seconds, window_seconds),
         startup_timeout_seconds=window_seconds,
-        deferred_only_after_seconds=policy.deferred_only_after_seconds,
     )
 
 

@@ -38,6 +38,12 @@ from wedgewatch.io.procs import remote_host_reason
 from wedgewatch.io.scrape_rules import ScrapeLimits
 from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles
 
+# The defaults of every setting that a core dataclass also holds come from that dataclass, so
+# each default is written once (tests/config/test_config.py: `Config().policy() == Policy()`).
+_DETECTION = Policy()
+_RESTART = RestartPolicy()
+_CANARY = CanaryPolicy()
+
 ENV_PREFIX = "WEDGEWATCH_"
 #: The one `WEDGEWATCH_*` variable that is not a setting: the config file, like `--config`.
 CONFIG_FILE_ENV = "WEDGEWATCH_CONFIG"
@@ -267,7 +273,7 @@ class Config(BaseModel):
         gt=0,
     )
     stall_after_seconds: float = _setting(
-        60.0,
+        _DETECTION.stall_after_seconds,
         "detection",
         "How long nothing may run while requests wait (`deferred_stall`, `admission_stall`) "
         "with every progress counter flat before the engine is wedged. Transient deferrals "
@@ -276,7 +282,7 @@ class Config(BaseModel):
         gt=0,
     )
     hang_after_seconds: float = _setting(
-        120.0,
+        _DETECTION.hang_after_seconds,
         "detection",
         "How long requests may run with every progress counter flat (`progress_stall`) before "
         "the engine is wedged. Longer than `stall_after_seconds` because a long chunked "
@@ -284,14 +290,14 @@ class Config(BaseModel):
         gt=0,
     )
     output_stall_after_seconds: float = _setting(
-        300.0,
+        _DETECTION.output_stall_after_seconds,
         "detection",
         "How long prefill or preemption counters may move while neither generated tokens nor "
         "finished requests do (`output_stall`, a livelock) before the engine is wedged.",
         gt=0,
     )
     deferred_only_after_seconds: float = _setting(
-        600.0,
+        _DETECTION.deferred_only_after_seconds,
         "detection",
         "Like `stall_after_seconds`, for requests deferred while nothing runs or waits for "
         "capacity (`deferred_only_stall`); 0 disables it. Long because streaming-input "
@@ -300,14 +306,14 @@ class Config(BaseModel):
         ge=0,
     )
     unreachable_after_seconds: float = _setting(
-        30.0,
+        _DETECTION.unreachable_after_seconds,
         "detection",
         "How long scrapes may fail, after the target was once seen up, before it is "
         "`unreachable`. Short outages (a restart, a busy API server) stay below it.",
         gt=0,
     )
     startup_timeout_seconds: float = _setting(
-        900.0,
+        _RESTART.startup_timeout_seconds,
         "detection",
         "How long a target that has never answered stays `starting` before it is "
         "`unreachable`. Loading a large model takes minutes.",
@@ -331,10 +337,11 @@ class Config(BaseModel):
         ge=1024,
     )
     max_engines: int = _setting(
-        256,
+        _DETECTION.max_engines,
         "scraping",
         "Most engines (data-parallel ranks) one target may name, in one body and across "
-        "scrapes (engines gone from `/metrics` count until they expire, 600 s after they "
+        "scrapes (engines gone from `/metrics` count until they expire, "
+        f"{_DETECTION.vanished_engine_expiry_seconds:g} s after they "
         "vanished); more is a failed scrape (`too_many_engines`) and no engine is added, so "
         "a hostile target never makes wedgewatch grow.",
         ge=1,
@@ -353,7 +360,7 @@ class Config(BaseModel):
 
     # -- canary ----------------------------------------------------------------------
     canary_interval_seconds: float = _setting(
-        0.0,
+        _CANARY.interval_seconds,
         "canary",
         "How long a target must have shown no progress (and had no canary) before wedgewatch "
         "sends one canary: `POST /v1/completions`, one token, temperature 0, marked with the "
@@ -363,7 +370,7 @@ class Config(BaseModel):
         ge=0,
     )
     canary_timeout_seconds: float = _setting(
-        120.0,
+        _CANARY.timeout_seconds,
         "canary",
         "How long a canary may wait for its first token. No token within it while every "
         "progress counter stayed flat is a wedge (`canary_stall`); no token while counters "
@@ -531,7 +538,7 @@ class Config(BaseModel):
         ge=0,
     )
     restart_budget: int = _setting(
-        3,
+        _RESTART.restart_budget,
         "remedy",
         "How many restarts are allowed within `restart_budget_window_seconds`; past it "
         "wedgewatch gives up and only reports, so a wedge that returns at once cannot "
@@ -539,16 +546,19 @@ class Config(BaseModel):
         ge=1,
     )
     restart_budget_window_seconds: float = _setting(
-        3600.0, "remedy", "The sliding window `restart_budget` counts restarts in.", gt=0
+        _RESTART.restart_budget_window_seconds,
+        "remedy",
+        "The sliding window `restart_budget` counts restarts in.",
+        gt=0,
     )
     restart_backoff_seconds: float = _setting(
-        60.0,
+        _RESTART.restart_backoff_seconds,
         "remedy",
         "Least time between two restarts; doubled after each restart that did not help.",
         ge=0,
     )
     restart_backoff_max_seconds: float = _setting(
-        900.0,
+        _RESTART.restart_backoff_max_seconds,
         "remedy",
         "Upper bound of the doubled restart back-off (at least `restart_backoff_seconds`).",
         ge=0,

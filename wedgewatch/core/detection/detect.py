@@ -7,21 +7,16 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 # RULES (the contract of this module; tests/core/test_detect.py checks them row by row)
 # =================================================================================
 #
-# Terms (what a movement *means* is `wedgewatch.vllm.semantics`; this table only uses it)
-#   progress counters  prompt tokens, generation tokens, completed requests (every finished
-#                      reason except abort and error), preemptions. Not iterations: an
-#                      abort-only batch moves the iteration count too (with 0 tokens).
-#   progress moved     a progress counter moved (both values finite and different) since the
-#                      previous good reading of the engine. Aborted and errored finishes are
-#                      never progress and never output.
-#   output moved       generation tokens or completed requests moved.
-#   prefill moved      running > 0 and KV usage grew or prefix-cache queries moved (a prefill
-#                      chunk allocated blocks, a request was admitted). Only ever seen with
-#                      running > 0; it counts like progress for the stall clock and is never
-#                      output.
+# Terms. What counts as progress, output and prefill progress, when a counter moved or went
+# backwards, and which readings are non-finite is defined once, in `wedgewatch.vllm.semantics`
+# (its docstring); this table only uses those words:
+#   progress moved     `semantics.progress_moved`: a progress counter moved since the previous
+#                      good reading of the engine.
+#   output moved       `semantics.output_moved`.
+#   prefill moved      semantics' prefill progress (only ever seen with running > 0); it counts
+#                      like progress for the stall clock and is never output.
 #   work present       running > 0 or waiting > 0.
-#   non-finite         a queue gauge (running, waiting, a waiting reason) or a progress counter
-#                      that is NaN or +/-Inf.
+#   non-finite         a reading `semantics.non_finite_fields` names fields of.
 #   stalled states     SUSPECT, WEDGED, UNREACHABLE. An *episode* runs from the step an engine
 #                      enters a stalled state until the step it leaves them.
 #   clocks             per engine: last_progress_at, last_output_at. "Reset" sets both to `at`.
@@ -67,18 +62,19 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #   R4  Work present: if progress or prefill moved, last_progress_at = at; if output moved,
 #       last_output_at = at. Two kinds of stall are then candidates:
 #         flat    nothing moved this sample (neither progress nor prefill). Family by the
-#                 gauges, stalled_seconds = at - last_progress_at:
-#                   running > 0                      progress_stall       hang_after_seconds
-#                   running 0, deferred, capacity    deferred_stall       stall_after_seconds
-#                   running 0, deferred, capacity 0  deferred_only_stall  deferred_only_after_s.
-#                   running 0, no deferred           admission_stall      stall_after_seconds
+#                 gauges, stalled_seconds = at - last_progress_at (each family's threshold
+#                 is the Policy field `states.THRESHOLD_SETTING` names):
+#                   running > 0                      progress_stall
+#                   running 0, deferred, capacity    deferred_stall
+#                   running 0, deferred, capacity 0  deferred_only_stall
+#                   running 0, no deferred           admission_stall
 #                 deferred_only_after_seconds = 0 disables deferred_only_stall (no candidate).
 #                 Time spent deferred-only never counts towards another family: a flat sample
 #                 of another family right after a deferred-only sample restarts the clock.
 #         output  since output last moved, some sample moved progress counters while output
 #                 stayed flat (the engine works but emits nothing: preemption livelock).
-#                 Prefill alone never makes this candidate. Family output_stall, threshold
-#                 output_stall_after_seconds, stalled_seconds = at - last_output_at.
+#                 Prefill alone never makes this candidate. Family output_stall,
+#                 stalled_seconds = at - last_output_at.
 #       No candidate: OK. A candidate with stalled_seconds >= its threshold: WEDGED with that
 #       family (flat first). Otherwise SUSPECT: output_stall if the engine already is in
 #       output_stall and that candidate holds, else flat, else output.
@@ -146,7 +142,7 @@ from wedgewatch.core.detection.states import (
 )
 from wedgewatch.core.text.redact import redact_text
 from wedgewatch.vllm import semantics
-from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
+from wedgewatch.vllm.signals import DEFAULT_MAX_ENGINES, EngineKey, EngineReading, Exposition
 
 __all__ = [
     "MULTI_SERVER_REASON",
@@ -201,18 +197,19 @@ class Policy:
     """Thresholds of the detector, in seconds; `startup_timeout_seconds=None` waits forever.
 
     `deferred_only_after_seconds = 0` disables the deferred_only_stall family (rule R4).
+    These defaults are the product's: `config.Config` takes its defaults from them.
     """
 
     stall_after_seconds: float = 60.0
     hang_after_seconds: float = 120.0
     output_stall_after_seconds: float = 300.0
     unreachable_after_seconds: float = 30.0
-    startup_timeout_seconds: float | None = None
+    startup_timeout_seconds: float | None = 900.0
     deferred_only_after_seconds: float = 600.0
     canary_timeout_seconds: float = 120.0
     # Bounds on what a target makes the detector remember (rules U4, U5 of core.detect):
     # engines across scrapes, and how long an engine gone from /metrics is kept.
-    max_engines: int = 256
+    max_engines: int = DEFAULT_MAX_ENGINES
     vanished_engine_expiry_seconds: float = 600.0
 
     def __post_init__(self) -> None:
