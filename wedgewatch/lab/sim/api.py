@@ -767,7 +767,7 @@ def bind_socket(host: str | None, port: int) -> socket.socket:
     return sock
 
 
-def serve(args: ServeArgs, origin_at: float) -> int:
+def serve(args: ServeArgs) -> int:
     """Run the simulated `vllm serve` until SIGTERM/SIGINT or engine death; the exit code."""
     configure_process_logging("APIServer")
     for flag in args.ignored_flags:
@@ -777,7 +777,7 @@ def serve(args: ServeArgs, origin_at: float) -> int:
     except ValueError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
-    faults = FaultClock(origin_at=origin_at, faults=args.faults)
+    faults = FaultClock(origin_at=None, faults=args.faults)  # started once the server is ready
     frontend: VllmFrontend | None = None
     settings: RealSettings | None = None
     if args.scheduler == "vllm":
@@ -909,9 +909,15 @@ async def _serve_http(
     )
     uv_server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]
+    # Ready: the socket listens and the engines are up. Fault times count from here, so a
+    # slow start (a loaded machine) never eats into them.
+    ready_at = time.monotonic()
+    faults = faults.started(ready_at)
+    server.faults = faults
+    client.start_fault_clock(ready_at)
     log.info("Starting vLLM API server 0 on http://%s:%d", host, port)
     background: list[asyncio.Task[None]] = [
-        asyncio.create_task(_watchdog_loop(uv_server, client, faults.origin_at)),
+        asyncio.create_task(_watchdog_loop(uv_server, client, ready_at)),
         asyncio.create_task(client.log_stats_loop()),
     ]
     hang_at = faults.first_at("api-hang")
@@ -928,7 +934,7 @@ async def _watchdog_loop(uv_server: uvicorn.Server, client: EngineClient, origin
     """vLLM's `watchdog_loop`: every 5 s, stop serving if an engine has died.
 
     vLLM's ticks fall every 5 s after its server started, a phase nobody outside can know;
-    here they fall on whole multiples of 5 s after `sim serve` started (the fault clock's
+    here they fall on whole multiples of 5 s after the server was ready (the fault clock's
     origin), so an engine that dies at fault time T answers /health 503 until the next
     multiple of 5 after T: `engine-crash@6` gives four seconds of 503, however long the
     start took.

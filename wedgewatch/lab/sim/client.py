@@ -39,6 +39,7 @@ from wedgewatch.lab.sim.engine import (
     EngineOutputs,
     EngineReady,
     Shutdown,
+    StartFaultClock,
     StreamingInputChunk,
     UtilityCall,
     UtilityResult,
@@ -243,6 +244,11 @@ class EngineClient:
             ).start()  # fmt: skip
         threading.Thread(target=self._send_inputs, name="EngineInput", daemon=True).start()
         threading.Thread(target=self._monitor, name="EngineMonitor", daemon=True).start()
+
+    def start_fault_clock(self, origin_at: float) -> None:
+        """Tell every engine that the server is ready: its fault times count from `origin_at`."""
+        for index in range(len(self._engines)):
+            self._send_queue.put((index, StartFaultClock(origin_at)))
 
     def shutdown(self) -> None:
         """Stop every engine: ask, then SIGTERM, then SIGKILL."""
