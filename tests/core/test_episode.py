@@ -877,7 +877,7 @@ STORIES = st.lists(MODES, min_size=1, max_size=60)
 OUTCOMES = st.lists(st.booleans(), max_size=8)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(STORIES, st.booleans(), OUTCOMES)
 def test_evidence_always_precedes_a_restart(
     modes: list[str], capture_ok: bool, restarts: list[bool]
@@ -895,7 +895,7 @@ def test_evidence_always_precedes_a_restart(
             assert episode_of in asked
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(STORIES, OUTCOMES)
 def test_a_failed_capture_never_blocks_the_restart(modes: list[str], restarts: list[bool]) -> None:
     """The restarts run at the same instants whether the captures worked or failed."""
@@ -907,7 +907,7 @@ def test_a_failed_capture_never_blocks_the_restart(modes: list[str], restarts: l
     assert restart_times(True) == restart_times(False)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(STORIES, st.booleans(), OUTCOMES)
 def test_never_more_restarts_than_the_budget(
     modes: list[str], capture_ok: bool, restarts: list[bool]
@@ -920,7 +920,7 @@ def test_never_more_restarts_than_the_budget(
         assert sum(1 for u in times if t - window < u <= t) <= POLICY.restart_budget
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(STORIES, st.booleans(), OUTCOMES, st.floats(min_value=0.0, max_value=30.0))
 def test_what_survives_a_wedgewatch_restart_round_trips(
     modes: list[str], capture_ok: bool, restarts: list[bool], gap: float
