@@ -5,7 +5,7 @@ at start-up, gauges (and the prefix-cache counters) are set from `SchedulerStats
 step, and everything else (token counters, preemptions, finished requests, latency
 histograms) only from `IterationStats`, i.e. only on steps that produced output. Names,
 types, label names, HELP texts and buckets follow the real exposition in
-`../shared/fixtures/vllm-0.33.0/healthy_busy.prom`.
+`tests/fixtures/vllm-0.33.0/healthy_busy.prom`.
 
 Every server keeps its metrics on its own `CollectorRegistry`; nothing registers globally.
 `Exposition` renders the registry either like a single API server (`_created` samples,
