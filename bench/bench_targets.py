@@ -4,7 +4,7 @@
         [--warmup-seconds 15] [--json out.json]
 
 `--sizes` lists target counts; the goal is judged at the SAME interval for every size
-(default 1 s, `--interval`), as issue #9 asks. A size may name its own interval
+(default 1 s, `--interval`). A size may name its own interval
 (`1000@20`) to explore a machine that cannot give the daemon a whole core; such a row is
 not the goal's measurement.
 

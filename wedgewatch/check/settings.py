@@ -137,7 +137,7 @@ def cached_settings(state_file: Path, key: str) -> tuple[str, CheckSettings] | N
     settings = CheckSettings.from_json(cache.get("values"))
     if not isinstance(metrics_url, str) or settings is None:
         return None
-    if redact_url(metrics_url) != metrics_url:  # a URL with a secret is not cached (#21)
+    if redact_url(metrics_url) != metrics_url:  # a URL with a secret is not cached
         return None
     return metrics_url, settings
 

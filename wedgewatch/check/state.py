@@ -171,7 +171,7 @@ def save(store: StateFile, saved: Saved, at: float, timestamp: float) -> None:
     """Write the state atomically (temporary file, fsync, rename); OSError if it cannot."""
     payload: dict[str, Any] = {
         "version": STATE_FILE_VERSION,
-        "metrics_url": redact_url(store.metrics_url),  # no credential on disk (#21)
+        "metrics_url": redact_url(store.metrics_url),  # no credential on disk
         "saved_timestamp": timestamp,
         "detector": dump_state(saved.detector),
     }

@@ -1,4 +1,4 @@
-"""Bounds on the connections of wedgewatch's own HTTP server (issue #21).
+"""Bounds on the connections of wedgewatch's own HTTP server.
 
 Anything that can reach the port (every container of the pod, the node, any local user)
 can open connections and send nothing, or half a request head. uvicorn keeps such a

@@ -279,7 +279,7 @@ class OwnMetrics:
         previous = self._engines.get(target, {})
         current: dict[tuple[str, str], str] = {}
         for sample in engines:
-            model_name = redact_text(sample.model_name)  # a scraped page keeps no secret (#21)
+            model_name = redact_text(sample.model_name)  # a scraped page keeps no secret
             labels = (target, model_name, sample.engine)
             current[(model_name, sample.engine)] = sample.state
             self._set_enum(self._engine_state, labels, sample.state)

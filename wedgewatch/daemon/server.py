@@ -328,7 +328,7 @@ def _error(code: int, message: str, targets: Mapping[str, TargetSnapshot]) -> Re
 
 
 def _json(body: Mapping[str, Any], code: int = 200) -> Response:
-    """Every JSON document the server sends: redacted (what leaves the process, #21), and
+    """Every JSON document the server sends: redacted (what leaves the process), and
     never cached."""
     return JSONResponse(redact_value(body), status_code=code, headers=_NO_STORE)
 

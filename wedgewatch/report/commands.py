@@ -39,7 +39,7 @@ def format_bundles(rows: list[BundleRow]) -> str:
             if r.created_timestamp is not None
             else "?"
         )
-        table.append(  # a bundle's values are the target's data: no control character (#21)
+        table.append(  # a bundle's values are the target's data: no control character
             _terminal(
                 when,
                 r.target,
@@ -119,7 +119,7 @@ def write_report(bundle: Path, output: Path | None = None, *, upstream: bool = F
 def _write(path: Path, text: str) -> None:
     """Write a report file 0600 (it describes a private bundle), replacing an older one.
 
-    The writer redacts (i21b, #21): the text passes `redact_text` once more, whatever put it
+    The writer redacts: the text passes `redact_text` once more, whatever put it
     there. The temporary file is always a new one (`io.atomic.write_atomic`: `O_EXCL`, 0600,
     renamed over `path`, which is replaced and never followed if it is a symlink).
     """

@@ -601,7 +601,7 @@ def _step_scraped(
 def adopt_redacted_keys(
     known: dict[EngineKey, EngineMemory], exposition: Exposition
 ) -> dict[EngineKey, EngineMemory]:
-    """A state file keeps model names redacted (#21, `detect_state`): an engine restored
+    """A state file keeps model names redacted (`detect_state`): an engine restored
     under the redacted form of a live engine's key is that engine, under its live key."""
     for key in sorted(exposition.engines):
         stored = EngineKey(redact_text(key.model_name), key.engine)
