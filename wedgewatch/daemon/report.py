@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 from typing import Any, assert_never
 
 import structlog
@@ -26,6 +27,7 @@ from wedgewatch.core.episode.episode import Report, ReportEvent
 from wedgewatch.core.text.redact import redact_url, scrub_text, secret_fragments
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.roles import Notifier
+from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.bundles import history_lines
 
 log = structlog.get_logger("wedgewatch.daemon")
@@ -319,3 +321,17 @@ def install_secret_scrubber(config: Config) -> None:
         p for p in structlog.get_config()["processors"] if not isinstance(p, SecretScrubber)
     ]
     structlog.configure(processors=[SecretScrubber(config), *processors])
+
+
+async def run_bundle_hook(hook: BundleHook, bundle: str, *, target: str, phase: str) -> str:
+    """Run the `on_bundle` hook for a complete bundle and log how it went; its result."""
+    outcome = await hook.run(Path(bundle), target=target, phase=phase)
+    getattr(log, "info" if outcome.result == "ok" else "warning")(
+        "bundle_hook_finished",
+        target=target,
+        bundle=bundle,
+        result=outcome.result,
+        detail=outcome.detail,
+        duration_seconds=round(outcome.duration_seconds, 3),
+    )
+    return outcome.result
