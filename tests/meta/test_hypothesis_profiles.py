@@ -28,9 +28,9 @@ def examples_under(tmp_path: Path, profile: str | None) -> str:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS / "support"), str(REPO)]),
     }
-    env.pop("WEDGEWATCH_HYPOTHESIS_PROFILE", None)
+    env.pop("TEST_HYPOTHESIS_PROFILE", None)
     if profile is not None:
-        env["WEDGEWATCH_HYPOTHESIS_PROFILE"] = profile
+        env["TEST_HYPOTHESIS_PROFILE"] = profile
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-p",
          "no:xdist", "-s", "-q", "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
@@ -51,13 +51,21 @@ def examples_under(tmp_path: Path, profile: str | None) -> str:
 def test_the_profile_sets_the_example_count(
     tmp_path: Path, profile: str | None, expected: str
 ) -> None:
-    """WEDGEWATCH_HYPOTHESIS_PROFILE picks the example count; no deadline in either."""
+    """TEST_HYPOTHESIS_PROFILE picks the example count; no deadline in either."""
     assert examples_under(tmp_path, profile) == expected
+
+
+def test_the_variable_is_outside_the_settings_namespace() -> None:
+    """The variable reaches every daemon a test starts, and every `WEDGEWATCH_*` variable is a
+    setting (an unknown one is refused), so it must not start with `WEDGEWATCH_`."""
+    conftest = (TESTS / "conftest.py").read_text()
+    assert 'os.environ.get("TEST_HYPOTHESIS_PROFILE"' in conftest
+    assert not "TEST_HYPOTHESIS_PROFILE".startswith("WEDGEWATCH_")
 
 
 def test_the_default_tier_is_quick_and_ci_is_full() -> None:
     """tests/run.sh defaults to quick; .ci/run asks for full before it runs the default tier."""
     run_sh = (TESTS / "run.sh").read_text()
-    assert 'WEDGEWATCH_HYPOTHESIS_PROFILE="${WEDGEWATCH_HYPOTHESIS_PROFILE:-quick}"' in run_sh
+    assert 'TEST_HYPOTHESIS_PROFILE="${TEST_HYPOTHESIS_PROFILE:-quick}"' in run_sh
     ci = (REPO / ".ci" / "run").read_text()
-    assert ci.index("export WEDGEWATCH_HYPOTHESIS_PROFILE=full") < ci.index("bash tests/run.sh")
+    assert ci.index("export TEST_HYPOTHESIS_PROFILE=full") < ci.index("bash tests/run.sh")
