@@ -28,7 +28,7 @@ from wedgewatch.check import (
     run_blocking,
     run_check,
 )
-from wedgewatch.core.detection.detect import Policy
+from wedgewatch.core.detection.detect import DetectionPolicy
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.io.scrape_rules import ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey
@@ -37,7 +37,7 @@ FIXTURES = Path(__file__).parents[1] / "fixtures"
 KEY = EngineKey("tiny-llama", "0")
 KEY_1 = EngineKey("tiny-llama", "1")
 URL = "http://vllm.test:8000/metrics"
-POLICY = Policy(
+POLICY = DetectionPolicy(
     stall_after_seconds=60,
     hang_after_seconds=120,
     output_stall_after_seconds=300,
@@ -144,7 +144,7 @@ async def check(
     *,
     window: float = 10.0,
     interval: float = 1.0,
-    policy: Policy = POLICY,
+    policy: DetectionPolicy = POLICY,
     state_file: Path | None = None,
     clock: FakeClock | None = None,
     url: str = URL,
@@ -170,8 +170,12 @@ def test_one_shot_policy_caps_every_threshold_at_the_window() -> None:
     """Without history, a stall lasting the whole window is a wedge, and there is no grace."""
     capped = one_shot_policy(POLICY, 10.0)
     # A lone deferral (streaming input, P/D decode) is routine for minutes: never capped.
-    assert capped == Policy(10.0, 10.0, 10.0, 10.0, 10.0, deferred_only_after_seconds=600.0)
-    assert one_shot_policy(Policy(5.0, 120, 300, 30, None), 10.0).stall_after_seconds == 5.0
+    assert capped == DetectionPolicy(
+        10.0, 10.0, 10.0, 10.0, 10.0, deferred_only_after_seconds=600.0
+    )
+    assert (
+        one_shot_policy(DetectionPolicy(5.0, 120, 300, 30, None), 10.0).stall_after_seconds == 5.0
+    )
 
 
 def test_one_shot_policy_keeps_the_bounds_and_the_canary_timeout() -> None:
@@ -300,7 +304,7 @@ async def test_every_engine_is_judged_separately() -> None:
 
 
 async def probe(
-    path: Path, clock: FakeClock, responder: Responder, policy: Policy = POLICY
+    path: Path, clock: FakeClock, responder: Responder, policy: DetectionPolicy = POLICY
 ) -> CheckReport:
     return await check(responder, window=0, state_file=path, clock=clock, policy=policy)
 
@@ -332,7 +336,7 @@ async def test_probe_gives_a_loading_server_its_start_up_grace(tmp_path: Path) -
     """A server that never answered is starting (exit 0) until startup_timeout, then unreachable."""
     path = tmp_path / "state.json"
     clock = FakeClock()
-    policy = Policy(60, 120, 300, 30, startup_timeout_seconds=25)
+    policy = DetectionPolicy(60, 120, 300, 30, startup_timeout_seconds=25)
     refused = _raiser(httpx.ConnectError("Connection refused"))
     statuses = []
     for _ in range(4):

@@ -30,7 +30,7 @@ from wedgewatch.config import (
     render_toml,
 )
 from wedgewatch.core.detection.canary import CanaryPolicy
-from wedgewatch.core.detection.detect import Policy
+from wedgewatch.core.detection.detect import DetectionPolicy
 from wedgewatch.core.detection.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.io.scrape_rules import ScrapeLimits
@@ -332,7 +332,7 @@ def test_policy_and_scrape_limits_are_narrowed_from_the_config() -> None:
     config = load_config(
         flags={"stall_after_seconds": 7.0, "scrape_timeout_seconds": 2.0, "max_body_bytes": "1MiB"}
     ).config
-    assert config.policy() == Policy(
+    assert config.detection_policy() == DetectionPolicy(
         stall_after_seconds=7.0,
         hang_after_seconds=120.0,
         output_stall_after_seconds=300.0,
@@ -346,17 +346,19 @@ def test_the_default_config_narrows_to_the_core_defaults() -> None:
     """Each default is written once: the default Config's slices equal the core dataclasses'
     own defaults (detector, restart policy, canary)."""
     config = Config()
-    assert config.policy() == Policy()
+    assert config.detection_policy() == DetectionPolicy()
     assert config.restart_policy() == RestartPolicy()
     assert config.canary_policy() == CanaryPolicy()
-    assert config.scrape_limits().max_engines == DEFAULT_MAX_ENGINES == Policy().max_engines
+    assert (
+        config.scrape_limits().max_engines == DEFAULT_MAX_ENGINES == DetectionPolicy().max_engines
+    )
 
 
 def test_the_detector_policy_holds_every_threshold_of_the_table() -> None:
-    """Policy's fields are the threshold table's settings plus the start-up timeout and
+    """DetectionPolicy's fields are the threshold table's settings plus the start-up timeout and
     max_engines, each narrowed from the Config field of the same name, and the vanished
     engine expiry (a documented constant, not a setting)."""
-    assert {f.name for f in dataclasses.fields(Policy)} == {
+    assert {f.name for f in dataclasses.fields(DetectionPolicy)} == {
         *THRESHOLD_SETTINGS,
         "startup_timeout_seconds",
         "max_engines",
@@ -364,7 +366,7 @@ def test_the_detector_policy_holds_every_threshold_of_the_table() -> None:
     }
     values = {name: 1000.0 + i for i, name in enumerate(THRESHOLD_SETTINGS)}
     flags = {**values, "startup_timeout_seconds": 77.0, "max_engines": 9}
-    policy = load_config(flags=flags).config.policy()
+    policy = load_config(flags=flags).config.detection_policy()
     assert {name: getattr(policy, name) for name in values} == values
     assert policy.startup_timeout_seconds == 77.0
     assert policy.max_engines == 9

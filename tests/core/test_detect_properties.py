@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from wedgewatch.core.detection.detect import (
     SUSPECT_CAPTURE_FRACTION,
     CaptureEvidence,
+    DetectionPolicy,
     Observation,
-    Policy,
     Restart,
     Scraped,
     ScrapeFailed,
@@ -46,7 +46,7 @@ STALLED = {EngineState.SUSPECT, EngineState.WEDGED, EngineState.UNREACHABLE}
 GAPS = (0.0, 0.5, 1.0, 5.0, 29.0, 30.0, 31.0, 59.0, 60.0, 61.0, 119.0, 120.0, 299.0, 300.0)
 THRESHOLDS = st.sampled_from([0.0, 1.0, 10.0, 30.0, 60.0, 120.0, 300.0])
 POLICIES = st.builds(
-    Policy,
+    DetectionPolicy,
     stall_after_seconds=THRESHOLDS,
     hang_after_seconds=THRESHOLDS,
     output_stall_after_seconds=THRESHOLDS,
@@ -63,7 +63,7 @@ class History:
     """A generated sequence of observations and the policy to judge them by."""
 
     observations: tuple[Observation, ...]
-    policy: Policy
+    policy: DetectionPolicy
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def move_counters(old: list[float], move: str, rng: random.Random) -> list[float
     return list(old)
 
 
-def make_history(seed: int, length: int, policy: Policy, shape: Shape) -> History:
+def make_history(seed: int, length: int, policy: DetectionPolicy, shape: Shape) -> History:
     """A pseudo-random history; for one seed, a shorter length gives a prefix (shrinks well)."""
     rng = random.Random(seed)
     at = rng.choice([0.0, 12.25, 1e6])

@@ -50,8 +50,8 @@ from wedgewatch.check.render import (
 from wedgewatch.check.settings import CheckSettings
 from wedgewatch.check.state import Clock, Sleep
 from wedgewatch.core.detection.detect import (
+    DetectionPolicy,
     Observation,
-    Policy,
     ScrapeFailed,
     TargetState,
     TargetVerdict,
@@ -82,7 +82,7 @@ class CheckOptions:
     metrics_url: str
     window_seconds: float
     interval_seconds: float
-    policy: Policy
+    policy: DetectionPolicy
     limits: ScrapeLimits
     state_file: Path | None = None
     restart: RestartPolicy | None = None  # probe mode: the restart budget applies
@@ -102,7 +102,7 @@ class _Window:
     scraped: bool  # the last scrape succeeded
 
 
-def one_shot_policy(policy: Policy, window_seconds: float) -> Policy:
+def one_shot_policy(policy: DetectionPolicy, window_seconds: float) -> DetectionPolicy:
     """Cap every threshold at the window: a stall lasting the whole window is a wedge.
 
     Except `deferred_only_after_seconds`: requests deferred with nothing waiting for capacity
@@ -336,7 +336,7 @@ def execute(options: CheckOptions, *, as_json: bool, critical_only: bool) -> int
 async def _scrape_loop(
     options: CheckOptions,
     *,
-    policy: Policy,
+    policy: DetectionPolicy,
     state: TargetState,
     notes: list[str],
     observe: Observe,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wedgewatch.core.detection import states
-from wedgewatch.core.detection.detect import Policy
+from wedgewatch.core.detection.detect import DetectionPolicy
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.core.text.redact import redact_url
 from wedgewatch.io.scrape_rules import ScrapeLimits
@@ -48,7 +48,7 @@ class CheckSettings:
     """The slice of the configuration a check uses; cached in the probe's state file."""
 
     interval_seconds: float
-    policy: Policy
+    policy: DetectionPolicy
     limits: ScrapeLimits
     log_level: str
     restart: RestartPolicy
@@ -62,7 +62,7 @@ class CheckSettings:
         """Narrow a validated configuration."""
         return cls(
             interval_seconds=config.interval_seconds,
-            policy=config.policy(),
+            policy=config.detection_policy(),
             limits=config.scrape_limits(),
             log_level=config.log_level,
             restart=config.restart_policy(),
@@ -89,7 +89,7 @@ class CheckSettings:
             assert isinstance(raw, dict)  # noqa: S101 - caught below
             settings = cls(
                 interval_seconds=float(raw["interval_seconds"]),
-                policy=Policy(**raw["policy"]),
+                policy=DetectionPolicy(**raw["policy"]),
                 limits=ScrapeLimits(**raw["limits"]),
                 log_level=str(raw["log_level"]),
                 restart=RestartPolicy(**raw["restart"]),

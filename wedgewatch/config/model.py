@@ -7,7 +7,7 @@ only exceptions are the list settings, whose flags are singular and repeatable
 (`--target`, `--webhook-url`). `config.sources.load_config` merges the four sources,
 records where every value came from, and turns validation failures into one clear message
 per field; `config.reference` renders the model. Components never see the whole model:
-they receive a narrowed slice (`Config.policy()`, `Config.scrape_limits()`).
+they receive a narrowed slice (`Config.detection_policy()`, `Config.scrape_limits()`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from wedgewatch.core.detection.canary import CanaryPolicy
-from wedgewatch.core.detection.detect import Policy
+from wedgewatch.core.detection.detect import DetectionPolicy
 from wedgewatch.core.detection.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS, Family
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.core.text.redact import redact_url
@@ -39,8 +39,9 @@ from wedgewatch.io.scrape_rules import ScrapeLimits
 from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles
 
 # The defaults of every setting that a core dataclass also holds come from that dataclass, so
-# each default is written once (tests/config/test_config.py: `Config().policy() == Policy()`).
-_DETECTION = Policy()
+# each default is written once (tests/config/test_config.py checks
+# `Config().detection_policy() == DetectionPolicy()`).
+_DETECTION = DetectionPolicy()
 _RESTART = RestartPolicy()
 _CANARY = CanaryPolicy()
 
@@ -697,9 +698,9 @@ class Config(BaseModel):
         return self
 
     # -- narrowing -------------------------------------------------------------------
-    def policy(self) -> Policy:
+    def detection_policy(self) -> DetectionPolicy:
         """The detector's slice of the configuration."""
-        return Policy(
+        return DetectionPolicy(
             startup_timeout_seconds=self.startup_timeout_seconds,
             max_engines=self.max_engines,
             **{name: getattr(self, name) for name in THRESHOLD_SETTINGS},

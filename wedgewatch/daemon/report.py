@@ -17,8 +17,8 @@ import structlog
 from wedgewatch import __version__
 from wedgewatch.config import Config, Target
 from wedgewatch.core.detection.detect import (
+    DetectionPolicy,
     EngineVerdict,
-    Policy,
     ScrapeFailed,
     TargetVerdict,
 )
@@ -42,7 +42,7 @@ class Reporter:
     """Turns transitions and `Report` effects into log lines, metrics and webhooks."""
 
     def __init__(
-        self, config: Config, policy: Policy, metrics: OwnMetrics, notifier: Notifier
+        self, config: Config, policy: DetectionPolicy, metrics: OwnMetrics, notifier: Notifier
     ) -> None:
         self.config = config
         self.policy = policy
@@ -183,7 +183,7 @@ class Reporter:
 
 def thresholds_of(config: Config) -> dict[str, float]:
     """The detector's thresholds and the scrape interval, by setting name (bundles, webhooks)."""
-    policy = config.policy()
+    policy = config.detection_policy()
     return {name: getattr(policy, name) for name in THRESHOLD_SETTINGS} | {
         "interval_seconds": config.interval_seconds
     }

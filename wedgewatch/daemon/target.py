@@ -20,7 +20,7 @@ import structlog
 
 from wedgewatch.config import Config, Target
 from wedgewatch.core.detection.detect import (
-    Policy,
+    DetectionPolicy,
     Scraped,
     ScrapeFailed,
     TargetState,
@@ -97,7 +97,7 @@ class TargetRunner:
         *,
         config: Config,
         deps: Deps,
-        detect_policy: Policy,
+        detect_policy: DetectionPolicy,
         rules: core.Rules,
         reporter: Reporter,
         timeouts: Timeouts,
@@ -209,7 +209,7 @@ class TargetRunner:
 
     # -- the effect runner --------------------------------------------------------------------
 
-    def feed(self, event: core.Input, now_at: float, now: float) -> core.Step:
+    def feed(self, event: core.Input, now_at: float, now: float) -> core.EpisodeStep:
         """One input into the episode core; performs every effect but RunRestart (the worker's)."""
         step = core.step(self.core, event, self.rules, now_at, now)
         self.core = step.state

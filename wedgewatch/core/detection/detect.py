@@ -63,7 +63,7 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #       last_output_at = at. Two kinds of stall are then candidates:
 #         flat    nothing moved this sample (neither progress nor prefill). Family by the
 #                 gauges, stalled_seconds = at - last_progress_at (each family's threshold
-#                 is the Policy field `states.THRESHOLD_SETTING` names):
+#                 is the DetectionPolicy field `states.THRESHOLD_SETTING` names):
 #                   running > 0                      progress_stall
 #                   running 0, deferred, capacity    deferred_stall
 #                   running 0, deferred, capacity 0  deferred_only_stall
@@ -151,10 +151,10 @@ __all__ = [
     "Action",
     "CanaryStall",
     "CaptureEvidence",
+    "DetectionPolicy",
     "EngineMemory",
     "EngineVerdict",
     "Observation",
-    "Policy",
     "Restart",
     "ScrapeFailed",
     "Scraped",
@@ -193,7 +193,7 @@ Observation = Scraped | ScrapeFailed
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
+class DetectionPolicy:
     """Thresholds of the detector, in seconds; `startup_timeout_seconds=None` waits forever.
 
     `deferred_only_after_seconds = 0` disables the deferred_only_stall family (rule R4).
@@ -215,18 +215,22 @@ class Policy:
     def __post_init__(self) -> None:
         """Reject thresholds that are negative, NaN or infinite, and a bound below 1."""
         if isinstance(self.max_engines, bool) or not isinstance(self.max_engines, int):
-            raise ValueError(f"Policy.max_engines must be a whole number, got {self.max_engines!r}")
+            raise ValueError(
+                f"DetectionPolicy.max_engines must be a whole number, got {self.max_engines!r}"
+            )
         if self.max_engines < 1:
-            raise ValueError(f"Policy.max_engines must be >= 1, got {self.max_engines}")
+            raise ValueError(f"DetectionPolicy.max_engines must be >= 1, got {self.max_engines}")
         names = (*THRESHOLD_SETTINGS, "startup_timeout_seconds", "vanished_engine_expiry_seconds")
         for name in names:
             value = getattr(self, name)
             if value is None and name == "startup_timeout_seconds":
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"Policy.{name} must be a number of seconds, got {value!r}")
+                raise ValueError(
+                    f"DetectionPolicy.{name} must be a number of seconds, got {value!r}"
+                )
             if not math.isfinite(value) or value < 0:
-                raise ValueError(f"Policy.{name} must be finite and >= 0, got {value!r}")
+                raise ValueError(f"DetectionPolicy.{name} must be finite and >= 0, got {value!r}")
 
     def threshold(self, family: Family) -> float:
         """The number of seconds after which a stall of `family` is WEDGED (or UNREACHABLE)."""
@@ -404,7 +408,7 @@ class _Outcome:
     """Accumulates one step's engines, verdicts, transitions and actions (local to `step`)."""
 
     at: float
-    policy: Policy
+    policy: DetectionPolicy
     memories: list[EngineMemory] = field(default_factory=list)
     verdicts: list[EngineVerdict] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
@@ -485,7 +489,7 @@ class _Outcome:
 def step(
     state: TargetState,
     observation: Observation,
-    policy: Policy,
+    policy: DetectionPolicy,
     canary: CanaryStall | None = None,
 ) -> tuple[TargetState, TargetVerdict]:
     """Fold one observation (and a standing canary stall, K1) into the state; return the verdict."""
@@ -504,7 +508,7 @@ def step(
 
 
 def _expire_vanished(
-    state: TargetState, at: float, policy: Policy, shown: Mapping[EngineKey, EngineReading]
+    state: TargetState, at: float, policy: DetectionPolicy, shown: Mapping[EngineKey, EngineReading]
 ) -> TargetState:
     """Rule U4: forget engines missing for longer than the expiry (unless back in `shown`)."""
     expiry = max(policy.vanished_engine_expiry_seconds, 2 * policy.unreachable_after_seconds)
@@ -517,7 +521,7 @@ def _expire_vanished(
 
 
 def _step_failed(
-    state: TargetState, failure: ScrapeFailed, policy: Policy
+    state: TargetState, failure: ScrapeFailed, policy: DetectionPolicy
 ) -> tuple[TargetState, TargetVerdict]:
     at = failure.at
     failing_since = state.failing_since if state.failing_since is not None else at
@@ -534,7 +538,7 @@ def _step_failed(
 
 
 def _step_scraped(
-    state: TargetState, scraped: Scraped, policy: Policy, canary: CanaryStall | None = None
+    state: TargetState, scraped: Scraped, policy: DetectionPolicy, canary: CanaryStall | None = None
 ) -> tuple[TargetState, TargetVerdict]:
     at = scraped.at
     exposition = scraped.exposition
@@ -637,7 +641,7 @@ def _track_start_times(
 
 
 def _finish(
-    state: TargetState, out: _Outcome, policy: Policy, failure: ScrapeFailed | None
+    state: TargetState, out: _Outcome, policy: DetectionPolicy, failure: ScrapeFailed | None
 ) -> tuple[TargetState, TargetVerdict]:
     """Apply rules T1 and T2: the target state, and the starting clock while no engine is known."""
     if out.memories:
@@ -710,7 +714,7 @@ def _baseline(
 
 
 def _judge_reading(
-    old: EngineMemory, reading: EngineReading, at: float, policy: Policy
+    old: EngineMemory, reading: EngineReading, at: float, policy: DetectionPolicy
 ) -> tuple[EngineMemory, _Judgement]:
     """Rules R2-R4 and N1: judge a good reading against the engine's previous one."""
     calm = _gauge_state(reading)
@@ -840,7 +844,7 @@ def _judge_non_finite(
 
 
 def _missing(
-    old: EngineMemory, at: float, failing_since: float | None, policy: Policy
+    old: EngineMemory, at: float, failing_since: float | None, policy: DetectionPolicy
 ) -> tuple[EngineMemory, _Judgement]:
     """Rule U2: an engine absent from a good exposition."""
     since = old.missing_since
@@ -862,7 +866,7 @@ def _hold_wedged(old: EngineMemory, judgement: _Judgement, at: float) -> _Judgem
     return _Judgement(EngineState.WEDGED, old.family, stalled, reason)
 
 
-def _judge_unobserved(what: str, at: float, since: float, policy: Policy) -> _Judgement:
+def _judge_unobserved(what: str, at: float, since: float, policy: DetectionPolicy) -> _Judgement:
     """Rules U1 and U2: SUSPECT, then UNREACHABLE once unobserved for the threshold."""
     elapsed = at - since
     threshold = policy.unreachable_after_seconds

@@ -55,7 +55,7 @@ from wedgewatch.lab.sim.faults import (
     block_event_loop_forever,
     trickle,
 )
-from wedgewatch.lab.sim.metrics import Exposition
+from wedgewatch.lab.sim.metrics import MetricsPage
 from wedgewatch.lab.sim.proctitle import configure_process_logging
 from wedgewatch.lab.sim.scheduler import (
     FinishedRequest,
@@ -238,7 +238,7 @@ class RequestIds:
 class InstrumentatorMiddleware:
     """Records `http_*` like prometheus-fastapi-instrumentator (handler = route template)."""
 
-    def __init__(self, app: ASGIApp, exposition: Callable[[], Exposition]) -> None:
+    def __init__(self, app: ASGIApp, exposition: Callable[[], MetricsPage]) -> None:
         self.app = app
         self._exposition = exposition
 
@@ -279,13 +279,13 @@ class InstrumentatorMiddleware:
 
 
 class SimServer:
-    """The HTTP side: routes over an `EngineClient` and an `Exposition`."""
+    """The HTTP side: routes over an `EngineClient` and an `MetricsPage`."""
 
     def __init__(
         self,
         args: ServeArgs,
         client: EngineClient,
-        exposition: Exposition,
+        exposition: MetricsPage,
         faults: FaultClock,
         vllm_version: str = SIM_VLLM_VERSION,
     ) -> None:
@@ -833,7 +833,7 @@ def serve(args: ServeArgs) -> int:
         args.seed,
         ", ".join(f.render() for f in args.faults) or "none",
     )
-    exposition_holder: list[Exposition] = []
+    exposition_holder: list[MetricsPage] = []
     client = EngineClient(
         engine_configs,
         scheduler_config,
@@ -847,9 +847,9 @@ def serve(args: ServeArgs) -> int:
         log.error("%s", exc)
         return 1
     if frontend is not None:  # vLLM's own stat logger is on prometheus_client's REGISTRY
-        exposition = Exposition.of_registry(REGISTRY)
+        exposition = MetricsPage.of_registry(REGISTRY)
     else:
-        exposition = Exposition(
+        exposition = MetricsPage(
             model_name=args.model_name,
             engine_indexes=client.engine_indexes,
             max_model_len=args.max_model_len,

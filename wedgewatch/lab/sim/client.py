@@ -45,7 +45,7 @@ from wedgewatch.lab.sim.engine import (
     UtilityResult,
     run_engine_core,
 )
-from wedgewatch.lab.sim.metrics import Exposition, FinishedTimes, IterationTimes
+from wedgewatch.lab.sim.metrics import FinishedTimes, IterationTimes, MetricsPage
 from wedgewatch.lab.sim.scheduler import (
     FinishedRequest,
     SchedulerConfig,
@@ -157,7 +157,7 @@ class EngineClient:
         engine_configs: Sequence[EngineConfig],
         scheduler_config: SchedulerConfig,
         step_time_seconds: float,
-        exposition: Callable[[], Exposition | None] = lambda: None,
+        exposition: Callable[[], MetricsPage | None] = lambda: None,
         frontend: Frontend | None = None,
     ) -> None:
         self._configs = tuple(engine_configs)
