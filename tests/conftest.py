@@ -23,8 +23,13 @@ for _path in (str(_TESTS), str(_TESTS / "support")):
 
 # Property tests judge behaviour, not speed: on a loaded 2-core CI machine one example can
 # take longer than hypothesis's default 200 ms deadline, which would fail a correct test.
-settings.register_profile("wedgewatch", deadline=None)
-settings.load_profile("wedgewatch")
+# Two example counts (a test asking for more scales `settings.default.max_examples`):
+# `full`, what .ci/run and a plain `pytest` use, and `quick`, what the default tier of
+# tests/run.sh uses unless TEST_HYPOTHESIS_PROFILE says otherwise.
+HYPOTHESIS_PROFILES = {"full": 300, "quick": 50}
+for _name, _examples in HYPOTHESIS_PROFILES.items():
+    settings.register_profile(_name, deadline=None, max_examples=_examples)
+settings.load_profile(os.environ.get("TEST_HYPOTHESIS_PROFILE", "full"))
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@
 # also installs the real tools its tests use (Debian's prometheus, prometheus-alertmanager,
 # systemd, nodejs and chromium packages) when they are missing and checks that kubectl is
 # there and new enough to render the manifests (it says how to install it). .ci/run runs both tiers, in that order.
+# The default tier runs the property tests with fewer examples (TEST_HYPOTHESIS_PROFILE=
+# quick; .ci/run sets full, the count a plain pytest uses).
 # Extra arguments go to pytest (e.g. `bash tests/run.sh -m "not slow"` for the quick pass,
 # `bash tests/run.sh -n 0` for one process). TEST_WORKERS sets pytest-xdist's -n (default 2
 # per core: most tests wait on processes, timers and sockets).
@@ -139,4 +141,6 @@ fi
 .venv/bin/ruff format --check .
 .venv/bin/ruff check .
 .venv/bin/mypy
+# The property tests' example count (tests/conftest.py): `quick` here, `full` in .ci/run.
+export TEST_HYPOTHESIS_PROFILE="${TEST_HYPOTHESIS_PROFILE:-quick}"
 exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-$(($(nproc) * 2))}" -m "not vllm and not soak" "$@"

@@ -383,7 +383,7 @@ def _check(
         cache = None
         if state_file is not None:
             key = check_settings.settings_key(url, config_file, os.environ, flags)
-            # A URL with a secret is never written to the file (#21): no cache, no fast path.
+            # A URL with a secret is never written to the file: no cache, no fast path.
             if key is not None and redact_url(metrics_url) == metrics_url:
                 cache = {"key": key, "metrics_url": metrics_url, "values": settings.to_json()}
         options = check.options_for(

@@ -38,10 +38,10 @@ from wedgewatch.daemon.adapters import (
     evidence_settings,
     process_selector,
     real_deps,
-    run_bundle_hook,
 )
 from wedgewatch.daemon.loop import Daemon
 from wedgewatch.daemon.loop import run as run_watchdog
+from wedgewatch.daemon.report import run_bundle_hook
 from wedgewatch.daemon.roles import Deps
 from wedgewatch.io import evidence, restarters, runner
 from wedgewatch.io.bundle_hook import BundleHook

@@ -1,4 +1,4 @@
-"""A per-target bound on log lines: a target cannot flood the logs (issue #21).
+"""A per-target bound on log lines: a target cannot flood the logs.
 
 Whatever a watched server does (name a new engine on every scrape, flap every second), the
 lines wedgewatch logs about it (those with a `target` field) are bounded to

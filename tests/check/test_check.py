@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from wedgewatch.check import (
     run_blocking,
     run_check,
 )
-from wedgewatch.core.detection.detect import Policy
+from wedgewatch.core.detection.detect import DetectionPolicy
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.io.scrape_rules import ScrapeLimits
 from wedgewatch.vllm.signals import EngineKey
@@ -35,7 +37,7 @@ FIXTURES = Path(__file__).parents[1] / "fixtures"
 KEY = EngineKey("tiny-llama", "0")
 KEY_1 = EngineKey("tiny-llama", "1")
 URL = "http://vllm.test:8000/metrics"
-POLICY = Policy(
+POLICY = DetectionPolicy(
     stall_after_seconds=60,
     hang_after_seconds=120,
     output_stall_after_seconds=300,
@@ -142,7 +144,7 @@ async def check(
     *,
     window: float = 10.0,
     interval: float = 1.0,
-    policy: Policy = POLICY,
+    policy: DetectionPolicy = POLICY,
     state_file: Path | None = None,
     clock: FakeClock | None = None,
     url: str = URL,
@@ -168,8 +170,24 @@ def test_one_shot_policy_caps_every_threshold_at_the_window() -> None:
     """Without history, a stall lasting the whole window is a wedge, and there is no grace."""
     capped = one_shot_policy(POLICY, 10.0)
     # A lone deferral (streaming input, P/D decode) is routine for minutes: never capped.
-    assert capped == Policy(10.0, 10.0, 10.0, 10.0, 10.0, deferred_only_after_seconds=600.0)
-    assert one_shot_policy(Policy(5.0, 120, 300, 30, None), 10.0).stall_after_seconds == 5.0
+    assert capped == DetectionPolicy(
+        10.0, 10.0, 10.0, 10.0, 10.0, deferred_only_after_seconds=600.0
+    )
+    assert (
+        one_shot_policy(DetectionPolicy(5.0, 120, 300, 30, None), 10.0).stall_after_seconds == 5.0
+    )
+
+
+def test_one_shot_policy_keeps_the_bounds_and_the_canary_timeout() -> None:
+    """One-shot keeps max_engines, the vanished-engine expiry and the canary's timeout as
+    configured: only the stall thresholds and the start-up timeout are capped."""
+    policy = replace(
+        POLICY, max_engines=4, vanished_engine_expiry_seconds=42.0, canary_timeout_seconds=7.0
+    )
+    capped = one_shot_policy(policy, 10.0)
+    assert capped.max_engines == 4
+    assert capped.vanished_engine_expiry_seconds == 42.0
+    assert capped.canary_timeout_seconds == 7.0
 
 
 async def test_healthy_busy_engine_is_ok() -> None:
@@ -286,7 +304,7 @@ async def test_every_engine_is_judged_separately() -> None:
 
 
 async def probe(
-    path: Path, clock: FakeClock, responder: Responder, policy: Policy = POLICY
+    path: Path, clock: FakeClock, responder: Responder, policy: DetectionPolicy = POLICY
 ) -> CheckReport:
     return await check(responder, window=0, state_file=path, clock=clock, policy=policy)
 
@@ -318,7 +336,7 @@ async def test_probe_gives_a_loading_server_its_start_up_grace(tmp_path: Path) -
     """A server that never answered is starting (exit 0) until startup_timeout, then unreachable."""
     path = tmp_path / "state.json"
     clock = FakeClock()
-    policy = Policy(60, 120, 300, 30, startup_timeout_seconds=25)
+    policy = DetectionPolicy(60, 120, 300, 30, startup_timeout_seconds=25)
     refused = _raiser(httpx.ConnectError("Connection refused"))
     statuses = []
     for _ in range(4):
@@ -712,11 +730,23 @@ async def test_non_finite_gauges_in_probe_mode_save_a_strict_json_state(tmp_path
     json.loads(state.read_text(), parse_constant=no_constants)
 
 
+@functools.cache
+def many_engines_body(engines: int) -> bytes:
+    """One busy engine's body whose `vllm:num_requests_running` also names engines 1..N-1.
+
+    The parser refuses a body by the engines it names, before judging any: a 65 KB body
+    names 300 engines as well as the 9.5 MB one with 300 complete engines would.
+    """
+    lines = one(busy(0)).decode().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("vllm:num_requests_running{"))
+    more = [lines[at].replace('engine="0"', f'engine="{i}"') for i in range(1, engines)]
+    return "".join([*lines[: at + 1], *more, *lines[at + 1 :]]).encode()
+
+
 async def test_too_many_engines_is_unknown_at_once() -> None:
     """A body naming more engines than max_engines is not judged: UNKNOWN with that reason."""
-    many = tuple((EngineKey("m", str(i)), busy(0)) for i in range(300))
     log: list[int] = []
-    report = await check(bodies(body(many)), log=log)
+    report = await check(bodies(many_engines_body(300)), log=log)
     assert report.status == "unknown"
     assert report.error is not None
     assert report.error.startswith("not a vLLM metrics body: ")

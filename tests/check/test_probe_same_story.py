@@ -38,7 +38,7 @@ from tests.daemon.test_loop import FakeClock
 from wedgewatch.check import CheckOptions, run_blocking, run_check
 from wedgewatch.check import run as check_run
 from wedgewatch.config import Target
-from wedgewatch.core.detection.detect import Policy, Scraped, TargetState
+from wedgewatch.core.detection.detect import DetectionPolicy, Scraped, TargetState
 from wedgewatch.core.detection.detect import step as detect_step
 from wedgewatch.core.episode import episode
 from wedgewatch.core.restart import probe_policy, probe_step, restart_codec, restart_policy
@@ -51,7 +51,7 @@ from wedgewatch.vllm.signals import EngineKey
 
 KEY = EngineKey("tiny-llama", "0")
 STEP_SECONDS = 5.0
-POLICY = Policy(
+POLICY = DetectionPolicy(
     stall_after_seconds=20,
     hang_after_seconds=20,
     output_stall_after_seconds=20,

@@ -14,7 +14,7 @@ from scripted_http import Reply, ScriptedServer, always
 from wedgewatch import entry
 from wedgewatch.check import settings as check_settings
 from wedgewatch.check.settings import settings_key
-from wedgewatch.core.detection.detect import Policy
+from wedgewatch.core.detection.detect import DetectionPolicy
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.io.scrape_rules import ScrapeLimits
 
@@ -125,7 +125,7 @@ def test_a_changed_input_is_validated_again_never_served_from_the_cache(tmp_path
     settings = check_settings.CheckSettings.from_json(
         check_settings.CheckSettings(
             interval_seconds=1.0,
-            policy=Policy(),
+            policy=DetectionPolicy(),
             limits=ScrapeLimits(5.0, 1000),
             log_level="info",
             restart=RestartPolicy(),

@@ -49,10 +49,12 @@ argv = sys.argv[1:]
 port = int(argv[argv.index("--port") + 1])
 starts = len(list(state.glob("start-*.json")))
 first = starts == 0
-(state / f"start-{{starts}}.json").write_text(__import__("json").dumps({{
+# Written whole, then renamed: a test that sees start-N.json can read it.
+(state / f"start-{{starts}}.tmp").write_text(__import__("json").dumps({{
     "pid": os.getpid(), "argv": sys.argv,
     "offload_env": os.environ.get("VLLM_USE_SIMPLE_KV_OFFLOAD"),
 }}))
+(state / f"start-{{starts}}.tmp").replace(state / f"start-{{starts}}.json")
 body = Path({wedged!r} if first else {idle!r}).read_bytes()
 # An "EngineCore" child in the server's process group, as vLLM has.
 engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -28,9 +29,12 @@ from wedgewatch.config import (
     render_table,
     render_toml,
 )
-from wedgewatch.core.detection.detect import Policy
-from wedgewatch.core.detection.states import THRESHOLD_SETTINGS
+from wedgewatch.core.detection.canary import CanaryPolicy
+from wedgewatch.core.detection.detect import DetectionPolicy
+from wedgewatch.core.detection.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS
+from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.io.scrape_rules import ScrapeLimits
+from wedgewatch.vllm.signals import DEFAULT_MAX_ENGINES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -328,7 +332,7 @@ def test_policy_and_scrape_limits_are_narrowed_from_the_config() -> None:
     config = load_config(
         flags={"stall_after_seconds": 7.0, "scrape_timeout_seconds": 2.0, "max_body_bytes": "1MiB"}
     ).config
-    assert config.policy() == Policy(
+    assert config.detection_policy() == DetectionPolicy(
         stall_after_seconds=7.0,
         hang_after_seconds=120.0,
         output_stall_after_seconds=300.0,
@@ -338,11 +342,23 @@ def test_policy_and_scrape_limits_are_narrowed_from_the_config() -> None:
     assert config.scrape_limits() == ScrapeLimits(timeout_seconds=2.0, max_body_bytes=1024 * 1024)
 
 
+def test_the_default_config_narrows_to_the_core_defaults() -> None:
+    """Each default is written once: the default Config's slices equal the core dataclasses'
+    own defaults (detector, restart policy, canary)."""
+    config = Config()
+    assert config.detection_policy() == DetectionPolicy()
+    assert config.restart_policy() == RestartPolicy()
+    assert config.canary_policy() == CanaryPolicy()
+    assert (
+        config.scrape_limits().max_engines == DEFAULT_MAX_ENGINES == DetectionPolicy().max_engines
+    )
+
+
 def test_the_detector_policy_holds_every_threshold_of_the_table() -> None:
-    """Policy's fields are the threshold table's settings plus the start-up timeout and
+    """DetectionPolicy's fields are the threshold table's settings plus the start-up timeout and
     max_engines, each narrowed from the Config field of the same name, and the vanished
     engine expiry (a documented constant, not a setting)."""
-    assert {f.name for f in dataclasses.fields(Policy)} == {
+    assert {f.name for f in dataclasses.fields(DetectionPolicy)} == {
         *THRESHOLD_SETTINGS,
         "startup_timeout_seconds",
         "max_engines",
@@ -350,7 +366,7 @@ def test_the_detector_policy_holds_every_threshold_of_the_table() -> None:
     }
     values = {name: 1000.0 + i for i, name in enumerate(THRESHOLD_SETTINGS)}
     flags = {**values, "startup_timeout_seconds": 77.0, "max_engines": 9}
-    policy = load_config(flags=flags).config.policy()
+    policy = load_config(flags=flags).config.detection_policy()
     assert {name: getattr(policy, name) for name in values} == values
     assert policy.startup_timeout_seconds == 77.0
     assert policy.max_engines == 9
@@ -413,6 +429,20 @@ def test_reference_doc_is_current() -> None:
     assert committed == render_reference(), (
         "docs/configuration.md is stale: run `wedgewatch config reference -o docs/configuration.md`"
     )
+
+
+def test_readme_state_table_names_each_family_with_its_setting_and_default() -> None:
+    """The README's state table is the one family -> setting table: after each family's name
+    the first setting named is THRESHOLD_SETTING's, with the Config default."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("| state | meaning |") :]
+    table = table[: table.index("\n\n")]
+    for family, setting in THRESHOLD_SETTING.items():
+        after = table[table.index(f"`{family}`") + len(family) + 2 :]
+        named = re.search(r"`([a-z_]+_seconds)` = (\d+(?:\.\d+)?) s", after)
+        assert named is not None, family
+        assert named.group(1) == setting, family
+        assert float(named.group(2)) == getattr(Config(), setting), family
 
 
 def test_reference_names_every_setting_and_spelling() -> None:

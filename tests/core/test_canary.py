@@ -9,7 +9,7 @@ from wedgewatch.core.detection.canary import CanaryPolicy, CanaryResult, CanaryS
 from wedgewatch.core.detection.detect import (
     CanaryStall,
     CaptureEvidence,
-    Policy,
+    DetectionPolicy,
     Restart,
     Scraped,
     ScrapeFailed,
@@ -54,7 +54,7 @@ def run(
     """Feed scrapes through the detector with a standing canary stall; return the verdicts."""
     state, verdicts = TargetState.initial(), []
     for at, r in readings:
-        state, verdict = step(state, scraped(at, r), Policy(), stall)
+        state, verdict = step(state, scraped(at, r), DetectionPolicy(), stall)
         verdicts.append(verdict)
     return verdicts
 
@@ -125,7 +125,7 @@ def test_decide_table(
 def test_decide_failed_scrape_and_starting() -> None:
     """Rule S1: a failed scrape or a target with no engine never gets a canary."""
     state, failed = TargetState.initial(), ScrapeFailed(40, "timeout", "slow")
-    _, verdict = step(state, failed, Policy())
+    _, verdict = step(state, failed, DetectionPolicy())
     assert not canary.decide(noted((0, 0)), POLICY, verdict, 40, restarting=False).send
 
 
@@ -260,8 +260,8 @@ def test_k1_without_canary_idle_stays_idle() -> None:
 
 def test_k1_stall_cleared_returns_to_idle() -> None:
     """Rule K1: once the stall no longer stands, the engine is judged by its gauges again."""
-    state, _ = step(TargetState.initial(), scraped(0, reading()), Policy())
-    state, wedged = step(state, scraped(20, reading()), Policy(), STALL)
-    state, calm = step(state, scraped(21, reading()), Policy(), None)
+    state, _ = step(TargetState.initial(), scraped(0, reading()), DetectionPolicy())
+    state, wedged = step(state, scraped(20, reading()), DetectionPolicy(), STALL)
+    state, calm = step(state, scraped(21, reading()), DetectionPolicy(), None)
     assert wedged.state is EngineState.WEDGED
     assert calm.state is EngineState.IDLE

@@ -13,9 +13,9 @@ import pytest
 from wedgewatch.core.detection.detect import (
     Action,
     CaptureEvidence,
+    DetectionPolicy,
     EngineVerdict,
     Observation,
-    Policy,
     Restart,
     Scraped,
     ScrapeFailed,
@@ -32,9 +32,9 @@ from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition, parse
 MODEL = "org/model-7b"
 K0 = EngineKey(MODEL, "0")
 K1 = EngineKey(MODEL, "1")
-POLICY = (
-    Policy()
-)  # stall 60 s, hang 120 s, output stall 300 s, unreachable 30 s, no startup timeout
+# The defaults (stall 60 s, hang 120 s, output stall 300 s, unreachable 30 s) without a
+# start-up timeout.
+POLICY = DetectionPolicy(startup_timeout_seconds=None)
 
 S = EngineState
 F = Family
@@ -205,7 +205,7 @@ def failed(at: float, reason: Any = "timeout") -> ScrapeFailed:
 
 def run(
     observations: Iterable[Observation],
-    policy: Policy = POLICY,
+    policy: DetectionPolicy = POLICY,
     state: TargetState | None = None,
 ) -> tuple[TargetState, list[TargetVerdict]]:
     """Fold observations through the detector, returning the final state and every verdict."""
@@ -1256,19 +1256,19 @@ def test_restart_drops_engines_absent_from_the_new_server() -> None:
             POLICY, [failed(0), failed(10_000)], S.STARTING, id="no-timeout=starting-forever"
         ),
         pytest.param(
-            Policy(startup_timeout_seconds=100),
+            DetectionPolicy(startup_timeout_seconds=100),
             [failed(0), failed(99)],
             S.STARTING,
             id="timeout-99s",
         ),
         pytest.param(
-            Policy(startup_timeout_seconds=100),
+            DetectionPolicy(startup_timeout_seconds=100),
             [failed(0), failed(100)],
             S.UNREACHABLE,
             id="timeout-100s=unreachable",
         ),
         pytest.param(
-            Policy(startup_timeout_seconds=100),
+            DetectionPolicy(startup_timeout_seconds=100),
             [scraped(0), failed(50), scraped(100)],
             S.UNREACHABLE,
             id="no-engines-reported=never-up",
@@ -1277,7 +1277,7 @@ def test_restart_drops_engines_absent_from_the_new_server() -> None:
     ],
 )
 def test_target_without_engines(
-    policy: Policy, observations: list[Observation], expected: EngineState
+    policy: DetectionPolicy, observations: list[Observation], expected: EngineState
 ) -> None:
     """A target never seen up reports no engines, STARTING or UNREACHABLE after startup timeout."""
     _, verdicts = run(observations, policy)
@@ -1293,7 +1293,7 @@ def test_target_without_engines(
 
 def test_startup_timeout_then_engines_come_up() -> None:
     """A target that timed out starting becomes OK as soon as it reports engines."""
-    policy = Policy(startup_timeout_seconds=10)
+    policy = DetectionPolicy(startup_timeout_seconds=10)
     _, verdicts = run([failed(0), failed(20), scraped(30, busy(0))], policy)
     assert [v.state for v in verdicts] == [S.STARTING, S.UNREACHABLE, S.OK]
     assert verdicts[-1].transitions == (Transition(K0, S.STARTING, S.OK, None, 30),)
@@ -1605,7 +1605,7 @@ def test_step_is_deterministic_and_does_not_mutate_its_input() -> None:
 def test_policy_rejects_bad_thresholds(kwargs: dict[str, Any], message: str) -> None:
     """A negative, NaN, infinite or boolean threshold is a configuration error, named."""
     with pytest.raises(ValueError, match=message):
-        Policy(**kwargs)
+        DetectionPolicy(**kwargs)
 
 
 def test_scrape_failed_rejects_unknown_reason() -> None:
@@ -1902,7 +1902,7 @@ def test_streaming_session_deferred_alone_is_not_a_wedge_at_stall_after_seconds(
 
 def test_deferred_only_detection_can_be_disabled() -> None:
     """deferred_only_after_seconds = 0: a lone deferral is OK forever; a blocked head wedges."""
-    policy = Policy(deferred_only_after_seconds=0)
+    policy = DetectionPolicy(deferred_only_after_seconds=0)
     history = [scraped(0, busy(1))] + [scraped(t, deferred_only(1)) for t in range(1, 3600, 10)]
     _, verdicts = run(history, policy)
     assert set(states_of(verdicts)) == {S.OK}

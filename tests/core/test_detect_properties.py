@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from wedgewatch.core.detection.detect import (
     SUSPECT_CAPTURE_FRACTION,
     CaptureEvidence,
+    DetectionPolicy,
     Observation,
-    Policy,
     Restart,
     Scraped,
     ScrapeFailed,
@@ -46,7 +46,7 @@ STALLED = {EngineState.SUSPECT, EngineState.WEDGED, EngineState.UNREACHABLE}
 GAPS = (0.0, 0.5, 1.0, 5.0, 29.0, 30.0, 31.0, 59.0, 60.0, 61.0, 119.0, 120.0, 299.0, 300.0)
 THRESHOLDS = st.sampled_from([0.0, 1.0, 10.0, 30.0, 60.0, 120.0, 300.0])
 POLICIES = st.builds(
-    Policy,
+    DetectionPolicy,
     stall_after_seconds=THRESHOLDS,
     hang_after_seconds=THRESHOLDS,
     output_stall_after_seconds=THRESHOLDS,
@@ -63,7 +63,7 @@ class History:
     """A generated sequence of observations and the policy to judge them by."""
 
     observations: tuple[Observation, ...]
-    policy: Policy
+    policy: DetectionPolicy
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def move_counters(old: list[float], move: str, rng: random.Random) -> list[float
     return list(old)
 
 
-def make_history(seed: int, length: int, policy: Policy, shape: Shape) -> History:
+def make_history(seed: int, length: int, policy: DetectionPolicy, shape: Shape) -> History:
     """A pseudo-random history; for one seed, a shorter length gives a prefix (shrinks well)."""
     rng = random.Random(seed)
     at = rng.choice([0.0, 12.25, 1e6])
@@ -181,7 +181,6 @@ def calm(reading: EngineReading) -> bool:
     return reading.awake is False or (reading.running == 0 and reading.waiting == 0)
 
 
-@settings(max_examples=300)
 @given(histories(idle_only=True))
 def test_idle_never_stalls(history: History) -> None:
     """An engine whose every reading has running == waiting == 0 never has a stall family."""
@@ -192,7 +191,6 @@ def test_idle_never_stalls(history: History) -> None:
                 assert judged.state in {EngineState.IDLE, EngineState.SLEEPING}
 
 
-@settings(max_examples=300)
 @given(histories(failures=False, missing=False, idle_only=True))
 def test_idle_without_outages_is_idle_or_sleeping(history: History) -> None:
     """With no failures and no vanishing engines, an idle server is only ever idle or asleep."""
@@ -201,7 +199,6 @@ def test_idle_without_outages_is_idle_or_sleeping(history: History) -> None:
         assert {e.state for e in verdict.engines} <= {EngineState.IDLE, EngineState.SLEEPING}
 
 
-@settings(max_examples=300)
 @given(histories())
 def test_progress_returns_to_ok_in_one_step(history: History) -> None:
     """Progress with output is OK at once; progress without output is never a flat-family stall."""
@@ -226,7 +223,7 @@ def test_progress_returns_to_ok_in_one_step(history: History) -> None:
         previous = dict(observation.exposition.engines)
 
 
-@settings(max_examples=600)
+@settings(max_examples=2 * settings.default.max_examples)
 @given(histories())
 def test_wedged_never_before_its_threshold(history: History) -> None:
     """WEDGED/UNREACHABLE only once stalled_seconds and the real quiet time reach the threshold."""
@@ -276,7 +273,6 @@ def clock_events(
     return events
 
 
-@settings(max_examples=300)
 @given(histories())
 def test_counter_reset_never_produces_a_stall(history: History) -> None:
     """On a step where some counter went backwards, every reported engine is re-baselined."""
@@ -306,7 +302,6 @@ def went_backwards(before: Scraped, now: Scraped) -> bool:
     return False
 
 
-@settings(max_examples=300)
 @given(histories())
 def test_sleeping_is_never_wedged(history: History) -> None:
     """An engine whose reading says it is asleep is SLEEPING, whatever its queues and counters."""
@@ -319,7 +314,6 @@ def test_sleeping_is_never_wedged(history: History) -> None:
                 assert judged.state is EngineState.SLEEPING
 
 
-@settings(max_examples=300)
 @given(histories())
 def test_dump_load_round_trips_at_every_step(history: History) -> None:
     """Every intermediate state survives strict JSON, and resuming from it changes nothing."""
@@ -332,7 +326,7 @@ def test_dump_load_round_trips_at_every_step(history: History) -> None:
             assert resumed == results[index + 1]
 
 
-@settings(max_examples=600)
+@settings(max_examples=2 * settings.default.max_examples)
 @given(histories())
 def test_actions_at_most_once_per_episode(history: History) -> None:
     """Per episode: at most one suspect capture, one wedged capture, one restart; captures first."""
@@ -356,7 +350,6 @@ def test_actions_at_most_once_per_episode(history: History) -> None:
                 assert CaptureEvidence(action.key, action.family, "wedged") in verdict.actions
 
 
-@settings(max_examples=300)
 @given(histories())
 def test_transitions_list_every_state_change(history: History) -> None:
     """Each step lists one transition per engine whose state changed, and no other."""
@@ -372,7 +365,6 @@ def test_transitions_list_every_state_change(history: History) -> None:
         before = {e.key: e.state for e in verdict.engines}
 
 
-@settings(max_examples=300)
 @given(histories())
 def test_step_is_deterministic(history: History) -> None:
     """Judging the same history twice gives identical states and verdicts."""
@@ -424,14 +416,12 @@ def outline(history: History) -> list[tuple[object, ...]]:
     ]
 
 
-@settings(max_examples=300)
 @given(histories(), st.integers(0, 2**32 - 1))
 def test_aborts_and_errors_never_change_a_verdict(history: History, seed: int) -> None:
     """Clients that abort (or requests that error) move nothing the detector counts."""
     assert outline(with_aborts(history, seed)) == outline(history)
 
 
-@settings(max_examples=300)
 @given(histories(non_finite=True))
 def test_non_finite_readings_are_unknown_and_always_persist(history: History) -> None:
     """A reading with a NaN/Inf gauge or counter is never work, idle or a new stall; state saves."""
@@ -448,7 +438,6 @@ def test_non_finite_readings_are_unknown_and_always_persist(history: History) ->
             assert verdict.actions == () or all(a.key != judged.key for a in verdict.actions)
 
 
-@settings(max_examples=300)
 @given(histories())
 def test_prefill_growth_is_never_a_flat_stall(history: History) -> None:
     """A sample whose KV usage grew while requests run is never a flat-family stall."""
@@ -467,7 +456,6 @@ def test_prefill_growth_is_never_a_flat_stall(history: History) -> None:
         previous = dict(observation.exposition.engines)
 
 
-@settings(max_examples=300)
 @given(histories())
 def test_suspect_capture_waits_for_a_quarter_of_the_threshold(history: History) -> None:
     """Every suspect capture comes when its stall has lasted a quarter of its threshold."""
@@ -481,7 +469,6 @@ def test_suspect_capture_waits_for_a_quarter_of_the_threshold(history: History) 
                 assert judged.stalled_seconds >= SUSPECT_CAPTURE_FRACTION * threshold
 
 
-@settings(max_examples=300)
 @given(histories(failures=False, multi_server=True))
 def test_two_servers_behind_one_url_are_unknown_never_restarted(history: History) -> None:
     """Start times alternating between two servers: unknown from the first return, no actions."""

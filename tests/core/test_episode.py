@@ -33,6 +33,7 @@ from wedgewatch.core.episode.episode import (
     CaptureDone,
     Episode,
     EpisodeState,
+    EpisodeStep,
     Observed,
     OperatorReset,
     Persist,
@@ -45,7 +46,6 @@ from wedgewatch.core.episode.episode import (
     RestartDue,
     Rules,
     RunRestart,
-    Step,
 )
 from wedgewatch.core.restart.probe_policy import ServerMark
 from wedgewatch.core.restart.replacement import ServerIdentity
@@ -132,19 +132,21 @@ def with_episode(
     return EpisodeState(policy=policy or PolicyState(), episode=opened(**changes), verdict=verdict_)
 
 
-def run(state: EpisodeState, event: core.Input, rules: Rules = RULES, at: float = AT) -> Step:
+def run(
+    state: EpisodeState, event: core.Input, rules: Rules = RULES, at: float = AT
+) -> EpisodeStep:
     return core.step(state, event, rules, at, WALL + at)
 
 
-def reports(step: Step) -> list[str]:
+def reports(step: EpisodeStep) -> list[str]:
     return [e.event for e in step.effects if isinstance(e, Report)]
 
 
-def kinds(step: Step) -> list[str]:
+def kinds(step: EpisodeStep) -> list[str]:
     return [type(e).__name__ for e in step.effects]
 
 
-def report(step: Step, event: str) -> Report:
+def report(step: EpisodeStep, event: str) -> Report:
     return next(e for e in step.effects if isinstance(e, Report) and e.event == event)
 
 
@@ -169,7 +171,7 @@ GAVE_UP = PolicyState(Phase.GAVE_UP, (AT - 300, AT - 200, AT - 100), 3, None, AT
 class Row:
     state: EpisodeState
     event: core.Input
-    check: Callable[[Step], object]
+    check: Callable[[EpisodeStep], object]
     rules: Rules = RULES
 
 
@@ -806,7 +808,7 @@ class Shell:
     log: list[tuple[float, object]] = field(default_factory=list)
     queue: list[object] = field(default_factory=list)
 
-    def feed(self, event: core.Input, at: float) -> Step:
+    def feed(self, event: core.Input, at: float) -> EpisodeStep:
         step = core.step(self.state, event, self.rules, at, WALL + at)
         self.state = step.state
         for effect in step.effects:
@@ -877,7 +879,7 @@ STORIES = st.lists(MODES, min_size=1, max_size=60)
 OUTCOMES = st.lists(st.booleans(), max_size=8)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(STORIES, st.booleans(), OUTCOMES)
 def test_evidence_always_precedes_a_restart(
     modes: list[str], capture_ok: bool, restarts: list[bool]
@@ -895,7 +897,7 @@ def test_evidence_always_precedes_a_restart(
             assert episode_of in asked
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(STORIES, OUTCOMES)
 def test_a_failed_capture_never_blocks_the_restart(modes: list[str], restarts: list[bool]) -> None:
     """The restarts run at the same instants whether the captures worked or failed."""
@@ -907,7 +909,7 @@ def test_a_failed_capture_never_blocks_the_restart(modes: list[str], restarts: l
     assert restart_times(True) == restart_times(False)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(STORIES, st.booleans(), OUTCOMES)
 def test_never_more_restarts_than_the_budget(
     modes: list[str], capture_ok: bool, restarts: list[bool]
@@ -920,7 +922,7 @@ def test_never_more_restarts_than_the_budget(
         assert sum(1 for u in times if t - window < u <= t) <= POLICY.restart_budget
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(STORIES, st.booleans(), OUTCOMES, st.floats(min_value=0.0, max_value=30.0))
 def test_what_survives_a_wedgewatch_restart_round_trips(
     modes: list[str], capture_ok: bool, restarts: list[bool], gap: float

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from wedgewatch.core.detection.detect import Policy, Scraped, TargetState, step
+from wedgewatch.core.detection.detect import DetectionPolicy, Scraped, TargetState, step
 from wedgewatch.core.restart.probe_policy import ServerMark
 from wedgewatch.core.restart.replacement import (
     NotReplaced,
@@ -118,7 +118,7 @@ def test_the_identity_and_the_probes_mark_of_one_scrape_describe_one_server(fixt
     exposition = parse((FIXTURES / fixture).read_bytes())
     assert isinstance(exposition, Exposition)
     identity = ServerIdentity.of(exposition)
-    state, _ = step(TargetState.initial(), Scraped(1.0, exposition), Policy())
+    state, _ = step(TargetState.initial(), Scraped(1.0, exposition), DetectionPolicy())
     mark = ServerMark.of(state)
     assert identity.process_start_time_seconds == exposition.process_start_time_seconds
     assert mark.process_start_time_seconds == exposition.process_start_time_seconds

@@ -377,7 +377,7 @@ def _simulate(policy: RestartPolicy, ops: list[tuple[int, str]], with_resets: bo
     return Run(allows, events, cleared_ok)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(policy=SMALL_POLICIES, ops=OPS)
 def test_never_more_restarts_than_the_budget_in_any_window(
     policy: RestartPolicy, ops: list[tuple[int, str]]
@@ -390,7 +390,7 @@ def test_never_more_restarts_than_the_budget_in_any_window(
         assert len(inside) <= policy.restart_budget
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(policy=SMALL_POLICIES, ops=OPS)
 def test_backoff_is_respected(policy: RestartPolicy, ops: list[tuple[int, str]]) -> None:
     """Two restarts are at least the backoff of the first apart unless a reset came between."""
@@ -414,7 +414,7 @@ def test_backoff_is_respected(policy: RestartPolicy, ops: list[tuple[int, str]])
         assert current - previous >= policy.backoff_after(since_reset)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(policy=SMALL_POLICIES, ops=OPS)
 def test_gave_up_is_sticky(policy: RestartPolicy, ops: list[tuple[int, str]]) -> None:
     """After gave_up no restart is allowed until it is cleared, by long health or a reset."""
@@ -433,7 +433,7 @@ def test_gave_up_is_sticky(policy: RestartPolicy, ops: list[tuple[int, str]]) ->
             assert not gave_up
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(policy=SMALL_POLICIES, ops=OPS, shift=st.integers(-10_000, 10_000))
 def test_records_round_trip(policy: RestartPolicy, ops: list[tuple[int, str]], shift: int) -> None:
     """Any reachable state survives to_record/from_record, up to the documented changes."""

@@ -102,7 +102,7 @@ def test_each_report_event_is_logged_counted_and_notified_as_before(
         scrape_failure_reasons=SCRAPE_FAILURE_REASONS,
     )
     notifier = Recorder()
-    reporter = Reporter(config, config.policy(), metrics, notifier)
+    reporter = Reporter(config, config.detection_policy(), metrics, notifier)
     before = _counters(registry)
     with structlog.testing.capture_logs() as logs:
         reporter.report(config.targets[0], Report(event, "info", FIELDS), now=1_700_000_000.0)

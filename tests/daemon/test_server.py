@@ -11,11 +11,10 @@ from prometheus_client import CollectorRegistry
 
 from wedgewatch.core.restart.probe_policy import ProbeVerdict
 from wedgewatch.daemon.ownmetrics import OwnMetrics
+from wedgewatch.daemon.publish import EngineSnapshot, TargetSnapshot
 from wedgewatch.daemon.server import (
-    EngineSnapshot,
     HttpServer,
     Snapshot,
-    TargetSnapshot,
     health,
     make_app,
     probe,

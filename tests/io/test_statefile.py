@@ -366,7 +366,7 @@ def test_detector_state_with_nan_and_inf_readings_saves_and_loads(tmp_path: Path
     """A detector that last saw NaN/Inf gauges and counters saves as strict JSON and loads back."""
     import math
 
-    from wedgewatch.core.detection.detect import Policy, Scraped, new_state, step
+    from wedgewatch.core.detection.detect import DetectionPolicy, Scraped, new_state, step
     from wedgewatch.core.detection.detect_state import dump_state, load_state
     from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
@@ -386,7 +386,9 @@ def test_detector_state_with_nan_and_inf_readings_saves_and_loads(tmp_path: Path
         finished_by_reason={"stop": math.inf, "abort": math.nan},
         prefix_cache_queries=math.nan,
     )
-    detector, _ = step(new_state(), Scraped(5.0, Exposition({key: bad}, math.nan)), Policy())
+    detector, _ = step(
+        new_state(), Scraped(5.0, Exposition({key: bad}, math.nan)), DetectionPolicy()
+    )
     state = SavedState(targets={"t": TargetRecord(detector=dump_state(detector))})
     path = statefile.state_path(tmp_path / "state")
     assert isinstance(statefile.save(path, state, 1_700_000_000.0), statefile.Saved)

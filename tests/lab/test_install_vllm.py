@@ -32,7 +32,15 @@ venv="$(cd "$(dirname "$0")/.." && pwd)"
 if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then
     shift 5  # -m pip install -q --disable-pip-version-check
     echo "$(basename "$venv"): $*" >> "$CALLS"
+    if [ "$1" = "-e" ]; then  # the editable checkout: its entry point and its import
+        touch "$venv/bin/wedgewatch" "$venv/editable" && chmod +x "$venv/bin/wedgewatch"
+    fi
     exit 0
+fi
+if [ "$1" = "-c" ] && [[ "$2" == "import wedgewatch"* ]]; then
+    # Like python -c: the current directory comes first on sys.path.
+    [ -e "$venv/editable" ] || [ -d "$PWD/wedgewatch" ]
+    exit
 fi
 [ ! -e "$venv/broken" ]
 """
@@ -55,12 +63,15 @@ def env(tmp_path: Path) -> dict[str, str]:
     )
 
 
-def install(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def install(
+    env: dict[str, str], *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(INSTALL), *args],
         capture_output=True,
         text=True,
         env=env,
+        cwd=cwd,
         timeout=60,
         check=False,
     )
@@ -146,3 +157,15 @@ def test_a_directory_of_your_own_that_is_no_venv_is_left_alone(
     assert done.returncode == 1
     assert "is not a venv; not touching it" in done.stderr
     assert (mine / "notes.txt").read_text() == "keep"
+
+
+def test_an_own_venv_built_from_the_checkout_root_gets_the_checkout_installed(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Run from the repository root (where `python -c` would import the checkout itself), a
+    venv of your own still gets the checkout installed editable, and so VENV/bin/wedgewatch."""
+    venv = tmp_path / "own-venv"
+    done = install(env, "0.30.0", str(venv), cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert f"own-venv: -e {ROOT}" in calls(env)
+    assert (venv / "bin" / "wedgewatch").is_file()

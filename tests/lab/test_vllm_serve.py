@@ -6,8 +6,8 @@ there through PYTHONPATH), `wedgewatch sim load` and `wedgewatch run` from this
 venv. The tp2-offload flags (TP 2, 6 sequences, 4096 batched tokens, 60 GiB native offload).
 
 * vLLM 0.30.0, async scheduling (its CUDA default) with full-ISL admission off: the
-  `agentic-burst` plan of seed 16 wedges the real scheduler (30 of 30 seeds do in
-  ../shared/docs/real-scheduler-findings.md; with full-ISL on only seed 24 of 30 does, until
+  `agentic-burst` plan of seed 16 wedges the real scheduler (30 of 30 seeds do: README.md,
+  "Which releases wedge"; with full-ISL on only seed 24 of 30 does, until
   the tuned profile lands), the daemon detects it and bundles the engine's and the workers'
   stacks, and the bundle's sampled profile of the engine (`py-spy record --nonblocking` at
   the wedge) shows vLLM's own `Scheduler.schedule` under the busy loop.

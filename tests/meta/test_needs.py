@@ -29,9 +29,12 @@ def render(directory):
 MODULE = """
 import shutil
 import subprocess
+import sys
 
 import pytest
 from inner_helpers import render
+from simproc import SimProcess
+from wedgewatch_daemon import WEDGEWATCH
 from vllm_venvs import vllm_python
 
 from tests.support import real_vllm
@@ -77,6 +80,25 @@ def test_through_the_vllm_helper():
 def test_through_the_serving_helper_of_the_tests_package():
     if False:
         real_vllm.serve_python("0.32.0")
+
+
+def test_starts_the_simulator_through_its_helper():
+    if False:
+        SimProcess(["--port", "0"])
+
+
+def test_starts_the_daemon():
+    if False:
+        subprocess.run([*WEDGEWATCH, "run", "--target", "http://127.0.0.1:1"], check=False)
+
+
+def test_starts_the_simulator_by_module():
+    if False:
+        subprocess.run([sys.executable, "-m", "wedgewatch", "sim", "serve"], check=False)
+
+
+def test_a_manifest_that_names_the_daemon_starts_nothing():
+    assert ["wedgewatch", "run", "--config", "x.toml"][1] == "run"
 
 
 class TestGrouped:
@@ -138,6 +160,9 @@ def inner(tmp_path: Path) -> Path:
             {
                 "test_through_the_vllm_helper",
                 "test_through_the_serving_helper_of_the_tests_package",
+                "test_starts_the_simulator_through_its_helper",
+                "test_starts_the_daemon",
+                "test_starts_the_simulator_by_module",
             },
         ),
         ("systemd or node", set()),
@@ -146,5 +171,6 @@ def inner(tmp_path: Path) -> Path:
 def test_each_marker_selects_exactly_the_tests_that_reach_its_tool(
     inner: Path, marker: str, expected: set[str]
 ) -> None:
-    """`-m MARKER` selects the tests that need the tool and no other."""
+    """`-m MARKER` selects the tests that need the tool and no other; `slow` also every test
+    that starts the simulator or the daemon."""
     assert selected(inner, marker) == expected

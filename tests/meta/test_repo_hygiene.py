@@ -1,8 +1,9 @@
 """Nothing tracked points outside the checkout: a fresh clone works on any machine.
 
-Two things made a clone depend on one development machine (#19): tracked symlinks into that
+Two things would make a clone depend on one development machine: tracked symlinks into that
 machine's directories (`.venv-vllm-0.30.0 -> /work/vv/0.30.0`), and absolute paths of it
-written into tracked files (its venvs, its checkout, its wheel directory, its home). Both are
+written into tracked files (its venvs, its checkout, its wheel directory, its home, the notes
+beside the checkout in `../shared/`). Both are
 checked over `git ls-files`, so the rule holds for files added later too.
 
 Absolute paths the product itself uses (/var/lib/wedgewatch, /usr/bin/..., /proc, /etc/...,
@@ -27,6 +28,7 @@ DEV_PATH = re.compile(
     r"|/home/[a-z_][\w-]*/[\w.-]+"  # a user's home
     r"|/Users/[\w.-]+/"  # a macOS home
     r"|/opt/(?:wheels|pypi[\w-]*)\b"  # the dev machine's local wheel directory and indexes
+    r"|\.\./shared/"  # the development notes beside the checkout (facts go into docs/)
     r")"
 )
 ALLOWED_FILES = {"tests/meta/test_repo_hygiene.py"}  # the patterns above, and their own tests

@@ -16,7 +16,7 @@ import structlog
 from scripted_http import Reply, ScriptedServer
 from wedgewatch_daemon import DaemonProcess
 
-from wedgewatch.core.detection.detect import Policy, Scraped, TargetState, step
+from wedgewatch.core.detection.detect import DetectionPolicy, Scraped, TargetState, step
 from wedgewatch.core.detection.states import EngineState
 from wedgewatch.lograte import LINES_PER_TARGET_PER_MINUTE, TargetLogLimit
 from wedgewatch.vllm.signals import MAX_SERIES_PER_ENGINE, Exposition, ParseFailure, parse
@@ -52,7 +52,7 @@ def test_new_engines_on_every_scrape_never_grow_the_detector() -> None:
     Before: max_engines bounded one response only, vanished engines were kept for ever,
     and the state grew by 200 engines a scrape (19,000 in 90 s in the attack).
     """
-    policy = Policy(max_engines=256, unreachable_after_seconds=1)
+    policy = DetectionPolicy(max_engines=256, unreachable_after_seconds=1)
     state = TargetState.initial()
     verdict = None
     for n in range(100):
@@ -66,7 +66,7 @@ def test_new_engines_on_every_scrape_never_grow_the_detector() -> None:
 
 def test_a_vanished_engine_is_judged_then_forgotten() -> None:
     """An engine gone from /metrics is UNREACHABLE after the threshold, forgotten at expiry."""
-    policy = Policy(unreachable_after_seconds=30, vanished_engine_expiry_seconds=600)
+    policy = DetectionPolicy(unreachable_after_seconds=30, vanished_engine_expiry_seconds=600)
     state, _ = step(TargetState.initial(), Scraped(0.0, exposition(0, 2)), policy)
     state, verdict = step(state, Scraped(40.0, exposition(0, 1)), policy)
     assert [e.missing for e in verdict.engines] == [False, True]  # missing since 40 s
@@ -81,7 +81,7 @@ def test_a_vanished_engine_is_judged_then_forgotten() -> None:
 
 def test_a_restarted_server_is_judged_on_its_own_engines() -> None:
     """Rule U5 counts the remembered engines only while the server is the same one."""
-    policy = Policy(max_engines=3)
+    policy = DetectionPolicy(max_engines=3)
     state, _ = step(TargetState.initial(), Scraped(0.0, exposition(0, 3)), policy)
     restarted = parse(engines_body(10, 3).replace(b"1.7e+09", b"1.8e+09"))
     assert isinstance(restarted, Exposition)

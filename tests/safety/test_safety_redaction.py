@@ -37,7 +37,8 @@ from wedgewatch.core.text.redact import (
     redact_url,
     redact_value,
 )
-from wedgewatch.daemon.server import EngineSnapshot, Snapshot, TargetSnapshot, make_app
+from wedgewatch.daemon.publish import EngineSnapshot, TargetSnapshot
+from wedgewatch.daemon.server import Snapshot, make_app
 from wedgewatch.io.bundles import bundle_bytes, note_remedy, write_round_files
 from wedgewatch.io.notify import Notification, payload
 from wedgewatch.vllm.semantics import Role

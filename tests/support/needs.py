@@ -15,12 +15,20 @@ existing way of finding a tool is marked without anyone remembering to.
 | `kubectl` | kubectl >= 1.21 (`kubectl kustomize`) | `kubectl` |
 | `systemd` | systemd-analyze (unit verification) | `systemd-analyze` |
 | `node` | Node.js (evaluates the polkit rule) | `node` |
+
+The same reading marks a test `slow` when it starts the simulator or the daemon as a process:
+an argv (a list, a tuple, or the arguments of a call) with `"sim", "serve"` in a row, or
+`"run"` right after the wedgewatch command (`*WEDGEWATCH`, `"-m", "wedgewatch"`, or a call of
+a helper named `..wedgewatch..`). `support/simproc.py`'s `SimProcess` and
+`support/wedgewatch_daemon.py`'s `DaemonProcess` build such an argv, so every test that
+reaches them is slow.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 import sys
 from functools import cache
 from pathlib import Path
@@ -63,6 +71,44 @@ def _tool_of_call(node: ast.Call) -> str | None:
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
                 return TOOLS.get(first.value)
     return None
+
+
+SLOW = "slow"
+
+
+def _argv_words(items: list[ast.expr]) -> list[str | None]:
+    """The words of an argv display: string constants, `wedgewatch` for the command (a
+    starred expression naming WEDGEWATCH, or `-m wedgewatch`), None for anything else."""
+    words: list[str | None] = []
+    for item in items:
+        if isinstance(item, ast.Constant) and isinstance(item.value, str):
+            word: str | None = item.value
+            if word == "wedgewatch" and not (words and words[-1] == "-m"):
+                word = None  # a manifest's `wedgewatch run` is data, not a process started here
+            words.append(word)
+        elif isinstance(item, ast.Starred) and any(
+            isinstance(sub, ast.Name) and sub.id == "WEDGEWATCH" for sub in ast.walk(item)
+        ):
+            words.append("wedgewatch")
+        else:
+            words.append(None)
+    return words
+
+
+def starts_sim_or_daemon(node: ast.AST) -> bool:
+    """`node` is an argv that starts the simulator (`sim serve`) or the daemon (`run`)."""
+    if isinstance(node, ast.List | ast.Tuple):
+        words = _argv_words(node.elts)
+    elif isinstance(node, ast.Call):
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        words = _argv_words(node.args)
+        if "wedgewatch" in name.lower():
+            words.insert(0, "wedgewatch")  # a helper that runs wedgewatch with its arguments
+    else:
+        return False
+    pairs = set(itertools.pairwise(words))
+    return ("sim", "serve") in pairs or ("wedgewatch", "run") in pairs
 
 
 class _ModuleNeeds:
@@ -109,6 +155,8 @@ class _ModuleNeeds:
             found.add(ROOTS[key])
         for node in self.nodes.get(name, []):
             for sub in ast.walk(node):
+                if starts_sim_or_daemon(sub):
+                    found.add(SLOW)
                 if isinstance(sub, ast.Call) and (tool := _tool_of_call(sub)):
                     found.add(tool)
                 elif isinstance(sub, ast.Name) and sub.id != name.split(".", maxsplit=1)[0]:
@@ -151,7 +199,8 @@ def _module_needs(module: ModuleType) -> _ModuleNeeds:
 
 
 def needs_of(item: pytest.Item) -> set[str]:
-    """The markers (keys of MARKERS) test `item` needs."""
+    """The markers test `item` needs (keys of MARKERS), and SLOW when it starts the simulator
+    or the daemon."""
     function = getattr(item, "function", None)
     module = getattr(item, "module", None)
     if function is None or module is None or not _in_tests(module):

@@ -71,7 +71,7 @@ def tiny_model(python: Path) -> Path:
 
 def serve_env(**extra: str) -> dict[str, str]:
     """The environment a real CPU vLLM needs here: the demo's own (wedgewatch/lab/demo_real.py,
-    after ../shared/docs/real-vllm-cpu.md), with `extra` on top."""
+    docs/real-vllm.md), with `extra` on top."""
     env = server_environment(ROOT, Path(tempfile.gettempdir()), CACHE / "vllm-cache")
     env.update(PYTHONUNBUFFERED="1", **extra)
     return env

@@ -135,7 +135,7 @@ class CheckReport:
             )
         lines.extend(f"note: {note}" for note in self.notes)
         # The target's values are data: secrets masked, no control character reaches the
-        # terminal, one line stays one line (#21).
+        # terminal, one line stays one line.
         text = "\n".join(safe_line(line) for line in lines)
         text = text.replace("|", "\u00a6")
         perfdata = nagios.render_perfdata(self.perfdata())

@@ -50,8 +50,8 @@ from wedgewatch.check.render import (
 from wedgewatch.check.settings import CheckSettings
 from wedgewatch.check.state import Clock, Sleep
 from wedgewatch.core.detection.detect import (
+    DetectionPolicy,
     Observation,
-    Policy,
     ScrapeFailed,
     TargetState,
     TargetVerdict,
@@ -82,7 +82,7 @@ class CheckOptions:
     metrics_url: str
     window_seconds: float
     interval_seconds: float
-    policy: Policy
+    policy: DetectionPolicy
     limits: ScrapeLimits
     state_file: Path | None = None
     restart: RestartPolicy | None = None  # probe mode: the restart budget applies
@@ -102,20 +102,21 @@ class _Window:
     scraped: bool  # the last scrape succeeded
 
 
-def one_shot_policy(policy: Policy, window_seconds: float) -> Policy:
+def one_shot_policy(policy: DetectionPolicy, window_seconds: float) -> DetectionPolicy:
     """Cap every threshold at the window: a stall lasting the whole window is a wedge.
 
     Except `deferred_only_after_seconds`: requests deferred with nothing waiting for capacity
     are routine for minutes (streaming-input sessions, P/D decode nodes), so a short window
-    cannot call them wedged; it keeps its configured value (0 still disables it).
+    cannot call them wedged; it keeps its configured value (0 still disables it). The bounds
+    (`max_engines`, `vanished_engine_expiry_seconds`) and the canary's timeout are kept too.
     """
-    return Policy(
+    return replace(
+        policy,
         stall_after_seconds=min(policy.stall_after_seconds, window_seconds),
         hang_after_seconds=min(policy.hang_after_seconds, window_seconds),
         output_stall_after_seconds=min(policy.output_stall_after_seconds, window_seconds),
         unreachable_after_seconds=min(policy.unreachable_after_seconds, window_seconds),
         startup_timeout_seconds=window_seconds,
-        deferred_only_after_seconds=policy.deferred_only_after_seconds,
     )
 
 
@@ -335,7 +336,7 @@ def execute(options: CheckOptions, *, as_json: bool, critical_only: bool) -> int
 async def _scrape_loop(
     options: CheckOptions,
     *,
-    policy: Policy,
+    policy: DetectionPolicy,
     state: TargetState,
     notes: list[str],
     observe: Observe,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wedgewatch.core.detection import states
-from wedgewatch.core.detection.detect import Policy
+from wedgewatch.core.detection.detect import DetectionPolicy
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.core.text.redact import redact_url
 from wedgewatch.io.scrape_rules import ScrapeLimits
@@ -47,7 +47,7 @@ class CheckSettings:
     """The slice of the configuration a check uses; cached in the probe's state file."""
 
     interval_seconds: float
-    policy: Policy
+    policy: DetectionPolicy
     limits: ScrapeLimits
     log_level: str
     restart: RestartPolicy
@@ -61,7 +61,7 @@ class CheckSettings:
         """Narrow a validated configuration."""
         return cls(
             interval_seconds=config.interval_seconds,
-            policy=config.policy(),
+            policy=config.detection_policy(),
             limits=config.scrape_limits(),
             log_level=config.log_level,
             restart=config.restart_policy(),
@@ -88,7 +88,7 @@ class CheckSettings:
             assert isinstance(raw, dict)  # noqa: S101 - caught below
             settings = cls(
                 interval_seconds=float(raw["interval_seconds"]),
-                policy=Policy(**raw["policy"]),
+                policy=DetectionPolicy(**raw["policy"]),
                 limits=ScrapeLimits(**raw["limits"]),
                 log_level=str(raw["log_level"]),
                 restart=RestartPolicy(**raw["restart"]),
@@ -146,7 +146,7 @@ def cached_settings(state_file: Path, key: str) -> tuple[str, CheckSettings] | N
     settings = CheckSettings.from_json(cache.get("values"))
     if not isinstance(metrics_url, str) or settings is None:
         return None
-    if redact_url(metrics_url) != metrics_url:  # a URL with a secret is not cached (#21)
+    if redact_url(metrics_url) != metrics_url:  # a URL with a secret is not cached
         return None
     return metrics_url, settings
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from wedgewatch.check.log import log
-from wedgewatch.core.detection.detect import Policy, TargetState
+from wedgewatch.core.detection.detect import DetectionPolicy, TargetState
 from wedgewatch.core.detection.detect_state import dump_state, load_state
 from wedgewatch.core.restart import probe_step, restart_codec
 from wedgewatch.core.restart.probe_step import ProbeState
@@ -54,7 +54,7 @@ class StateFile:
 
     path: Path
     metrics_url: str
-    policy: Policy  # the detector's thresholds: how old a detector history may be
+    policy: DetectionPolicy  # the detector's thresholds: how old a detector history may be
     restart: RestartPolicy | None  # None: no restart state is kept
     settings_cache: Mapping[str, Any] | None = None
 
@@ -98,7 +98,7 @@ async def lock_beside(path: Path, wait_seconds: float, clock: Clock, sleep: Slee
         raise
 
 
-def max_state_age(policy: Policy) -> float:
+def max_state_age(policy: DetectionPolicy) -> float:
     """State older than the shortest wedge threshold could fake a stall across the gap."""
     return min(
         policy.stall_after_seconds, policy.hang_after_seconds, policy.output_stall_after_seconds
@@ -171,7 +171,7 @@ def save(store: StateFile, saved: Saved, at: float, timestamp: float) -> None:
     """Write the state atomically (temporary file, fsync, rename); OSError if it cannot."""
     payload: dict[str, Any] = {
         "version": STATE_FILE_VERSION,
-        "metrics_url": redact_url(store.metrics_url),  # no credential on disk (#21)
+        "metrics_url": redact_url(store.metrics_url),  # no credential on disk
         "saved_timestamp": timestamp,
         "detector": dump_state(saved.detector),
     }

@@ -7,7 +7,7 @@ only exceptions are the list settings, whose flags are singular and repeatable
 (`--target`, `--webhook-url`). `config.sources.load_config` merges the four sources,
 records where every value came from, and turns validation failures into one clear message
 per field; `config.reference` renders the model. Components never see the whole model:
-they receive a narrowed slice (`Config.policy()`, `Config.scrape_limits()`).
+they receive a narrowed slice (`Config.detection_policy()`, `Config.scrape_limits()`).
 """
 
 from __future__ import annotations
@@ -30,13 +30,20 @@ from pydantic import (
 )
 
 from wedgewatch.core.detection.canary import CanaryPolicy
-from wedgewatch.core.detection.detect import Policy
+from wedgewatch.core.detection.detect import DetectionPolicy
 from wedgewatch.core.detection.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS, Family
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.core.text.redact import redact_url
 from wedgewatch.io.procs import remote_host_reason
 from wedgewatch.io.scrape_rules import ScrapeLimits
 from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles
+
+# The defaults of every setting that a core dataclass also holds come from that dataclass, so
+# each default is written once (tests/config/test_config.py checks
+# `Config().detection_policy() == DetectionPolicy()`).
+_DETECTION = DetectionPolicy()
+_RESTART = RestartPolicy()
+_CANARY = CanaryPolicy()
 
 ENV_PREFIX = "WEDGEWATCH_"
 #: The one `WEDGEWATCH_*` variable that is not a setting: the config file, like `--config`.
@@ -267,7 +274,7 @@ class Config(BaseModel):
         gt=0,
     )
     stall_after_seconds: float = _setting(
-        60.0,
+        _DETECTION.stall_after_seconds,
         "detection",
         "How long nothing may run while requests wait (`deferred_stall`, `admission_stall`) "
         "with every progress counter flat before the engine is wedged. Transient deferrals "
@@ -276,7 +283,7 @@ class Config(BaseModel):
         gt=0,
     )
     hang_after_seconds: float = _setting(
-        120.0,
+        _DETECTION.hang_after_seconds,
         "detection",
         "How long requests may run with every progress counter flat (`progress_stall`) before "
         "the engine is wedged. Longer than `stall_after_seconds` because a long chunked "
@@ -284,14 +291,14 @@ class Config(BaseModel):
         gt=0,
     )
     output_stall_after_seconds: float = _setting(
-        300.0,
+        _DETECTION.output_stall_after_seconds,
         "detection",
         "How long prefill or preemption counters may move while neither generated tokens nor "
         "finished requests do (`output_stall`, a livelock) before the engine is wedged.",
         gt=0,
     )
     deferred_only_after_seconds: float = _setting(
-        600.0,
+        _DETECTION.deferred_only_after_seconds,
         "detection",
         "Like `stall_after_seconds`, for requests deferred while nothing runs or waits for "
         "capacity (`deferred_only_stall`); 0 disables it. Long because streaming-input "
@@ -300,14 +307,14 @@ class Config(BaseModel):
         ge=0,
     )
     unreachable_after_seconds: float = _setting(
-        30.0,
+        _DETECTION.unreachable_after_seconds,
         "detection",
         "How long scrapes may fail, after the target was once seen up, before it is "
         "`unreachable`. Short outages (a restart, a busy API server) stay below it.",
         gt=0,
     )
     startup_timeout_seconds: float = _setting(
-        900.0,
+        _RESTART.startup_timeout_seconds,
         "detection",
         "How long a target that has never answered stays `starting` before it is "
         "`unreachable`. Loading a large model takes minutes.",
@@ -331,10 +338,11 @@ class Config(BaseModel):
         ge=1024,
     )
     max_engines: int = _setting(
-        256,
+        _DETECTION.max_engines,
         "scraping",
         "Most engines (data-parallel ranks) one target may name, in one body and across "
-        "scrapes (engines gone from `/metrics` count until they expire, 600 s after they "
+        "scrapes (engines gone from `/metrics` count until they expire, "
+        f"{_DETECTION.vanished_engine_expiry_seconds:g} s after they "
         "vanished); more is a failed scrape (`too_many_engines`) and no engine is added, so "
         "a hostile target never makes wedgewatch grow.",
         ge=1,
@@ -353,7 +361,7 @@ class Config(BaseModel):
 
     # -- canary ----------------------------------------------------------------------
     canary_interval_seconds: float = _setting(
-        0.0,
+        _CANARY.interval_seconds,
         "canary",
         "How long a target must have shown no progress (and had no canary) before wedgewatch "
         "sends one canary: `POST /v1/completions`, one token, temperature 0, marked with the "
@@ -363,7 +371,7 @@ class Config(BaseModel):
         ge=0,
     )
     canary_timeout_seconds: float = _setting(
-        120.0,
+        _CANARY.timeout_seconds,
         "canary",
         "How long a canary may wait for its first token. No token within it while every "
         "progress counter stayed flat is a wedge (`canary_stall`); no token while counters "
@@ -539,7 +547,7 @@ class Config(BaseModel):
         ge=0,
     )
     restart_budget: int = _setting(
-        3,
+        _RESTART.restart_budget,
         "remedy",
         "How many restarts are allowed within `restart_budget_window_seconds`; past it "
         "wedgewatch gives up and only reports, so a wedge that returns at once cannot "
@@ -547,16 +555,19 @@ class Config(BaseModel):
         ge=1,
     )
     restart_budget_window_seconds: float = _setting(
-        3600.0, "remedy", "The sliding window `restart_budget` counts restarts in.", gt=0
+        _RESTART.restart_budget_window_seconds,
+        "remedy",
+        "The sliding window `restart_budget` counts restarts in.",
+        gt=0,
     )
     restart_backoff_seconds: float = _setting(
-        60.0,
+        _RESTART.restart_backoff_seconds,
         "remedy",
         "Least time between two restarts; doubled after each restart that did not help.",
         ge=0,
     )
     restart_backoff_max_seconds: float = _setting(
-        900.0,
+        _RESTART.restart_backoff_max_seconds,
         "remedy",
         "Upper bound of the doubled restart back-off (at least `restart_backoff_seconds`).",
         ge=0,
@@ -715,9 +726,9 @@ class Config(BaseModel):
         return self
 
     # -- narrowing -------------------------------------------------------------------
-    def policy(self) -> Policy:
+    def detection_policy(self) -> DetectionPolicy:
         """The detector's slice of the configuration."""
-        return Policy(
+        return DetectionPolicy(
             startup_timeout_seconds=self.startup_timeout_seconds,
             max_engines=self.max_engines,
             **{name: getattr(self, name) for name in THRESHOLD_SETTINGS},

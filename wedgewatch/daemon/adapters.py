@@ -462,20 +462,6 @@ def real_deps(
     )
 
 
-async def run_bundle_hook(hook: BundleHook, bundle: str, *, target: str, phase: str) -> str:
-    """Run the `on_bundle` hook for a complete bundle and log how it went; its result."""
-    outcome = await hook.run(Path(bundle), target=target, phase=phase)
-    getattr(log, "info" if outcome.result == "ok" else "warning")(
-        "bundle_hook_finished",
-        target=target,
-        bundle=bundle,
-        result=outcome.result,
-        detail=outcome.detail,
-        duration_seconds=round(outcome.duration_seconds, 3),
-    )
-    return outcome.result
-
-
 def supervisor_probe(config: Config) -> SystemdStateProbe | None:
     """Asks systemd about each target's unit (its `systemd_unit`, or `systemd_unit` with
     `remedy = "systemd"`) before a crashed server is restarted; None when no unit is known

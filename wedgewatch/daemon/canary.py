@@ -18,8 +18,8 @@ from wedgewatch.config import Config, Target
 from wedgewatch.core.detection import canary as core
 from wedgewatch.core.detection.detect import (
     CanaryStall,
+    DetectionPolicy,
     Observation,
-    Policy,
     TargetState,
     TargetVerdict,
 )
@@ -132,7 +132,7 @@ class TargetCanary:
         }
 
     def detect(
-        self, state: TargetState, observation: Observation, policy: Policy
+        self, state: TargetState, observation: Observation, policy: DetectionPolicy
     ) -> tuple[TargetState, TargetVerdict]:
         """`detect.step` with the standing canary stall as rule K1's input, then the canary.
 

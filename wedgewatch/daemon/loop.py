@@ -91,7 +91,7 @@ class Daemon:
             raise ValueError("no targets to watch: give --target URL or targets in the config")
         self.config = config
         self.deps = deps
-        self.policy = config.policy()
+        self.policy = config.detection_policy()
         self.restart_policy = config.restart_policy()
         self.metrics = OwnMetrics(
             deps.registry,

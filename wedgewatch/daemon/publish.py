@@ -7,7 +7,7 @@ grow with the number of targets that did nothing (`daemon.Daemon` assembles them
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from wedgewatch.config import Target
@@ -21,9 +21,56 @@ from wedgewatch.core.episode import episode as episode_core
 from wedgewatch.core.episode import episode_store
 from wedgewatch.core.episode.episode import EpisodeState
 from wedgewatch.core.restart import probe_policy, restart_policy
+from wedgewatch.core.restart.probe_policy import ProbeVerdict
 from wedgewatch.daemon.report import shown_url, wall
-from wedgewatch.daemon.server import EngineSnapshot, TargetSnapshot
 from wedgewatch.io import statefile
+from wedgewatch.vllm.signals import EngineReading
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """One engine as the endpoints show it (wall-clock times, JSON-friendly values)."""
+
+    model_name: str
+    engine: str
+    state: str
+    family: str | None
+    since_timestamp: float | None
+    stalled_seconds: float
+    last_progress_timestamp: float | None
+    reason: str
+    missing: bool
+    reading: EngineReading | None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSnapshot:
+    """One watched server after the latest tick."""
+
+    name: str
+    url: str
+    state: str
+    reason: str
+    up: bool
+    last_scrape_timestamp: float | None
+    last_scrape_error: str | None
+    engines: tuple[EngineSnapshot, ...]
+    remedy: str
+    restarts: int
+    restart_budget_remaining: int
+    gave_up: bool
+    restart_in_progress: bool
+    next_restart_allowed_timestamp: float | None
+    last_bundle: str | None
+    episode: Mapping[str, Any] | None = None
+    probe: ProbeVerdict | None = None  # the loop's probe verdict (None: judge by state alone)
+    # The latest restart_failed: {"reason", "detail", "timestamp"} (not_vllm, not_replaced, ...)
+    last_restart_failure: Mapping[str, Any] | None = None
+    # Set while a supervisor (systemd) is already restarting the server: why no restart now.
+    waiting_for_supervisor: str | None = None
+    canary: Mapping[str, Any] | None = None  # None when the canary is off
+    # How the cures of this target ended, newest last (the cure ladder's rule K1).
+    recoveries: tuple[Mapping[str, Any], ...] = ()
 
 
 def target_snapshot(

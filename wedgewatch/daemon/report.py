@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 from typing import Any, assert_never
 
 import structlog
@@ -16,8 +17,8 @@ import structlog
 from wedgewatch import __version__
 from wedgewatch.config import Config, Target
 from wedgewatch.core.detection.detect import (
+    DetectionPolicy,
     EngineVerdict,
-    Policy,
     ScrapeFailed,
     TargetVerdict,
 )
@@ -26,6 +27,7 @@ from wedgewatch.core.episode.episode import Report, ReportEvent
 from wedgewatch.core.text.redact import redact_url, scrub_text, secret_fragments
 from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.roles import Notifier
+from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.bundles import history_lines
 
 log = structlog.get_logger("wedgewatch.daemon")
@@ -40,7 +42,7 @@ class Reporter:
     """Turns transitions and `Report` effects into log lines, metrics and webhooks."""
 
     def __init__(
-        self, config: Config, policy: Policy, metrics: OwnMetrics, notifier: Notifier
+        self, config: Config, policy: DetectionPolicy, metrics: OwnMetrics, notifier: Notifier
     ) -> None:
         self.config = config
         self.policy = policy
@@ -185,7 +187,7 @@ class Reporter:
 
 def thresholds_of(config: Config) -> dict[str, float]:
     """The detector's thresholds and the scrape interval, by setting name (bundles, webhooks)."""
-    policy = config.policy()
+    policy = config.detection_policy()
     return {name: getattr(policy, name) for name in THRESHOLD_SETTINGS} | {
         "interval_seconds": config.interval_seconds
     }
@@ -323,3 +325,17 @@ def install_secret_scrubber(config: Config) -> None:
         p for p in structlog.get_config()["processors"] if not isinstance(p, SecretScrubber)
     ]
     structlog.configure(processors=[SecretScrubber(config), *processors])
+
+
+async def run_bundle_hook(hook: BundleHook, bundle: str, *, target: str, phase: str) -> str:
+    """Run the `on_bundle` hook for a complete bundle and log how it went; its result."""
+    outcome = await hook.run(Path(bundle), target=target, phase=phase)
+    getattr(log, "info" if outcome.result == "ok" else "warning")(
+        "bundle_hook_finished",
+        target=target,
+        bundle=bundle,
+        result=outcome.result,
+        detail=outcome.detail,
+        duration_seconds=round(outcome.duration_seconds, 3),
+    )
+    return outcome.result

@@ -40,62 +40,16 @@ from starlette.routing import Route
 
 from wedgewatch.core.detection.readiness import ready_verdict
 from wedgewatch.core.detection.states import ACTED_ON
-from wedgewatch.core.restart.probe_policy import ProbeVerdict
 from wedgewatch.core.text.redact import redact_value
 from wedgewatch.daemon.connections import ConnectionGuard, ConnectionLimits, guarded_protocol
 from wedgewatch.daemon.ownmetrics import render
+from wedgewatch.daemon.publish import TargetSnapshot
 from wedgewatch.vllm.signals import EngineReading
 
 # Target states that fail /probe: the acted-on states. The detector only reports
 # `unreachable` once the target has been unreachable for unreachable_after_seconds, so a
 # blip never fails the probe.
 PROBE_FAILING_STATES = ACTED_ON
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSnapshot:
-    """One engine as the endpoints show it (wall-clock times, JSON-friendly values)."""
-
-    model_name: str
-    engine: str
-    state: str
-    family: str | None
-    since_timestamp: float | None
-    stalled_seconds: float
-    last_progress_timestamp: float | None
-    reason: str
-    missing: bool
-    reading: EngineReading | None
-
-
-@dataclass(frozen=True, slots=True)
-class TargetSnapshot:
-    """One watched server after the latest tick."""
-
-    name: str
-    url: str
-    state: str
-    reason: str
-    up: bool
-    last_scrape_timestamp: float | None
-    last_scrape_error: str | None
-    engines: tuple[EngineSnapshot, ...]
-    remedy: str
-    restarts: int
-    restart_budget_remaining: int
-    gave_up: bool
-    restart_in_progress: bool
-    next_restart_allowed_timestamp: float | None
-    last_bundle: str | None
-    episode: Mapping[str, Any] | None = None
-    probe: ProbeVerdict | None = None  # the loop's probe verdict (None: judge by state alone)
-    # The latest restart_failed: {"reason", "detail", "timestamp"} (not_vllm, not_replaced, ...)
-    last_restart_failure: Mapping[str, Any] | None = None
-    # Set while a supervisor (systemd) is already restarting the server: why no restart now.
-    waiting_for_supervisor: str | None = None
-    canary: Mapping[str, Any] | None = None  # None when the canary is off
-    # How the cures of this target ended, newest last (the cure ladder's rule K1).
-    recoveries: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +284,7 @@ def _error(code: int, message: str, targets: Mapping[str, TargetSnapshot]) -> Re
 
 
 def _json(body: Mapping[str, Any], code: int = 200) -> Response:
-    """Every JSON document the server sends: redacted (what leaves the process, #21), and
+    """Every JSON document the server sends: redacted (what leaves the process), and
     never cached."""
     return JSONResponse(redact_value(body), status_code=code, headers=_NO_STORE)
 

@@ -11,7 +11,6 @@ Nothing here decides: the shell performs effects and reports.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import structlog
 
 from wedgewatch.config import Config, Target
 from wedgewatch.core.detection.detect import (
-    Policy,
+    DetectionPolicy,
     Scraped,
     ScrapeFailed,
     TargetState,
@@ -32,10 +31,15 @@ from wedgewatch.core.restart import restart_policy
 from wedgewatch.core.restart.probe_policy import ServerMark
 from wedgewatch.core.restart.replacement import ServerIdentity
 from wedgewatch.core.text.escape import neutralise
-from wedgewatch.daemon.adapters import run_bundle_hook
 from wedgewatch.daemon.canary import TargetCanary
-from wedgewatch.daemon.publish import target_ready, target_record, target_snapshot
-from wedgewatch.daemon.report import FlightRecorder, Reporter, engine_samples, history_entry
+from wedgewatch.daemon.publish import TargetSnapshot, target_ready, target_record, target_snapshot
+from wedgewatch.daemon.report import (
+    FlightRecorder,
+    Reporter,
+    engine_samples,
+    history_entry,
+    run_bundle_hook,
+)
 from wedgewatch.daemon.roles import (
     Aborter,
     AbortOutcome,
@@ -44,7 +48,6 @@ from wedgewatch.daemon.roles import (
     Deps,
     ScrapeResult,
 )
-from wedgewatch.daemon.server import TargetSnapshot
 from wedgewatch.io import abort, bundles, restarters, statefile
 from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.procs import Discovery, ProcessFinder, ProcessSelector
@@ -101,7 +104,7 @@ class TargetRunner:
         *,
         config: Config,
         deps: Deps,
-        detect_policy: Policy,
+        detect_policy: DetectionPolicy,
         rules: core.Rules,
         reporter: Reporter,
         timeouts: Timeouts,
@@ -213,7 +216,7 @@ class TargetRunner:
 
     # -- the effect runner --------------------------------------------------------------------
 
-    def feed(self, event: core.Input, now_at: float, now: float) -> core.Step:
+    def feed(self, event: core.Input, now_at: float, now: float) -> core.EpisodeStep:
         """One input into the episode core; performs every effect but RunRestart (the worker's)."""
         step = core.step(self.core, event, self.rules, now_at, now)
         self.core = step.state
@@ -351,7 +354,7 @@ class TargetRunner:
             verdict_at=effect.verdict_at,
         )
         limit = self.timeouts.capture_seconds
-        started = time.monotonic()
+        started = self.deps.clock.monotonic()
         try:
             async with asyncio.timeout(limit):
                 outcome = await self.deps.evidence.capture(request)
@@ -379,7 +382,7 @@ class TargetRunner:
             key=effect.key,
             family=effect.family,
             detail=outcome.detail,
-            duration_seconds=time.monotonic() - started,
+            duration_seconds=self.deps.clock.monotonic() - started,
             server_gone=outcome.server_gone,
             triage_kind=outcome.triage_kind,
         )
@@ -465,7 +468,7 @@ class TargetRunner:
             server_pid_explicit=discovery.explicit,
         )
         limit = self.timeouts.restart_seconds
-        started = time.monotonic()
+        started = self.deps.clock.monotonic()
         try:
             async with asyncio.timeout(limit):
                 outcome = await restarter.restart(request)
@@ -483,7 +486,7 @@ class TargetRunner:
                 False,
                 f"the {config.remedy} remedy could not be run: "
                 f"{neutralise(f'{type(exc).__name__}: {exc}', 500)}",
-                time.monotonic() - started,
+                self.deps.clock.monotonic() - started,
                 restart_policy.FailureReason.REMEDY_ERROR,
             )
         done = core.RestartDone(outcome, listener_of(discovery))

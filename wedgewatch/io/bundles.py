@@ -266,7 +266,7 @@ def load_first_round(bundle: Path, summary: Mapping[str, Any]) -> StackRound | N
     return None
 
 
-# -- reading a bundle back as untrusted input (`report`, `bundles`; i21b, #21)
+# -- reading a bundle back as untrusted input (`report`, `bundles`)
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -1,4 +1,4 @@
-"""Directories and lock files that another local user cannot subvert (issue #21).
+"""Directories and lock files that another local user cannot subvert.
 
 wedgewatch often runs as root. A state or evidence directory that another user can
 write lets that user plant a symlink where wedgewatch will open a file (`lock` ->

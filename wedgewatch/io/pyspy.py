@@ -280,7 +280,7 @@ def resume_if_stopped(pid: int) -> bool:
 
 
 @dataclass
-class _Run:
+class _PySpyRun:
     status: DumpStatus
     stdout: str
     attempt: Attempt
@@ -332,11 +332,11 @@ class PySpyRunner:
         gentle = self.nonblocking or stopped_before
         attempts: list[Attempt] = []
         if gentle:
-            runs: list[_Run] = []
+            runs: list[_PySpyRun] = []
             while len(runs) < NONBLOCKING_ATTEMPTS:
                 run = await self._run(pyspy, pid, "json", False, stopped_before, nonblocking=True)
                 if run.status is DumpStatus.OK and isinstance(_decode(run.stdout), str):
-                    run = _Run(DumpStatus.FAILED, run.stdout, run.attempt)
+                    run = _PySpyRun(DumpStatus.FAILED, run.stdout, run.attempt)
                 runs.append(run)
                 if run.status is not DumpStatus.FAILED:
                     break  # done, or a failure a retry cannot fix (permissions, gone, timeout)
@@ -388,7 +388,12 @@ class PySpyRunner:
         )
 
     def _gentle_result(
-        self, pid: int, runs: Sequence[_Run], notes: list[str], started: float, state: ProcState
+        self,
+        pid: int,
+        runs: Sequence[_PySpyRun],
+        notes: list[str],
+        started: float,
+        state: ProcState,
     ) -> StackDump:
         """The nonblocking JSON dump as a dump; the text is rendered from its threads."""
         run = runs[-1]
@@ -426,8 +431,8 @@ class PySpyRunner:
 
     async def _with_fallback(
         self, pyspy: str, pid: int, output: str, stopped_before: bool, attempts: list[Attempt]
-    ) -> tuple[_Run, bool]:
-        run: _Run | None = None
+    ) -> tuple[_PySpyRun, bool]:
+        run: _PySpyRun | None = None
         if self.native:
             run = await self._run(pyspy, pid, output, True, stopped_before)
             attempts.append(run.attempt)
@@ -436,7 +441,7 @@ class PySpyRunner:
                 and output == "json"
                 and isinstance(_decode(run.stdout), str)
             ):
-                run = _Run(DumpStatus.FAILED, run.stdout, run.attempt)
+                run = _PySpyRun(DumpStatus.FAILED, run.stdout, run.attempt)
             if run.status is DumpStatus.OK or run.status in _FINAL:
                 return run, True
         run = await self._run(pyspy, pid, output, False, stopped_before)
@@ -452,7 +457,7 @@ class PySpyRunner:
         stopped_before: bool,
         *,
         nonblocking: bool | None = None,
-    ) -> _Run:
+    ) -> _PySpyRun:
         nonblocking = self.nonblocking if nonblocking is None else nonblocking
         argv = build_argv(
             pyspy,
@@ -489,7 +494,7 @@ class PySpyRunner:
                 f"cannot start: {result.start_error}",
                 nonblocking=nonblocking,
             )
-            return _Run(DumpStatus.FAILED, "", attempt)
+            return _PySpyRun(DumpStatus.FAILED, "", attempt)
         if result.timed_out:
             status = DumpStatus.TIMEOUT
             error = f"py-spy did not finish within {self.timeout_seconds:g} s; killed"
@@ -511,7 +516,7 @@ class PySpyRunner:
             resumed,
             nonblocking=nonblocking,
         )
-        return _Run(status, stdout, attempt)
+        return _PySpyRun(status, stdout, attempt)
 
 
 def _state_after(pid: int, before: ProcState, status: DumpStatus) -> ProcState:

@@ -75,12 +75,12 @@ def restart_environment(request: RestartRequest) -> dict[str, str]:
     """The `WEDGEWATCH_*` variables an `exec` remedy command receives (URL credentials and
     query masked, the model name redacted by value). Every value is `neutralise`d: the target
     names its models, and a NUL byte (which no environment can hold) or 2 MB (E2BIG) must
-    not stop the remedy (#21)."""
+    not stop the remedy."""
     variables = {
         "WEDGEWATCH_TARGET": request.target,
         "WEDGEWATCH_URL": redact_url(request.url),
         "WEDGEWATCH_ENGINE": request.engine,
-        "WEDGEWATCH_MODEL_NAME": redact_text(request.model_name),  # the target's value (#21)
+        "WEDGEWATCH_MODEL_NAME": redact_text(request.model_name),  # the target's value
         "WEDGEWATCH_FAMILY": request.family,
         "WEDGEWATCH_STATE": request.state,
         "WEDGEWATCH_REASON": request.reason,

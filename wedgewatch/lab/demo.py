@@ -207,7 +207,7 @@ def demo_settings(options: DemoOptions, *, listen_port: int) -> dict[str, Any]:
         "stall_after_seconds": stall,
         "hang_after_seconds": max(30.0, 2 * stall),
         "output_stall_after_seconds": max(60.0, 4 * stall),
-        "deferred_only_after_seconds": 600.0,
+        "deferred_only_after_seconds": Config().deferred_only_after_seconds,  # the default
         "unreachable_after_seconds": max(10.0, stall),
         "startup_timeout_seconds": 120.0,
         "grace_seconds": 5.0,
@@ -447,7 +447,8 @@ async def _run(
             f"  server     {prepared.command.render()}",
             story_told.scheduler_note(),
             f"  watchdog   launch --watch in this process, remedy supervise, "
-            f"stall_after_seconds = {settings['stall_after_seconds']:g} (demo; default 60)",
+            f"stall_after_seconds = {settings['stall_after_seconds']:g} "
+            f"(demo; default {Config().stall_after_seconds:g})",
             f"  endpoints  {status_url}   logs: {log_path}",
             "",
         ]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from wedgewatch.config import Config
 from wedgewatch.core.detection.states import (
     ACTED_ON,
     CALM,
@@ -318,7 +319,7 @@ def render_summary(
             f"  detected   {wedge.get('family')} on engine {wedge.get('engine')} at "
             f"t+{story.wedged_at:.0f}s, {story.wedged_at - since:.0f} s after it turned "
             f"suspect (stall_after_seconds = {settings['stall_after_seconds']:g} for the demo; "
-            "60 by default)"
+            f"{Config().stall_after_seconds:g} by default)"
         )
         lines.append(f"             {wedge.get('reason')}")
     if story.bundle is not None:

@@ -38,7 +38,7 @@ def format_bundles(rows: list[BundleRow]) -> str:
             if r.created_timestamp is not None
             else "?"
         )
-        table.append(  # a bundle's values are the target's data: no control character (#21)
+        table.append(  # a bundle's values are the target's data: no control character
             _terminal(
                 when,
                 r.target,

@@ -212,7 +212,7 @@ class BundleModel:
 def load_files(path: Path, names: Sequence[str] | None = None) -> dict[str, bytes | str]:
     """The bundle's files by relative name: bytes, or why the file could not be read.
 
-    A bundle is untrusted input (i21b, #21): no symlink below it is followed, only regular
+    A bundle is untrusted input: no symlink below it is followed, only regular
     files are read, each at most `MAX_FILE_BYTES` (`io.bundles.read_untrusted`), and what is
     read is redacted again (`io.bundles.bundle_bytes`, the writer's own pass), so a bundle
     written by an older wedgewatch, or edited by hand, leaks no secret into a report.

@@ -4,7 +4,7 @@ The HTML page has inline CSS and an inline SVG chart: it needs no network to vie
 command line and environment value passes the redaction again, so a bundle written by an
 older wedgewatch cannot leak a secret into a report either.
 
-Markdown (i21b, #21): a bundle is untrusted input, so every string from it is in inline code
+Markdown: a bundle is untrusted input, so every string from it is in inline code
 (`md_inline`), escaped (`md_text`) or in a fence longer than any backtick run in it
 (`md_fence`): no link, image, HTML or broken fence comes of a hostile model name, `/version`,
 argument or frame name (`wedgewatch.core.text.escape`).

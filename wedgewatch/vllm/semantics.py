@@ -2,8 +2,8 @@
 
 `signals` knows vLLM's metric *names* and turns a body into readings; this module is the one
 place that knows what a *movement* of those readings means. The detector (`detect`) asks it
-and never interprets a counter or a gauge itself. The facts behind each rule are in
-`../shared/docs/vllm-facts.md` (sections 1.2, 1.3, 1.7, 5).
+and never interprets a counter or a gauge itself. The facts about vLLM behind each rule are
+in docs/vllm.md.
 
 Counters, compared between two readings of the same engine
 -----------------------------------------------------------

@@ -10,7 +10,7 @@ from simproc import LAUNCHER_FLAGS
 from wedgewatch.lab.sim.api import RequestIds, scheduler_config_from_args
 from wedgewatch.lab.sim.args import ServeArgs, parse_serve_args
 from wedgewatch.lab.sim.load import PlannedRequest, plan_requests
-from wedgewatch.lab.sim.scheduler import Policy, Scheduler, SimRequest, StepResult
+from wedgewatch.lab.sim.scheduler import Scheduler, SchedulerFix, SimRequest, StepResult
 
 WEDGING_SEED = 16  # the seed of the docs, the README and the end-to-end test
 LOAD_SECONDS = 12.0  # the documented `--duration`
@@ -48,7 +48,7 @@ def is_wedged_step(result: StepResult, scheduler: Scheduler) -> bool:
     )
 
 
-def drive(plan: tuple[PlannedRequest, ...], policy: Policy, **overrides: Any) -> BurstRun:
+def drive(plan: tuple[PlannedRequest, ...], policy: SchedulerFix, **overrides: Any) -> BurstRun:
     """Add each request at the step of its planned instant (default step time) and step on.
 
     Stops once the wedge has lasted `WEDGE_STEPS` steps, once every request is done, or at

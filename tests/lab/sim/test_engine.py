@@ -18,6 +18,7 @@ from wedgewatch.lab.sim.engine import (
     EngineInput,
     EngineOutput,
     EngineOutputs,
+    StartFaultClock,
     UtilityCall,
     UtilityResult,
 )
@@ -166,6 +167,18 @@ def test_collective_hang_is_requested_only_once_requests_were_seen_running() -> 
     published = [o for o in drain(outputs) if isinstance(o, EngineOutputs)]
     assert published[-1].scheduler_stats is not None
     assert published[-1].scheduler_stats.num_running_reqs == 1
+
+
+def test_fault_times_count_from_the_ready_server_not_from_the_engine_start() -> None:
+    """Before the server says it is ready (StartFaultClock) no fault fires, however long the
+    start takes; `engine-crash@0` fires as soon as the clock has started."""
+    engine, _, inputs, _ = make_engine()
+    engine._set_fault_clock(FaultClock(None, (FaultSpec("engine-crash", 0.0),)))
+    engine._check_crash()  # not started: no crash
+    assert not engine._process_engine_step()
+    inputs.put(StartFaultClock(time.monotonic()))
+    with pytest.raises(EngineCrash):
+        engine._process_input_queue()
 
 
 def test_engine_titles_follow_vllms_naming() -> None:

@@ -48,6 +48,17 @@ def test_the_clock_arms_faults_at_their_time_for_their_engine() -> None:
     assert clock.first_at("engine-crash") is None
 
 
+def test_a_clock_that_has_not_started_arms_nothing() -> None:
+    """Until the server is ready (origin None) no fault is active or has a time; started()
+    counts every fault from the ready instant."""
+    clock = FaultClock(origin_at=None, faults=(FaultSpec("api-hang", 0.0),))
+    assert not clock.active("api-hang", 1e9)
+    assert clock.first_at("api-hang") is None
+    started = clock.started(50.0)
+    assert started.active("api-hang", 50.0)
+    assert started.first_at("api-hang") == 50.0
+
+
 def test_an_engine_gets_only_its_engine_faults() -> None:
     """for_engine() keeps engine faults for that rank and drops the serving process's."""
     clock = FaultClock(

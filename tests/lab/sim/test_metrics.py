@@ -8,9 +8,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from wedgewatch.lab.sim.metrics import (
-    Exposition,
     FinishedTimes,
     IterationTimes,
+    MetricsPage,
     build_1_2_5_buckets,
 )
 from wedgewatch.lab.sim.scheduler import FinishedRequest, IterationStats, SchedulerStats
@@ -54,8 +54,8 @@ def families(text: str) -> dict[str, Family]:
     return out
 
 
-def exposition(*, multiprocess: bool = False, engines: tuple[int, ...] = (0,)) -> Exposition:
-    return Exposition(
+def exposition(*, multiprocess: bool = False, engines: tuple[int, ...] = (0,)) -> MetricsPage:
+    return MetricsPage(
         model_name="tiny-llama",
         engine_indexes=engines,
         max_model_len=2048,  # the fixture's model: 1-2-5 buckets up to 2000
@@ -268,7 +268,7 @@ def test_multiprocess_mode_looks_like_vllm_with_several_api_servers() -> None:
 
 def test_disabled_log_stats_means_no_vllm_families() -> None:
     """--disable-log-stats: vLLM builds no stat logger, so no `vllm:` family at all."""
-    exp = Exposition(
+    exp = MetricsPage(
         model_name="m",
         engine_indexes=(0,),
         max_model_len=2048,

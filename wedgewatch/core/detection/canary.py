@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
-from wedgewatch.core.detection.detect import CanaryStall, TargetVerdict
+from wedgewatch.core.detection.detect import CanaryStall, DetectionPolicy, TargetVerdict
 from wedgewatch.core.detection.states import EngineState
 from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import EngineKey
@@ -85,7 +85,7 @@ class CanaryPolicy:
     """How often the canary may be sent (`interval_seconds` 0 = off) and how long it waits."""
 
     interval_seconds: float = 0.0
-    timeout_seconds: float = 120.0
+    timeout_seconds: float = DetectionPolicy().canary_timeout_seconds  # the detector's K1 threshold
 
     def __post_init__(self) -> None:
         """Reject negative, NaN or infinite seconds, and a zero timeout."""

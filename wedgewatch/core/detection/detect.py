@@ -7,21 +7,16 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 # RULES (the contract of this module; tests/core/test_detect.py checks them row by row)
 # =================================================================================
 #
-# Terms (what a movement *means* is `wedgewatch.vllm.semantics`; this table only uses it)
-#   progress counters  prompt tokens, generation tokens, completed requests (every finished
-#                      reason except abort and error), preemptions. Not iterations: an
-#                      abort-only batch moves the iteration count too (with 0 tokens).
-#   progress moved     a progress counter moved (both values finite and different) since the
-#                      previous good reading of the engine. Aborted and errored finishes are
-#                      never progress and never output.
-#   output moved       generation tokens or completed requests moved.
-#   prefill moved      running > 0 and KV usage grew or prefix-cache queries moved (a prefill
-#                      chunk allocated blocks, a request was admitted). Only ever seen with
-#                      running > 0; it counts like progress for the stall clock and is never
-#                      output.
+# Terms. What counts as progress, output and prefill progress, when a counter moved or went
+# backwards, and which readings are non-finite is defined once, in `wedgewatch.vllm.semantics`
+# (its docstring); this table only uses those words:
+#   progress moved     `semantics.progress_moved`: a progress counter moved since the previous
+#                      good reading of the engine.
+#   output moved       `semantics.output_moved`.
+#   prefill moved      semantics' prefill progress (only ever seen with running > 0); it counts
+#                      like progress for the stall clock and is never output.
 #   work present       running > 0 or waiting > 0.
-#   non-finite         a queue gauge (running, waiting, a waiting reason) or a progress counter
-#                      that is NaN or +/-Inf.
+#   non-finite         a reading `semantics.non_finite_fields` names fields of.
 #   stalled states     SUSPECT, WEDGED, UNREACHABLE. An *episode* runs from the step an engine
 #                      enters a stalled state until the step it leaves them.
 #   clocks             per engine: last_progress_at, last_output_at. "Reset" sets both to `at`.
@@ -67,18 +62,19 @@ new state with a verdict. The shell logs the verdict's transitions and carries o
 #   R4  Work present: if progress or prefill moved, last_progress_at = at; if output moved,
 #       last_output_at = at. Two kinds of stall are then candidates:
 #         flat    nothing moved this sample (neither progress nor prefill). Family by the
-#                 gauges, stalled_seconds = at - last_progress_at:
-#                   running > 0                      progress_stall       hang_after_seconds
-#                   running 0, deferred, capacity    deferred_stall       stall_after_seconds
-#                   running 0, deferred, capacity 0  deferred_only_stall  deferred_only_after_s.
-#                   running 0, no deferred           admission_stall      stall_after_seconds
+#                 gauges, stalled_seconds = at - last_progress_at (each family's threshold
+#                 is the DetectionPolicy field `states.THRESHOLD_SETTING` names):
+#                   running > 0                      progress_stall
+#                   running 0, deferred, capacity    deferred_stall
+#                   running 0, deferred, capacity 0  deferred_only_stall
+#                   running 0, no deferred           admission_stall
 #                 deferred_only_after_seconds = 0 disables deferred_only_stall (no candidate).
 #                 Time spent deferred-only never counts towards another family: a flat sample
 #                 of another family right after a deferred-only sample restarts the clock.
 #         output  since output last moved, some sample moved progress counters while output
 #                 stayed flat (the engine works but emits nothing: preemption livelock).
-#                 Prefill alone never makes this candidate. Family output_stall, threshold
-#                 output_stall_after_seconds, stalled_seconds = at - last_output_at.
+#                 Prefill alone never makes this candidate. Family output_stall,
+#                 stalled_seconds = at - last_output_at.
 #       No candidate: OK. A candidate with stalled_seconds >= its threshold: WEDGED with that
 #       family (flat first). Otherwise SUSPECT: output_stall if the engine already is in
 #       output_stall and that candidate holds, else flat, else output.
@@ -146,7 +142,7 @@ from wedgewatch.core.detection.states import (
 )
 from wedgewatch.core.text.redact import redact_text
 from wedgewatch.vllm import semantics
-from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
+from wedgewatch.vllm.signals import DEFAULT_MAX_ENGINES, EngineKey, EngineReading, Exposition
 
 __all__ = [
     "MULTI_SERVER_REASON",
@@ -155,10 +151,10 @@ __all__ = [
     "Action",
     "CanaryStall",
     "CaptureEvidence",
+    "DetectionPolicy",
     "EngineMemory",
     "EngineVerdict",
     "Observation",
-    "Policy",
     "Restart",
     "ScrapeFailed",
     "Scraped",
@@ -197,39 +193,44 @@ Observation = Scraped | ScrapeFailed
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
+class DetectionPolicy:
     """Thresholds of the detector, in seconds; `startup_timeout_seconds=None` waits forever.
 
     `deferred_only_after_seconds = 0` disables the deferred_only_stall family (rule R4).
+    These defaults are the product's: `config.Config` takes its defaults from them.
     """
 
     stall_after_seconds: float = 60.0
     hang_after_seconds: float = 120.0
     output_stall_after_seconds: float = 300.0
     unreachable_after_seconds: float = 30.0
-    startup_timeout_seconds: float | None = None
+    startup_timeout_seconds: float | None = 900.0
     deferred_only_after_seconds: float = 600.0
     canary_timeout_seconds: float = 120.0
     # Bounds on what a target makes the detector remember (rules U4, U5 of core.detect):
     # engines across scrapes, and how long an engine gone from /metrics is kept.
-    max_engines: int = 256
+    max_engines: int = DEFAULT_MAX_ENGINES
     vanished_engine_expiry_seconds: float = 600.0
 
     def __post_init__(self) -> None:
         """Reject thresholds that are negative, NaN or infinite, and a bound below 1."""
         if isinstance(self.max_engines, bool) or not isinstance(self.max_engines, int):
-            raise ValueError(f"Policy.max_engines must be a whole number, got {self.max_engines!r}")
+            raise ValueError(
+                f"DetectionPolicy.max_engines must be a whole number, got {self.max_engines!r}"
+            )
         if self.max_engines < 1:
-            raise ValueError(f"Policy.max_engines must be >= 1, got {self.max_engines}")
+            raise ValueError(f"DetectionPolicy.max_engines must be >= 1, got {self.max_engines}")
         names = (*THRESHOLD_SETTINGS, "startup_timeout_seconds", "vanished_engine_expiry_seconds")
         for name in names:
             value = getattr(self, name)
             if value is None and name == "startup_timeout_seconds":
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"Policy.{name} must be a number of seconds, got {value!r}")
+                raise ValueError(
+                    f"DetectionPolicy.{name} must be a number of seconds, got {value!r}"
+                )
             if not math.isfinite(value) or value < 0:
-                raise ValueError(f"Policy.{name} must be finite and >= 0, got {value!r}")
+                raise ValueError(f"DetectionPolicy.{name} must be finite and >= 0, got {value!r}")
 
     def threshold(self, family: Family) -> float:
         """The number of seconds after which a stall of `family` is WEDGED (or UNREACHABLE)."""
@@ -407,7 +408,7 @@ class _Outcome:
     """Accumulates one step's engines, verdicts, transitions and actions (local to `step`)."""
 
     at: float
-    policy: Policy
+    policy: DetectionPolicy
     memories: list[EngineMemory] = field(default_factory=list)
     verdicts: list[EngineVerdict] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
@@ -488,7 +489,7 @@ class _Outcome:
 def step(
     state: TargetState,
     observation: Observation,
-    policy: Policy,
+    policy: DetectionPolicy,
     canary: CanaryStall | None = None,
 ) -> tuple[TargetState, TargetVerdict]:
     """Fold one observation (and a standing canary stall, K1) into the state; return the verdict."""
@@ -507,7 +508,7 @@ def step(
 
 
 def _expire_vanished(
-    state: TargetState, at: float, policy: Policy, shown: Mapping[EngineKey, EngineReading]
+    state: TargetState, at: float, policy: DetectionPolicy, shown: Mapping[EngineKey, EngineReading]
 ) -> TargetState:
     """Rule U4: forget engines missing for longer than the expiry (unless back in `shown`)."""
     expiry = max(policy.vanished_engine_expiry_seconds, 2 * policy.unreachable_after_seconds)
@@ -520,7 +521,7 @@ def _expire_vanished(
 
 
 def _step_failed(
-    state: TargetState, failure: ScrapeFailed, policy: Policy
+    state: TargetState, failure: ScrapeFailed, policy: DetectionPolicy
 ) -> tuple[TargetState, TargetVerdict]:
     at = failure.at
     failing_since = state.failing_since if state.failing_since is not None else at
@@ -537,7 +538,7 @@ def _step_failed(
 
 
 def _step_scraped(
-    state: TargetState, scraped: Scraped, policy: Policy, canary: CanaryStall | None = None
+    state: TargetState, scraped: Scraped, policy: DetectionPolicy, canary: CanaryStall | None = None
 ) -> tuple[TargetState, TargetVerdict]:
     at = scraped.at
     exposition = scraped.exposition
@@ -604,7 +605,7 @@ def _step_scraped(
 def adopt_redacted_keys(
     known: dict[EngineKey, EngineMemory], exposition: Exposition
 ) -> dict[EngineKey, EngineMemory]:
-    """A state file keeps model names redacted (#21, `detect_state`): an engine restored
+    """A state file keeps model names redacted (`detect_state`): an engine restored
     under the redacted form of a live engine's key is that engine, under its live key."""
     for key in sorted(exposition.engines):
         if key in known:  # the steady state: nothing to adopt, nothing to redact
@@ -642,7 +643,7 @@ def _track_start_times(
 
 
 def _finish(
-    state: TargetState, out: _Outcome, policy: Policy, failure: ScrapeFailed | None
+    state: TargetState, out: _Outcome, policy: DetectionPolicy, failure: ScrapeFailed | None
 ) -> tuple[TargetState, TargetVerdict]:
     """Apply rules T1 and T2: the target state, and the starting clock while no engine is known."""
     if out.memories:
@@ -715,7 +716,7 @@ def _baseline(
 
 
 def _judge_reading(
-    old: EngineMemory, reading: EngineReading, at: float, policy: Policy
+    old: EngineMemory, reading: EngineReading, at: float, policy: DetectionPolicy
 ) -> tuple[EngineMemory, _Judgement]:
     """Rules R2-R4 and N1: judge a good reading against the engine's previous one."""
     calm = _gauge_state(reading)
@@ -845,7 +846,7 @@ def _judge_non_finite(
 
 
 def _missing(
-    old: EngineMemory, at: float, failing_since: float | None, policy: Policy
+    old: EngineMemory, at: float, failing_since: float | None, policy: DetectionPolicy
 ) -> tuple[EngineMemory, _Judgement]:
     """Rule U2: an engine absent from a good exposition."""
     since = old.missing_since
@@ -867,7 +868,7 @@ def _hold_wedged(old: EngineMemory, judgement: _Judgement, at: float) -> _Judgem
     return _Judgement(EngineState.WEDGED, old.family, stalled, reason)
 
 
-def _judge_unobserved(what: str, at: float, since: float, policy: Policy) -> _Judgement:
+def _judge_unobserved(what: str, at: float, since: float, policy: DetectionPolicy) -> _Judgement:
     """Rules U1 and U2: SUSPECT, then UNREACHABLE once unobserved for the threshold."""
     elapsed = at - since
     threshold = policy.unreachable_after_seconds

@@ -4,7 +4,7 @@ The daemon persists a target's `TargetState` across a restart of wedgewatch, and
 `wedgewatch check` keeps it between runs. `load_state` accepts only what `dump_state`
 writes (this format version, every field typed, engines sorted) and raises ValueError
 naming the first malformed field, so a damaged file is a clear message, never a crash.
-A file keeps no secret (#21): model names are written in their redacted form
+A file keeps no secret: model names are written in their redacted form
 (`core.redact.redact_text`), and the detector matches such a restored engine to the live one
 by that form on the next scrape (`core.detect.adopt_redacted_keys`).
 JSON has no NaN: non-finite reading values are written as "NaN", "Infinity" and

@@ -69,7 +69,7 @@ THRESHOLD_SETTING: Mapping[Family, str] = {
     Family.UNREACHABLE: "unreachable_after_seconds",
     Family.CANARY_STALL: "canary_timeout_seconds",
 }
-#: Each threshold setting once, in family order: the detector `Policy`'s fields (with
+#: Each threshold setting once, in family order: the detector `DetectionPolicy`'s fields (with
 #: `startup_timeout_seconds`), the thresholds a bundle and a webhook record.
 THRESHOLD_SETTINGS: tuple[str, ...] = tuple(dict.fromkeys(THRESHOLD_SETTING.values()))
 

@@ -155,6 +155,7 @@ from wedgewatch.core.episode.episode_types import (
     Effect,
     Episode,
     EpisodeState,
+    EpisodeStep,
     Input,
     Level,
     ListenerSeen,
@@ -173,7 +174,6 @@ from wedgewatch.core.episode.episode_types import (
     Rules,
     RunAbort,
     RunRestart,
-    Step,
 )
 from wedgewatch.core.episode.events import ReportEvent
 from wedgewatch.core.episode.transitions import transition_reports
@@ -198,6 +198,7 @@ __all__ = [
     "Effect",
     "Episode",
     "EpisodeState",
+    "EpisodeStep",
     "Input",
     "ListenerSeen",
     "Observed",
@@ -216,7 +217,6 @@ __all__ = [
     "Rules",
     "RunAbort",
     "RunRestart",
-    "Step",
     "episode_id",
     "is_stale",
     "step",
@@ -245,9 +245,11 @@ def is_stale(state: EpisodeState, observation_at: float) -> bool:
     return state.ignore_before_at is not None and observation_at < state.ignore_before_at
 
 
-def step(state: EpisodeState, event: Input, rules: Rules, at: float, timestamp: float) -> Step:
+def step(
+    state: EpisodeState, event: Input, rules: Rules, at: float, timestamp: float
+) -> EpisodeStep:
     """Fold one input into the target's episode state; see the rules at the top."""
-    run = _Run(state, rules, at, timestamp)
+    run = _StepDraft(state, rules, at, timestamp)
     if isinstance(event, Observed):
         run.observed(event)
     elif isinstance(event, CaptureDone):
@@ -265,10 +267,10 @@ def step(state: EpisodeState, event: Input, rules: Rules, at: float, timestamp: 
         run.listener_seen(event)
     else:
         run.remedy_step(remedy.OperatorReset())  # O1
-    return Step(run.state, tuple(run.effects))
+    return EpisodeStep(run.state, tuple(run.effects))
 
 
-class _Run:
+class _StepDraft:
     """One `step`: the state being built and the effects asked so far (private, short-lived)."""
 
     def __init__(self, state: EpisodeState, rules: Rules, at: float, timestamp: float) -> None:

@@ -103,7 +103,7 @@ def restored(
 def saved_detector(detector: TargetState, url: str, at: float, timestamp: float) -> dict[str, Any]:
     """The detector state as the state file keeps it, with what `restored` checks it by."""
     return {
-        "url": redact_url(url),  # a file on disk keeps no credential (#21): the shown form
+        "url": redact_url(url),  # a file on disk keeps no credential: the shown form
         "saved_at": at,
         "saved_timestamp": timestamp,
         "state": dump_state(detector),
@@ -117,7 +117,7 @@ def trusted_detector(
     if saved is None:
         return None, None
     try:
-        if saved.get("url") not in (redact_url(url), url):  # url: a file from before #21
+        if saved.get("url") not in (redact_url(url), url):  # url: an older file
             return None, None  # the name now points at another server
         if not same_boot(float(saved["saved_at"]), float(saved["saved_timestamp"]), at, timestamp):
             return None, None  # another boot: monotonic instants mean nothing now

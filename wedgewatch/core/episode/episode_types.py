@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, assert_never
 
-from wedgewatch.core.detection.detect import Policy, TargetVerdict
+from wedgewatch.core.detection.detect import DetectionPolicy, TargetVerdict
 from wedgewatch.core.detection.states import CaptureFailureReason, EpisodePhase, NotifyEvent
 from wedgewatch.core.episode.events import ReportEvent
 from wedgewatch.core.restart import probe_policy, restart_policy
@@ -32,7 +32,9 @@ class Rules:
     restart_policy: restart_policy.RestartPolicy
     probe_respects_budget: bool = True
     suspect_capture_min_interval_seconds: float = 0.0  # C4; 0 = no rate limit
-    detect: Policy = field(default_factory=Policy)  # the thresholds the T1 reports quote
+    detect: DetectionPolicy = field(
+        default_factory=DetectionPolicy
+    )  # the thresholds the T1 reports quote
     abort_first: bool = False  # the cure ladder's abort rung (core.restart.ladder)
     abort_proof_seconds: float = PROOF_SECONDS  # L5: how long an abort has to prove
 
@@ -364,7 +366,7 @@ Effect = (
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
+class EpisodeStep:
     """The state after one input and the effects it asks for, in order."""
 
     state: EpisodeState

@@ -1,4 +1,4 @@
-"""Every event the core reports, as one closed type (#20).
+"""Every event the core reports, as one closed type.
 
 `ReportEvent` is the `event` of the daemon's log lines, the key of its own metrics
 (`daemon/report.py`), of the remedy notes (`daemon/target.py`) and of the webhooks

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from wedgewatch.core.detection.detect import Policy, TargetVerdict, Transition
+from wedgewatch.core.detection.detect import DetectionPolicy, TargetVerdict, Transition
 from wedgewatch.core.detection.states import ACTED_ON, CALM, STALLED, EngineState, Family
 from wedgewatch.core.episode.episode_types import Episode, EpisodeState, Level, Rules
 from wedgewatch.core.episode.events import ReportEvent
@@ -52,7 +52,7 @@ def _engine(
     *,
     episode: Episode | None,
     remedy: str,
-    thresholds: Policy,
+    thresholds: DetectionPolicy,
     at: float,
 ) -> tuple[ReportEvent, Level, dict[str, Any]]:
     new, old = transition.new, transition.old

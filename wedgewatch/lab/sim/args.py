@@ -456,7 +456,7 @@ Simulator flags:
   --vllm-structure 0.30|0.31+      whose scheduler the model follows (default: 0.30,
                                    vLLM 0.30.0, which wedges; 0.31+ drains block
                                    holders first, PR #58947)
-  --fault NAME@SECONDS[:RANK]      inject a fault SECONDS after start (repeatable):
+  --fault NAME@SECONDS[:RANK]      inject a fault SECONDS after the server is ready (repeatable):
                                    collective-hang, engine-crash, api-hang,
                                    garbage-metrics, slow-metrics, nan-gauges, frozen-step,
                                    lost-store-event, hung-load; RANK picks one

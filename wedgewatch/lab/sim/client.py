@@ -39,12 +39,13 @@ from wedgewatch.lab.sim.engine import (
     EngineOutputs,
     EngineReady,
     Shutdown,
+    StartFaultClock,
     StreamingInputChunk,
     UtilityCall,
     UtilityResult,
     run_engine_core,
 )
-from wedgewatch.lab.sim.metrics import Exposition, FinishedTimes, IterationTimes
+from wedgewatch.lab.sim.metrics import FinishedTimes, IterationTimes, MetricsPage
 from wedgewatch.lab.sim.scheduler import (
     FinishedRequest,
     SchedulerConfig,
@@ -156,7 +157,7 @@ class EngineClient:
         engine_configs: Sequence[EngineConfig],
         scheduler_config: SchedulerConfig,
         step_time_seconds: float,
-        exposition: Callable[[], Exposition | None] = lambda: None,
+        exposition: Callable[[], MetricsPage | None] = lambda: None,
         frontend: Frontend | None = None,
     ) -> None:
         self._configs = tuple(engine_configs)
@@ -243,6 +244,11 @@ class EngineClient:
             ).start()  # fmt: skip
         threading.Thread(target=self._send_inputs, name="EngineInput", daemon=True).start()
         threading.Thread(target=self._monitor, name="EngineMonitor", daemon=True).start()
+
+    def start_fault_clock(self, origin_at: float) -> None:
+        """Tell every engine that the server is ready: its fault times count from `origin_at`."""
+        for index in range(len(self._engines)):
+            self._send_queue.put((index, StartFaultClock(origin_at)))
 
     def shutdown(self) -> None:
         """Stop every engine: ask, then SIGTERM, then SIGKILL."""

@@ -34,7 +34,7 @@ from multiprocessing.context import ForkContext
 from types import FrameType
 from typing import Protocol
 
-from wedgewatch.lab.sim.faults import TRANSFER_FAULTS, FaultClock
+from wedgewatch.lab.sim.faults import TRANSFER_FAULTS, FaultClock, FaultName
 from wedgewatch.lab.sim.offload import TransferFault
 from wedgewatch.lab.sim.proctitle import configure_process_logging, set_process_title
 from wedgewatch.lab.sim.scheduler import (
@@ -112,8 +112,21 @@ class Shutdown:
     """Stop the engine and its workers."""
 
 
+@dataclass(frozen=True, slots=True)
+class StartFaultClock:
+    """The server is ready: fault times count from `origin_at` (monotonic seconds)."""
+
+    origin_at: float
+
+
 EngineInput = (
-    AddRequest | AbortRequest | StreamingInputChunk | CloseStreamingInput | UtilityCall | Shutdown
+    AddRequest
+    | AbortRequest
+    | StreamingInputChunk
+    | CloseStreamingInput
+    | UtilityCall
+    | StartFaultClock
+    | Shutdown
 )
 
 
@@ -275,15 +288,22 @@ class EngineCoreProc:
         # `pause` calls answered once the engine has no work left (vLLM's idle callbacks).
         self._pause_waiters: list[int] = []
         self._faults = config.faults
-        self._crash_at = self._faults.first_at("engine-crash", config.engine_index)
-        self._transfer_faults = [
-            name for name in TRANSFER_FAULTS if self._faults.first_at(name) is not None
-        ]
+        self._crash_at: float | None = None
+        self._transfer_faults: list[FaultName] = []
+        self._set_fault_clock(config.faults)
         self._pending_steps: list[StepOutput] = []
         self._pending_stats: SchedulerStats | None = None
         self._pending_num_steps = 0
         self._last_flush_at = time.monotonic()
         self._last_published_running = 0
+
+    def _set_fault_clock(self, faults: FaultClock) -> None:
+        """Use `faults` (started once the server is ready: `StartFaultClock`)."""
+        self._faults = faults
+        self._crash_at = faults.first_at("engine-crash", self.config.engine_index)
+        self._transfer_faults = [
+            name for name in TRANSFER_FAULTS if faults.first_at(name) is not None
+        ]
 
     def _make_scheduler(self) -> EngineScheduler:
         return Scheduler(self.config.scheduler)
@@ -337,6 +357,8 @@ class EngineCoreProc:
             self.scheduler.close_streaming_input(message.request_id)
         elif isinstance(message, UtilityCall):
             self._handle_utility(message)
+        elif isinstance(message, StartFaultClock):
+            self._set_fault_clock(self._faults.started(message.origin_at))
         elif isinstance(message, Shutdown):
             raise _ShutdownRequested
         else:  # pragma: no cover - a programming error in the client

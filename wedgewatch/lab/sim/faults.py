@@ -1,6 +1,7 @@
 """Injected faults: the other wedge families, each switched on at a chosen time.
 
-`--fault NAME@SECONDS[:RANK]` arms a fault SECONDS after `sim serve` started. What a
+`--fault NAME@SECONDS[:RANK]` arms a fault SECONDS after the server is ready (the instant it
+logs `Starting vLLM API server`), however long its engines took to start. What a
 watchdog sees from outside (docs/simulator.md has the full table):
 
 * `collective-hang` (TP workers): every `vllm:` value freezes with running > 0, /health
@@ -34,7 +35,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 FaultName = Literal[
@@ -124,13 +125,24 @@ def parse_fault(text: str) -> FaultSpec | str:
 
 @dataclass(frozen=True, slots=True)
 class FaultClock:
-    """Answers "is this fault active now?" from the start instant and the armed specs (pure)."""
+    """Answers "is this fault active now?" from the start instant and the armed specs (pure).
 
-    origin_at: float  # monotonic instant `sim serve` started (CLOCK_MONOTONIC is system-wide)
+    `origin_at` is the monotonic instant the server became ready (CLOCK_MONOTONIC is
+    system-wide, so the engine processes share it); None until then: no fault is active and
+    none has a time yet.
+    """
+
+    origin_at: float | None
     faults: tuple[FaultSpec, ...]
+
+    def started(self, origin_at: float) -> FaultClock:
+        """This clock, started at `origin_at`."""
+        return replace(self, origin_at=origin_at)
 
     def active(self, name: FaultName, now: float, engine: int | None = None) -> bool:
         """True once `now` has reached an armed `name` fault that applies to `engine`."""
+        if self.origin_at is None:
+            return False
         return any(
             fault.name == name
             and now - self.origin_at >= fault.at_seconds
@@ -139,7 +151,10 @@ class FaultClock:
         )
 
     def first_at(self, name: FaultName, engine: int | None = None) -> float | None:
-        """The monotonic instant the earliest matching `name` fault fires, or None."""
+        """The monotonic instant the earliest matching `name` fault fires, or None (also
+        while the clock has not started)."""
+        if self.origin_at is None:
+            return None
         times = [
             self.origin_at + fault.at_seconds
             for fault in self.faults

@@ -5,10 +5,10 @@ at start-up, gauges (and the prefix-cache counters) are set from `SchedulerStats
 step, and everything else (token counters, preemptions, finished requests, latency
 histograms) only from `IterationStats`, i.e. only on steps that produced output. Names,
 types, label names, HELP texts and buckets follow the real exposition in
-`../shared/fixtures/vllm-0.33.0/healthy_busy.prom`.
+`tests/fixtures/vllm-0.33.0/healthy_busy.prom`.
 
 Every server keeps its metrics on its own `CollectorRegistry`; nothing registers globally.
-`Exposition` renders the registry either like a single API server (`_created` samples,
+`MetricsPage` renders the registry either like a single API server (`_created` samples,
 `process_*` and `python_*` families) or like vLLM's multiprocess mode (`--api-server-count
 > 1`: neither, histogram `_sum` first, and `GET /metrics/?name[]=...` filters to nothing).
 """
@@ -565,7 +565,7 @@ class _MultiprocessStyle(Collector):
             yield clone
 
 
-class Exposition:
+class MetricsPage:
     """What the simulator's `/metrics` serves: the vLLM, HTTP and (single mode) process families.
 
     Families register in the order of the real exposition: process and Python collectors
@@ -603,7 +603,7 @@ class Exposition:
             self.registry = source
 
     @classmethod
-    def of_registry(cls, registry: CollectorRegistry) -> Exposition:
+    def of_registry(cls, registry: CollectorRegistry) -> MetricsPage:
         """`--scheduler vllm`: vLLM's own stat logger already registered its families there.
 
         `registry` is prometheus_client's REGISTRY, as in a single vLLM API server; the HTTP

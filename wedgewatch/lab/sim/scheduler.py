@@ -90,7 +90,7 @@ from wedgewatch.lab.sim.offload import (
 )
 from wedgewatch.lab.sim.version import EMULATED_RELEASES
 
-Policy = Literal["stock", "skip-head-when-idle"]
+SchedulerFix = Literal["stock", "skip-head-when-idle"]
 VllmStructure = Literal["0.30", "0.31+"]
 VLLM_STRUCTURES: tuple[VllmStructure, ...] = ("0.30", "0.31+")
 DEFAULT_VLLM_VERSION = EMULATED_RELEASES["0.30"]
@@ -159,7 +159,7 @@ class SchedulerConfig:
     """GPU->CPU store bandwidth in blocks per step (0 = the whole store pipe drains every step).
     16 blocks of 16 tokens at 128 KiB per token per rank is 32 MiB per rank per step: ~6.7 GB/s
     at 5 ms/step."""
-    policy: Policy = "stock"
+    policy: SchedulerFix = "stock"
     vllm_structure: VllmStructure = "0.30"
     """Whose scheduler structure: vLLM 0.30.0's (one mixed ``skipped_waiting``) or 0.31+'s."""
     async_scheduling: bool = True
@@ -197,9 +197,9 @@ class SchedulerConfig:
                 f"vllm_structure must be one of {', '.join(VLLM_STRUCTURES)}, "
                 f"got {self.vllm_structure!r}"
             )
-        if self.policy not in get_args(Policy):
+        if self.policy not in get_args(SchedulerFix):
             raise ValueError(
-                f"policy must be one of {', '.join(get_args(Policy))}, got {self.policy!r}"
+                f"policy must be one of {', '.join(get_args(SchedulerFix))}, got {self.policy!r}"
             )
         if self.num_gpu_blocks * self.block_size < self.max_model_len:
             raise ValueError(

@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import sys
-import time
-
-import psutil
 
 from wedgewatch.lab.real.vllm_core import missing_vllm
 from wedgewatch.lab.sim.api import serve
 from wedgewatch.lab.sim.args import SERVE_HELP, ArgsError, HelpRequested, parse_serve_args
 
 
-def process_started_at() -> float:
-    """The monotonic instant this process started (fault times count from it)."""
-    age = max(0.0, time.time() - psutil.Process().create_time())
-    return time.monotonic() - age
-
-
 def run_serve(argv: list[str]) -> int:
     """Parse a `vllm serve` command line and run the simulator; the process exit code."""
-    origin = process_started_at()
     parsed = parse_serve_args(argv)
     if isinstance(parsed, HelpRequested):
         sys.stdout.write(SERVE_HELP)
@@ -31,4 +21,4 @@ def run_serve(argv: list[str]) -> int:
     if parsed.scheduler == "vllm" and (missing := missing_vllm()) is not None:
         sys.stderr.write(f"error: {missing}\n")
         return 2
-    return serve(parsed, origin)
+    return serve(parsed)
