@@ -12,7 +12,7 @@ import sys
 import pytest
 from vllm_venvs import vllm_env, vllm_python
 
-from wedgewatch.core.detection.detect import Policy, Scraped, new_state, step
+from wedgewatch.core.detection.detect import DetectionPolicy, Scraped, new_state, step
 from wedgewatch.core.detection.states import EngineState, Family
 from wedgewatch.core.evidence.bundle_facts import seen_frames
 from wedgewatch.core.evidence.known_issues import Facts, match_known_issues, shipped_known_issues
@@ -50,7 +50,7 @@ def judge_frozen(
     state = new_state()
     out = []
     for i in range(int(seconds // 10) + 1):
-        state, verdict = step(state, Scraped(i * 10.0, exposition), Policy())
+        state, verdict = step(state, Scraped(i * 10.0, exposition), DetectionPolicy())
         (engine,) = verdict.engines
         out.append((i * 10.0, engine.state, engine.family))
     return out

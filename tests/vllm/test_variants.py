@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from wedgewatch.core.detection.detect import Policy, Scraped, TargetState, new_state, step
+from wedgewatch.core.detection.detect import DetectionPolicy, Scraped, TargetState, new_state, step
 from wedgewatch.core.detection.states import EngineState, Family
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
 KEY = EngineKey("org/model", "0")
-POLICY = Policy()  # the shipped defaults: stall 60 s, hang 120 s, deferred-only 600 s
+POLICY = DetectionPolicy()  # the shipped defaults: stall 60 s, hang 120 s, deferred-only 600 s
 INTERVAL = 10.0
 
 
