@@ -75,9 +75,9 @@ if [ "$tier" = real ]; then
     # The released code the known issues' "fixed in" claims are read in (wheels, not installed;
     # about 130 MB each, once per machine): tests/vllm/test_release_fixes.py.
     .venv/bin/python tests/support/release_code.py --fetch
-    # The fuzz harness (tests/fuzz) with its long hypothesis profile: thousands of examples a
+    # The fuzz harness (tests/fuzz) with its long hypothesis profile: a thousand examples a
     # test instead of the default tier's few dozen.
-    WEDGEWATCH_FUZZ=long .venv/bin/python -m pytest -p no:xdist tests/fuzz
+    TEST_FUZZ_PROFILE=long .venv/bin/python -m pytest -p no:xdist tests/fuzz
     export WEDGEWATCH_REQUIRE_VLLM=1  # a missing venv fails these tests instead of skipping
     exec .venv/bin/python -m pytest -p no:xdist -m "vllm or soak" "$@"
 fi

@@ -2,7 +2,7 @@
 
 Two hypothesis profiles: `fuzz-quick` (the default tier: a few dozen examples a test, a
 couple of seconds each) and `fuzz-long` (the heavy tier, `tests/run.sh --real`, which sets
-`WEDGEWATCH_FUZZ=long`: thousands of examples a test). Each fuzz test is decorated with
+`TEST_FUZZ_PROFILE=long`: a thousand examples a test). Each fuzz test is decorated with
 `FUZZ`, so the choice applies to these tests only, whatever profile the rest of the suite
 loads. No deadline (a loaded machine is not a bug); "no unbounded time" is `within_cpu`, a
 bound on the CPU time (`time.process_time`) of one call, far above what a linear
@@ -29,11 +29,11 @@ settings.register_profile(
 )
 settings.register_profile(
     "fuzz-long",
-    max_examples=4000,
+    max_examples=1000,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-PROFILE = "fuzz-long" if os.environ.get("WEDGEWATCH_FUZZ") == "long" else "fuzz-quick"
+PROFILE = "fuzz-long" if os.environ.get("TEST_FUZZ_PROFILE") == "long" else "fuzz-quick"
 FUZZ = settings.get_profile(PROFILE)
 
 CPU_SECONDS = 2.0  # one call on the largest example (~200k characters); linear code: < 0.3 s
