@@ -357,7 +357,7 @@ def assert_one_story(out: str, log: str, bundle: Path) -> None:
     assert "#57841 path" in scheduler
     assert f"vLLM {first['fixed_in']} and later" in scheduler
     assert first["action"].startswith(f"#57841: vLLM {version} is affected")
-    assert f"upgrade to vLLM {first['fixed_in']} or later" in first["action"]
+    assert f"fixed in vLLM {first['fixed_in']}: upgrade to it or later" in first["action"]
     assert all(m["possibility"] for m in rest), rest  # anything else is labelled a possibility
     assert f"  known      {first['action']}" in out
     report = (bundle / "report.md").read_text()
