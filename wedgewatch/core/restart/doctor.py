@@ -320,7 +320,7 @@ def _judge_abort(plan: Plan, target: TargetFacts) -> list[Finding]:
                 "warn",
                 f"the dev routes are on and the server listens beyond loopback ({where}): "
                 "anyone who reaches the port can abort, pause, sleep or /collective_rpc it "
-                "(no --api-key guards them)",
+                "(the API key does not guard them)",
                 EXPOSURE_FIX,
                 name,
             )
