@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from deploy.repo import BASE
 from kubelet import HttpGet, Kubelet, Probe, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from test_probe_budget_e2e import (
@@ -36,8 +37,6 @@ from test_probe_budget_e2e import (
     with_group_killed,
     write_config,
 )
-
-from deploy.repo import BASE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
