@@ -44,12 +44,25 @@ def _safe(value: Any, newlines: bool = False) -> Any:
     return neutralise(str(value), FIELD_LIMIT, newlines=newlines)
 
 
+def _plain(value: Any) -> Any:
+    """A field as JSON-like data: an object that is not (an exception, a path, a URL object)
+    becomes its text, so that the redaction below sees it too."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
 def safe_fields(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
-    """A structlog processor: every field of the line redacted, neutralised and bounded (one
-    line per event: a newline shows as `\\x0a`, but in a traceback)."""
+    """A structlog processor, and the one place a log line is redacted: every field of the
+    line, whatever its type, redacted, neutralised and bounded (one line per event: a newline
+    shows as `\\x0a`, but in a traceback). Callers log raw values."""
     return {
         key: _safe(value, newlines=key == "exception")
-        for key, value in redact_value(event_dict).items()
+        for key, value in redact_value(_plain(event_dict)).items()
     }
 
 

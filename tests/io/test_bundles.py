@@ -24,6 +24,7 @@ from wedgewatch.io.bundles import (
     sanitise,
     scan_bundles,
     timestamp_of_name,
+    write_bundle_file,
     write_private,
 )
 from wedgewatch.io.evidence import SCHEMA
@@ -196,3 +197,30 @@ def test_apply_retention_routine_bundle_keeps_wedges_until_it_becomes_one(tmp_pa
 def test_bundle_bytes_of_a_text_file_never_fails_nor_cuts(data: bytes, written: bytes) -> None:
     """A text file (an empty py-spy stderr, a title full of escapes) is written whole."""
     assert bundle_bytes("pyspy/x.txt", data) == written
+
+
+@pytest.mark.parametrize(
+    ("rel", "raw"),
+    [
+        (
+            "build.json",
+            {"status": "failed", "url": "http://u:planted-1@127.0.0.1:1/version?token=planted-2"},
+        ),
+        (
+            "processes.json",
+            {"processes": [{"pid": 7, "title": "vllm serve m --api-key planted-3"}]},
+        ),
+        ("stacks/api_server.txt", "Process 7: vllm serve m --api-key planted-4\nThread 1\n"),
+    ],
+)
+def test_the_bundle_writer_alone_redacts_what_evidence_hands_it_raw(
+    tmp_path: Path, rel: str, raw: object
+) -> None:
+    """Evidence hands the writer raw titles, URLs and py-spy text: the file on disk holds no
+    secret, because `write_bundle_file` is the one place a bundle file is redacted."""
+    data = raw.encode() if isinstance(raw, str) else json.dumps(raw).encode()
+    (tmp_path / "stacks").mkdir()
+    write_bundle_file(tmp_path, rel, data)
+    text = (tmp_path / rel).read_text(encoding="utf-8")
+    assert "planted" not in text
+    assert "127.0.0.1" in text or "vllm serve m" in text

@@ -20,7 +20,7 @@ from wedgewatch.core.restart.probe_policy import ProbeVerdict
 from wedgewatch.core.restart.restart_policy import PolicyEvent
 from wedgewatch.core.text import nagios
 from wedgewatch.core.text.escape import safe_line
-from wedgewatch.core.text.redact import redact_url, redact_value
+from wedgewatch.core.text.redact import redact_value
 
 #: A check's status is the detector's state of the target (`core.states.EngineState`).
 Status = EngineState
@@ -113,7 +113,7 @@ class CheckReport:
         word = _NAGIOS_WORDS[self.exit_code]
         count = len(self.engines)
         summary = (
-            f"{word}: {self.status.value} - {redact_url(self.metrics_url)}, "
+            f"{word}: {self.status.value} - {self.metrics_url}, "
             f"{count} engine{'s' if count != 1 else ''}, "
             f"{self.scrapes} scrape{'s' if self.scrapes != 1 else ''}"
         )

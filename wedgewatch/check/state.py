@@ -133,9 +133,10 @@ def load(store: StateFile, now: float, timestamp: float, notes: list[str]) -> Sa
         return fresh("does not hold a JSON object")
     if data.get("version") not in _READABLE_VERSIONS:
         return fresh(f"has version {data.get('version')!r}, expected {STATE_FILE_VERSION}")
-    if data.get("metrics_url") not in (redact_url(store.metrics_url), store.metrics_url):
-        shown = redact_url(store.metrics_url)
-        return fresh(f"belongs to {redact_url(str(data.get('metrics_url')))!r}, not {shown}")
+    shown = redact_url(store.metrics_url)  # the form `save` writes
+    if data.get("metrics_url") not in (shown, store.metrics_url):  # the raw form: an older file
+        # A note is check output, which `CheckReport.render_text` redacts.
+        return fresh(f"belongs to {str(data.get('metrics_url'))!r}, not {shown}")
     kept = Saved()
     if store.restart is not None:
         policy = restart_codec.decode(data.get("restart_policy"), None)

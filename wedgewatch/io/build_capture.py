@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
-from wedgewatch.core.text.redact import redact_argv, redact_env, redact_url
+from wedgewatch.core.text.redact import redact_argv, redact_env
 from wedgewatch.io.procs import Discovery
 from wedgewatch.io.scrape import fetch, new_client
 from wedgewatch.io.scrape_rules import FetchFailed
@@ -45,16 +45,15 @@ async def fetch_version(
         result = await fetch(
             client, target, timeout_seconds=timeout_seconds, max_body_bytes=VERSION_MAX_BYTES
         )
-    shown = redact_url(target)  # the bundle never records URL credentials
-    if isinstance(result, FetchFailed):
-        return {"status": "failed", "url": shown, "error": f"{result.reason}: {result.detail}"}
+    if isinstance(result, FetchFailed):  # build.json is redacted by the bundle writer
+        return {"status": "failed", "url": target, "error": f"{result.reason}: {result.detail}"}
     try:
         data = json.loads(result.body)
     except ValueError:
-        return {"status": "failed", "url": shown, "error": "the answer is not JSON"}
+        return {"status": "failed", "url": target, "error": "the answer is not JSON"}
     if not isinstance(data, dict) or not isinstance(data.get("version"), str):
-        return {"status": "failed", "url": shown, "error": 'no "version" string in the answer'}
-    return {"status": "ok", "url": shown, "version": data["version"][:200]}
+        return {"status": "failed", "url": target, "error": 'no "version" string in the answer'}
+    return {"status": "ok", "url": target, "version": data["version"][:200]}
 
 
 def _cmdline(pid: int) -> list[str] | str:

@@ -54,7 +54,6 @@ from wedgewatch.io.bundles import (
     known_issues_of,
     load_first_round,
     make_bundle_dir,
-    redact_pyspy_text,
     redact_title,
     stack_file_stem,
     write_bundle_file,
@@ -242,7 +241,7 @@ def _stack_record(
     record: dict[str, Any] = {
         "pid": process.pid,
         "role": str(process.role),
-        "title": redact_title(process.title),
+        "title": process.title,
         "files": list(files),
     }
     if dump is not None:
@@ -401,7 +400,7 @@ def _record_stacks(
                 rnd.files[files[-1]] = outcome.json_text.encode()
             if outcome.text is not None:
                 files.append(f"{stack_dir}/{stem}.txt")
-                rnd.files[files[-1]] = redact_pyspy_text(outcome.text).encode()
+                rnd.files[files[-1]] = outcome.text.encode()
             if outcome.status is not DumpStatus.OK:
                 rnd.failures.append(
                     f"py-spy {p.role} {p.pid}: "
@@ -431,9 +430,9 @@ def _record_sample(
         rnd.stats = tuple(ProcessStats(p, None, None, sample) for p in discovery.processes)
     rnd.files[f"processes{suffix}.json"] = json_bytes(
         {
-            "discovery": _discovery_json(discovery),
+            "discovery": discovery.to_json(),
             "sample_seconds": deps.settings.process_sample_seconds,
-            "processes": [_stats_json(s) for s in rnd.stats],
+            "processes": [s.to_json() for s in rnd.stats],
         }
     )
 
@@ -464,20 +463,6 @@ def _task_outcome(task: asyncio.Task[Any]) -> Any:
     return task.result()
 
 
-def _discovery_json(discovery: Discovery) -> dict[str, Any]:
-    data = discovery.to_json()
-    data["processes"] = [
-        {**p.to_json(), "title": redact_title(p.title)} for p in discovery.processes
-    ]
-    return data
-
-
-def _stats_json(stats: ProcessStats) -> dict[str, Any]:
-    data = stats.to_json()
-    data["title"] = redact_title(str(data["title"]))
-    return data
-
-
 def _round_summary(rnd: _Round, deps: EvidenceDeps, finished_at: float) -> dict[str, Any]:
     discovery = rnd.discovery
     return {
@@ -489,7 +474,7 @@ def _round_summary(rnd: _Round, deps: EvidenceDeps, finished_at: float) -> dict[
         "durations": {k: round(v, 4) for k, v in rnd.durations.items()},
         "deadline_seconds": deps.settings.capture_deadline_seconds,
         "deadline_exceeded": rnd.deadline_exceeded,
-        "discovery": _discovery_json(discovery) if discovery else None,
+        "discovery": discovery.to_json() if discovery else None,
         "pids": _pids_by_role(discovery),
         "stacks": rnd.stacks,
         "stacks_skipped": rnd.stacks_skipped,
