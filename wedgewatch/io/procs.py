@@ -38,7 +38,6 @@ from wedgewatch.core.restart.server_proof import (
     plain_ip,
     prove_server,
 )
-from wedgewatch.core.text.redact import redact_url
 from wedgewatch.io.http_parse import port_of
 from wedgewatch.vllm.semantics import Role, classify_role
 
@@ -86,13 +85,14 @@ class ProcessSelector:
     systemd_unit: str | None = None  # a listener in this unit's cgroup counts as named
 
     def describe(self) -> str:
-        """Human-readable source of the root pid, for summaries and errors."""
+        """Human-readable source of the root pid, for a bundle's summary (raw: the bundle
+        writer redacts it)."""
         if self.pid is not None:
             return f"pid {self.pid}"
         if self.pid_file is not None:
             return f"pid file {self.pid_file}"
         if self.url is not None:
-            return f"listener of {redact_url(self.url)}"
+            return f"listener of {self.url}"
         return "nothing (no url, pid or pid file configured)"
 
 
