@@ -339,7 +339,7 @@ class _StepDraft:
                 new_server=proof,
             )
         )
-        if done.probe is not None:
+        if done.probe is not None and done.probe != self.state.probe_answer:
             self.state = replace(self.state, probe_answer=done.probe)
 
     def good_scrape(self, identity: ServerIdentity | None) -> str | None:
