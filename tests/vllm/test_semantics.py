@@ -183,6 +183,19 @@ def test_non_finite_fields_name_queue_gauges_and_counters() -> None:
     bad = replace(reading(generation_tokens=NAN), running=math.inf, kv_cache_usage=NAN)
     assert non_finite_fields(bad) == ("running", "generation tokens")
     assert non_finite_fields(reading()) == ()
+    by_reason = replace(
+        reading(request_success=NAN),
+        waiting_by_reason={"deferred": NAN, "capacity": 1.0},
+        finished_by_reason={"stop": 3.0, "abort": math.inf},
+    )
+    # the total is not judged when the reasons are there; each reason is, by name
+    assert non_finite_fields(by_reason) == ("waiting (deferred)", "finished requests (abort)")
+    assert (
+        non_finite_fields(
+            replace(by_reason, waiting_by_reason={}, finished_by_reason={"stop": 3.0})
+        )
+        == ()
+    )
 
 
 @pytest.mark.parametrize(

@@ -187,6 +187,19 @@ def restart_evidence(before: EngineReading, now: EngineReading) -> tuple[str, fl
 
 def non_finite_fields(reading: EngineReading) -> tuple[str, ...]:
     """The queue gauges and progress counters of `reading` that are NaN or +/-Inf, by name."""
+    values = (
+        reading.running,
+        reading.waiting,
+        *reading.waiting_by_reason.values(),
+        reading.prompt_tokens,
+        reading.generation_tokens,
+        reading.request_success,
+        *reading.finished_by_reason.values(),
+        reading.preemptions,
+        reading.iterations,
+    )
+    if all(map(math.isfinite, values)):  # every value finite (every healthy scrape): no names
+        return ()
     return tuple(name for name, value in _judged_values(reading) if not math.isfinite(value))
 
 
