@@ -227,6 +227,8 @@ class RestartOutcome:
 
 
 def _prune(state: PolicyState, policy: RestartPolicy, at: float) -> PolicyState:
+    if not state.restarts_at:  # the steady state: every scrape asks, nothing to forget
+        return state
     oldest = at - policy.restart_budget_window_seconds
     kept = tuple(r for r in state.restarts_at if r > oldest)
     return state if len(kept) == len(state.restarts_at) else replace(state, restarts_at=kept)
