@@ -143,4 +143,7 @@ fi
 .venv/bin/mypy
 # The property tests' example count (tests/conftest.py): `quick` here, `full` in .ci/run.
 export TEST_HYPOTHESIS_PROFILE="${TEST_HYPOTHESIS_PROFILE:-quick}"
-exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-$(($(nproc) * 2))}" -m "not vllm and not soak" "$@"
+# loadscope: a module (or a class) to one worker, so a module's fixtures are built once; in the
+# order tests/conftest.py gives (the slow modules first), each to the next worker nearly done.
+exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-$(($(nproc) * 2))}" \
+    --dist loadscope --no-loadscope-reorder -m "not vllm and not soak" "$@"
