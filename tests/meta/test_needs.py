@@ -2,9 +2,8 @@
 
 Inner pytest sessions (in one interpreter) collect a test module written here, with this
 tree's conftest.py as a plugin, and `-m MARKER` must select exactly the tests that reach the
-tool: directly, through
-a helper or a constant of their module, through a fixture, through a module-level
-`pytestmark`, or through a helper imported from another module of the test tree.
+tool: directly, through a helper or a constant of their module, through a fixture, through a
+module-level `pytestmark`, or through a helper imported from another module of the test tree.
 """
 
 from __future__ import annotations
