@@ -58,27 +58,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with what it needs (tests/support/needs.py), so `-m` selections are honest;
-    under pytest-xdist, put the slow modules first."""
+    """Mark each test with what it needs (tests/support/needs.py), so `-m` selections are honest."""
     for item in items:
         needs = needs_of(item)
         for need in sorted(needs):
             item.add_marker(need)
         if "vllm" in needs:  # importing torch and vLLM alone takes seconds
             item.add_marker("slow")
-    if hasattr(config, "workerinput"):  # an xdist worker: each collects, all alike
-        slow_modules_first(items)
-
-
-def _module_of(item: pytest.Item) -> str:
-    return item.nodeid.split("::", 1)[0]
-
-
-def slow_modules_first(items: list[pytest.Item]) -> None:
-    """The order of the default tier's schedule (tests/run.sh: `--dist loadscope
-    --no-loadscope-reorder`, a module or a class to one worker, in this order, whenever a worker
-    is nearly done): every module with a `slow` test first, so the end-to-end runs of up to a
-    minute start early and the short tests fill the workers' ends. The order within a module
-    stays, so its module-scoped fixtures (a Prometheus scene) are still built once."""
-    slow = {_module_of(item) for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: _module_of(item) not in slow)  # stable: modules stay whole
