@@ -143,8 +143,4 @@ fi
 .venv/bin/mypy
 # The property tests' example count (tests/conftest.py): `quick` here, `full` in .ci/run.
 export TEST_HYPOTHESIS_PROFILE="${TEST_HYPOTHESIS_PROFILE:-quick}"
-# loadscope: a whole module (or class) to one worker, so a module's fixtures (a Prometheus scene)
-# are built once, in collection order, to each worker with two tests or fewer left: no worker
-# holds a long queue of tests while another idles (docs/development.md, "Parallel runs").
-exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-$(($(nproc) * 2))}" \
-    --dist loadscope --no-loadscope-reorder -m "not vllm and not soak" "$@"
+exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-$(($(nproc) * 2))}" -m "not vllm and not soak" "$@"
