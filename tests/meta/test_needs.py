@@ -1,9 +1,9 @@
 """The need markers come from what a test's code reaches (tests/support/needs.py, via conftest.py).
 
-An inner pytest session collects a test module written here, with this tree's conftest.py as
-a plugin, and `-m MARKER` must select exactly the tests that reach the tool: directly, through
-a helper or a constant of their module, through a fixture, through a module-level
-`pytestmark`, or through a helper imported from another module of the test tree.
+Inner pytest sessions (in one interpreter) collect a test module written here, with this
+tree's conftest.py as a plugin, and `-m MARKER` must select exactly the tests that reach the
+tool: directly, through a helper or a constant of their module, through a fixture, through a
+module-level `pytestmark`, or through a helper imported from another module of the test tree.
 """
 
 from __future__ import annotations
@@ -110,29 +110,61 @@ class TestGrouped:
 """
 
 
-def selected(tmp_path: Path, marker: str) -> set[str]:
-    """The test names the inner session selects with `-m marker`."""
+# One interpreter runs the inner sessions one after another (`pytest.main` per selection): each
+# still collects the module afresh and lets `-m` deselect after the markers are applied, without
+# a new interpreter importing the tree's conftest.py and its helpers for every selection.
+INNER_SESSIONS = """
+import sys
+
+import pytest
+
+root = sys.argv[1]
+for marker in sys.argv[2:]:
+    print("=== -m " + marker, flush=True)
+    code = pytest.main(["-p", "conftest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                        "-m", marker, "--rootdir", root, root + "/test_inner.py"])
+    print("=== exit %d" % code, flush=True)
+"""
+
+MARKER_EXPRESSIONS = ("prometheus", "chromium", "kubectl", "vllm", "slow", "systemd or node")
+
+
+def selected(inner: Path, markers: tuple[str, ...]) -> dict[str, set[str]]:
+    """The test names the inner sessions select, `-m marker` by `-m marker`."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
-            [str(tmp_path), str(TESTS), str(TESTS / "support"), str(TESTS.parent)]
+            [str(inner), str(TESTS), str(TESTS / "support"), str(TESTS.parent)]
         ),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider",
-         "--collect-only", "-q", "-m", marker, "--rootdir", str(tmp_path),
-         str(tmp_path / "test_inner.py")],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path, check=False,
+        [sys.executable, "-c", INNER_SESSIONS, str(inner), *markers],
+        capture_output=True, text=True, timeout=300, env=env, cwd=inner, check=False,
     )  # fmt: skip
-    assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: nothing selected
-    return {line.split("::", 1)[1] for line in done.stdout.splitlines() if "::" in line}
+    assert done.returncode == 0, done.stdout + done.stderr
+    found: dict[str, set[str]] = {}
+    codes: dict[str, str] = {}
+    marker = ""
+    for line in done.stdout.splitlines():
+        if line.startswith("=== -m "):
+            marker = line.removeprefix("=== -m ")
+            found[marker] = set()
+        elif line.startswith("=== exit "):
+            codes[marker] = line.removeprefix("=== exit ")
+        elif "::" in line:
+            found[marker].add(line.split("::", 1)[1])
+    # 0: collected, 5: nothing selected; anything else is a broken inner session.
+    assert set(codes) == set(markers), done.stdout + done.stderr
+    assert set(codes.values()) <= {"0", "5"}, done.stdout + done.stderr
+    return found
 
 
-@pytest.fixture
-def inner(tmp_path: Path) -> Path:
-    (tmp_path / "inner_helpers.py").write_text(HELPERS)
-    (tmp_path / "test_inner.py").write_text(MODULE)
-    return tmp_path
+@pytest.fixture(scope="module")
+def selections(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
+    inner = tmp_path_factory.mktemp("inner")
+    (inner / "inner_helpers.py").write_text(HELPERS)
+    (inner / "test_inner.py").write_text(MODULE)
+    return selected(inner, MARKER_EXPRESSIONS)
 
 
 @pytest.mark.parametrize(
@@ -169,8 +201,8 @@ def inner(tmp_path: Path) -> Path:
     ],
 )
 def test_each_marker_selects_exactly_the_tests_that_reach_its_tool(
-    inner: Path, marker: str, expected: set[str]
+    selections: dict[str, set[str]], marker: str, expected: set[str]
 ) -> None:
     """`-m MARKER` selects the tests that need the tool and no other; `slow` also every test
     that starts the simulator or the daemon."""
-    assert selected(inner, marker) == expected
+    assert selections[marker] == expected
