@@ -444,3 +444,20 @@ def test_every_frozen_dataclass_the_exec_probe_imports_is_made_by_immutable() ->
     made = json.loads(done.stdout)
     assert len(made) > 40
     assert sorted(name for name, ours in made.items() if not ours) == []
+
+
+def test_init_is_the_classs_own_however_it_is_first_reached() -> None:
+    """`__init__`, compiled on first use, is the same whether a subclass, `inspect`, or
+    the class itself reaches it first."""
+    body = {"__doc__": "Lazy.", "__annotations__": {"x": "int"}, "x": 0}
+    through_sub, through_signature, direct = (
+        immutable(type(name, (), dict(body))) for name in ("Sub", "Sig", "Direct")
+    )
+    sub = type("Child", (through_sub,), {})
+    assert (sub(3).x, sub().x, through_sub(4).x) == (3, 0, 4)
+    assert str(inspect.signature(through_signature)) == "(x: 'int' = 0) -> None"
+    assert through_signature(5).x == 5
+    assert direct(6).x == 6
+    for cls in (through_sub, through_signature, direct):
+        assert cls.__init__.__qualname__ == f"{cls.__qualname__}.__init__"  # type: ignore[misc]
+        assert isinstance(vars(cls)["__init__"], type(lambda: None))
