@@ -14,19 +14,23 @@ before the slots replaced it).
 Why it exists: on CPython 3.11 the standard decorator compiles every generated method of a
 class with its own `exec` (`__init__`, `__repr__`, `__eq__`, `__hash__`, and for a frozen
 class `__setattr__` and `__delattr__`), about 0.3 ms a class. The exec probe imports some
-fifty value types to answer once and exit: about 15 ms of CPU. Here the standard decorator
-only collects the fields and makes the slots; `__init__` is the one method compiled, when
-it is first used (it stores through the slots' descriptors, no slower than the standard
-one), and the others are closures over the field names.
+fifty value types to answer once and exit: about 15 ms of CPU. Here the fields are
+collected as the standard library collects them (its `Field` objects, marked as it marks
+them: the marks are read off one class it made, `_Shape`), the class is made again with
+slots, `__init__` is the one method compiled, when it is first used (it stores through the
+slots' descriptors, no slower than the standard one), and the others are closures over the
+field names.
 
-What it does not support (a class with a base class, `ClassVar` or `InitVar` annotations,
-a field option other than a default, a default factory or metadata, a class defining
-`__setattr__`, `__delattr__`, `__slots__` or an ordering method) is a `TypeError` when
-the class is defined: use `dataclasses.dataclass(frozen=True, slots=True)` for it.
+What it does not support (a class with a base class or a metaclass, `ClassVar` or
+`InitVar` annotations, a field option other than a default, a default factory or
+metadata, a class defining `__setattr__`, `__delattr__`, `__slots__` or an ordering
+method) is a `TypeError` when the class is defined: use
+`dataclasses.dataclass(frozen=True, slots=True)` for it.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 from _thread import get_ident
@@ -60,6 +64,8 @@ def _check_supported(cls: type) -> None:
     """Raise TypeError for a class whose standard-library dataclass this module cannot copy."""
     if cls.__bases__ != (object,):
         raise _unsupported(cls, "it has a base class")
+    if type(cls) is not type:
+        raise _unsupported(cls, "it has a metaclass")
     body = cls.__dict__
     for name in ("__slots__", "__setattr__", "__delattr__", *_ORDER):
         if name in body:
@@ -229,13 +235,59 @@ def _ordering(values: Callable[[Any], tuple[Any, ...]]) -> dict[str, Any]:
     return {"__lt__": __lt__, "__le__": __le__, "__gt__": __gt__, "__ge__": __ge__}
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Shape:
+    """What the standard library writes into a frozen, slotted dataclass, read off one."""
+
+    field: int
+
+
+_FIELD_KIND = _Shape.__dataclass_fields__["field"]._field_type  # type: ignore[attr-defined]
+_PARAMS = {False: _Shape.__dataclass_params__, True: copy.copy(_Shape.__dataclass_params__)}  # type: ignore[attr-defined]
+_PARAMS[True].order = True
+
+
+def _fields(cls: type) -> dict[str, Field[Any]]:
+    """The class's fields, as the standard library's `_process_class` makes them."""
+    body = cls.__dict__
+    annotations = body.get("__annotations__", {})
+    fields: dict[str, Field[Any]] = {}
+    for name, annotation in annotations.items():
+        default = body.get(name, MISSING)
+        made: Any = default if isinstance(default, Field) else dataclasses.field(default=default)
+        made.name = name
+        made.type = annotation
+        made._field_type = _FIELD_KIND
+        made.kw_only = False
+        if made.default is not MISSING and made.default.__class__.__hash__ is None:
+            raise ValueError(
+                f"mutable default {type(made.default)} for field {name} is not allowed: "
+                "use default_factory"
+            )
+        fields[name] = made
+    for name, value in body.items():
+        if isinstance(value, Field) and name not in annotations:
+            raise TypeError(f"{name!r} is a field but has no type annotation")
+    return fields
+
+
 def _make(cls: type[_T], order: bool) -> type[_T]:
     _check_supported(cls)
     body = dict(cls.__dict__)
-    # The standard library collects the fields (`__dataclass_fields__`, `__match_args__`)
-    # and rebuilds the class with slots; the methods it would compile one by one are ours.
-    made: Any = dataclasses.dataclass(cls, init=False, repr=False, eq=False, slots=True)
-    fields = dataclasses.fields(made)
+    fields_by_name = _fields(cls)
+    names = tuple(fields_by_name)
+    # The class again, with slots for the fields (what the standard library does for
+    # `slots=True`), and the attributes `dataclasses.fields`, `replace` and `asdict` read.
+    namespace = {k: v for k, v in body.items() if k not in fields_by_name}
+    namespace.pop("__dict__", None)
+    namespace.pop("__weakref__", None)
+    namespace["__slots__"] = names
+    namespace["__dataclass_fields__"] = fields_by_name
+    namespace["__dataclass_params__"] = _PARAMS[order]
+    namespace.setdefault("__match_args__", names)
+    made: Any = type(cls.__name__, cls.__bases__, namespace)
+    made.__qualname__ = cls.__qualname__
+    fields = tuple(fields_by_name.values())
     methods: dict[str, Any] = _methods(made, fields, order)
     explicit_hash = body.get("__hash__", MISSING)
     if not (explicit_hash is MISSING or (explicit_hash is None and "__eq__" in body)):
@@ -247,9 +299,6 @@ def _make(cls: type[_T], order: bool) -> type[_T]:
         setattr(made, name, method)
     if "__init__" not in body:
         made.__init__ = _LazyInit(made, fields)
-    params = made.__dataclass_params__
-    params.init = params.repr = params.eq = params.frozen = True
-    params.order = order
     if not body.get("__doc__"):
         import inspect  # noqa: PLC0415 - as the standard library does, for a class without one
 
