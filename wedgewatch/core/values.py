@@ -17,9 +17,9 @@ class `__setattr__` and `__delattr__`), about 0.3 ms a class. The exec probe imp
 fifty value types to answer once and exit: about 15 ms of CPU. Here the fields are
 collected as the standard library collects them (its `Field` objects, marked as it marks
 them: the marks are read off one class it made, `_Shape`), the class is made again with
-slots, `__init__` is the one method compiled, when it is first used (it stores through the
-slots' descriptors, no slower than the standard one), and the others are closures over the
-field names.
+slots, and `__init__`, `__eq__` and `__hash__` are compiled each when first used (`__init__`
+stores through the slots' descriptors, no slower than the standard one); the other methods
+are closures over the field names.
 
 What it does not support (a class with a base class or a metaclass, `ClassVar` or
 `InitVar` annotations, a field option other than a default, a default factory or
@@ -91,8 +91,26 @@ def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
     return lambda _self: ()
 
 
+def _compile(
+    cls: type, name: str, params: list[str], lines: list[str], scope: dict[str, Any]
+) -> Any:
+    """The method `name` of `cls`, from its parameters and body (one `exec`)."""
+    source = (
+        f"def __create_fn__({', '.join(scope)}):\n"
+        f" def {name}({', '.join(params)}):\n"
+        + "".join(f"  {line}\n" for line in lines or ["pass"])
+        + f" return {name}\n"
+    )
+    module = sys.modules.get(cls.__module__)
+    namespace: dict[str, Any] = {}
+    exec(source, module.__dict__ if module else {}, namespace)  # noqa: S102 - the method's text is made here from field names
+    method = namespace["__create_fn__"](**scope)
+    method.__qualname__ = f"{cls.__qualname__}.{name}"
+    return method
+
+
 def _init(cls: type, fields: tuple[Field[Any], ...]) -> Callable[..., None]:
-    """`__init__`, the one method compiled: it stores each argument through its slot."""
+    """`__init__`: it stores each argument through its slot's descriptor."""
     scope: dict[str, Any] = {"_HAS_DEFAULT_FACTORY": _HAS_DEFAULT_FACTORY}
     params = ["self"]
     lines = []
@@ -119,36 +137,58 @@ def _init(cls: type, fields: tuple[Field[Any], ...]) -> Callable[..., None]:
             lines.append(f"_set_{f.name}(self, {f.name})")
     if hasattr(cls, "__post_init__"):
         lines.append("self.__post_init__()")
-    source = (
-        f"def __create_fn__({', '.join(scope)}):\n"
-        f" def __init__({', '.join(params)}):\n"
-        + "".join(f"  {line}\n" for line in lines or ["pass"])
-        + " return __init__\n"
-    )
-    module = sys.modules.get(cls.__module__)
-    namespace: dict[str, Any] = {}
-    exec(source, module.__dict__ if module else {}, namespace)  # noqa: S102 - the method's text is made here from field names
-    init: Callable[..., None] = namespace["__create_fn__"](**scope)
+    init: Callable[..., None] = _compile(cls, "__init__", params, lines, scope)
     init.__annotations__ = {f.name: f.type for f in fields} | {"return": None}
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
     return init
 
 
-class _LazyInit:
-    """A class's `__init__` until something first reads it (to construct an instance,
-    `inspect.signature`, `cls.__init__`): then it is compiled and put in its place. A
-    process that defines fifty value types and makes twenty compiles twenty."""
+def _as_tuple(owner: str, fields: tuple[Field[Any], ...]) -> str:
+    return "(" + "".join(f"{owner}.{f.name}," for f in fields) + ")"
 
-    __slots__ = ("cls", "fields")
 
-    def __init__(self, cls: type, fields: tuple[Field[Any], ...]) -> None:
+def _eq(cls: type, fields: tuple[Field[Any], ...]) -> Callable[[Any, Any], Any]:
+    """`__eq__`: the tuples of field values, for two instances of one class."""
+    lines = [
+        "if other.__class__ is self.__class__:",
+        f" return {_as_tuple('self', fields)}=={_as_tuple('other', fields)}",
+        "return NotImplemented",
+    ]
+    eq: Callable[[Any, Any], Any] = _compile(cls, "__eq__", ["self", "other"], lines, {})
+    return eq
+
+
+def _hash(cls: type, fields: tuple[Field[Any], ...]) -> Callable[[Any], int]:
+    """`__hash__`: the hash of the tuple of field values."""
+    lines = [f"return hash({_as_tuple('self', fields)})"]
+    hash_: Callable[[Any], int] = _compile(cls, "__hash__", ["self"], lines, {})
+    return hash_
+
+
+#: The methods compiled when first used, and how.
+_COMPILED: dict[str, Callable[[type, tuple[Field[Any], ...]], Any]] = {
+    "__init__": _init,
+    "__eq__": _eq,
+    "__hash__": _hash,
+}
+
+
+class _OnFirstUse:
+    """A compiled method of a class (`_COMPILED`) until something first reads it (to
+    construct, compare or hash an instance, `inspect.signature`, `cls.__init__`): then it
+    is compiled and put in its place. A process that defines fifty value types and makes
+    twenty compiles twenty `__init__`s."""
+
+    __slots__ = ("cls", "fields", "name")
+
+    def __init__(self, cls: type, name: str, fields: tuple[Field[Any], ...]) -> None:
         self.cls = cls
+        self.name = name
         self.fields = fields
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
-        init = _init(self.cls, self.fields)
-        type.__setattr__(self.cls, "__init__", init)
-        return init if instance is None else init.__get__(instance, owner)
+        method = _COMPILED[self.name](self.cls, self.fields)
+        type.__setattr__(self.cls, self.name, method)
+        return method if instance is None else method.__get__(instance, owner)
 
 
 def _methods(cls: type, fields: tuple[Field[Any], ...], order: bool) -> dict[str, Any]:
@@ -157,7 +197,7 @@ def _methods(cls: type, fields: tuple[Field[Any], ...], order: bool) -> dict[str
     values = _getter(names)
     owner: Any = cls
     running: set[tuple[int, int]] = set()
-    parts = tuple(f"{name}=" for name in names)
+    shown = ", ".join(f"{name}=%r" for name in names)  # one `%` formats every field
 
     def __repr__(self: Any) -> str:
         key = id(self), get_ident()
@@ -165,18 +205,9 @@ def _methods(cls: type, fields: tuple[Field[Any], ...], order: bool) -> dict[str
             return "..."
         running.add(key)
         try:
-            shown = ", ".join([p + repr(v) for p, v in zip(parts, values(self), strict=True)])
-            return f"{self.__class__.__qualname__}({shown})"
+            return f"{self.__class__.__qualname__}({shown % values(self)})"
         finally:
             running.discard(key)
-
-    def __eq__(self: Any, other: Any) -> Any:
-        if other.__class__ is self.__class__:
-            return values(self) == values(other)
-        return NotImplemented
-
-    def __hash__(self: Any) -> int:
-        return hash(values(self))
 
     def __setattr__(self: Any, name: str, value: Any) -> None:
         if type(self) is cls or name in names:
@@ -197,8 +228,6 @@ def _methods(cls: type, fields: tuple[Field[Any], ...], order: bool) -> dict[str
 
     methods: dict[str, Any] = {
         "__repr__": __repr__,
-        "__eq__": __eq__,
-        "__hash__": __hash__,
         "__setattr__": __setattr__,
         "__delattr__": __delattr__,
         "__getstate__": __getstate__,
@@ -289,16 +318,16 @@ def _make(cls: type[_T], order: bool) -> type[_T]:
     made.__qualname__ = cls.__qualname__
     fields = tuple(fields_by_name.values())
     methods: dict[str, Any] = _methods(made, fields, order)
+    methods.update({name: _OnFirstUse(made, name, fields) for name in _COMPILED})
     explicit_hash = body.get("__hash__", MISSING)
     if not (explicit_hash is MISSING or (explicit_hash is None and "__eq__" in body)):
         del methods["__hash__"]  # the class's own, as the standard library keeps it
     for name, method in methods.items():
         if name in body and name != "__hash__":
             continue
-        method.__qualname__ = f"{made.__qualname__}.{name}"
+        if not isinstance(method, _OnFirstUse):
+            method.__qualname__ = f"{made.__qualname__}.{name}"
         setattr(made, name, method)
-    if "__init__" not in body:
-        made.__init__ = _LazyInit(made, fields)
     if not body.get("__doc__"):
         import inspect  # noqa: PLC0415 - as the standard library does, for a class without one
 
