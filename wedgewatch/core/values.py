@@ -336,7 +336,7 @@ def _make(cls: type[_T], order: bool) -> type[_T]:
 
 
 if TYPE_CHECKING:
-    from typing_extensions import dataclass_transform
+    from typing import dataclass_transform
 
     @overload
     def immutable(cls: type[_T], /) -> type[_T]: ...
