@@ -27,9 +27,10 @@ import math
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from wedgewatch.core.values import immutable
 
 #: Flags of `check` that are settings, and how the full CLI converts their values.
 _SETTING_FLAGS: dict[str, tuple[str, type[float] | type[int] | type[str]]] = {
@@ -49,7 +50,7 @@ _VALUE_OPTIONS = frozenset({"--for", "--state-file", "--config", *_SETTING_FLAGS
 _SWITCHES = frozenset({"--json", "--critical-only"})
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProbeArgs:
     """A `check` invocation the fast path can answer."""
 

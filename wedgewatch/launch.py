@@ -26,13 +26,13 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import NoReturn, TextIO
 
 import structlog
 
 from wedgewatch.config import Config, Target, default_target_name
 from wedgewatch.core.detection.states import CapturePhase
+from wedgewatch.core.values import immutable
 from wedgewatch.daemon.adapters import (
     FileStateStore,
     evidence_settings,
@@ -77,7 +77,7 @@ class LaunchError(Exception):
     """A check before launch failed; the message says what to do."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class LaunchCommand:
     """What to execute: the full argv and the environment variables set on top of ours."""
 
@@ -142,7 +142,7 @@ def render_profiles(profiles: Mapping[str, Profile]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class _Flag:
     key: str  # name without leading dashes and without a `no-` prefix
     tokens: tuple[str, ...]
@@ -237,7 +237,7 @@ def build_command(
 # ---- checks before launch (IO) -------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class VllmBinary:
     """A resolved vllm executable and what it says about itself."""
 
@@ -451,7 +451,7 @@ def exit_status(returncode: int) -> int:
 # ---- what `wedgewatch launch` does (IO) -----------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class LaunchOptions:
     """The launch command line, parsed."""
 
@@ -464,7 +464,7 @@ class LaunchOptions:
     dev_endpoints: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Prepared:
     """A command ready to run, and the binary it was built for (None: not found, dry run)."""
 

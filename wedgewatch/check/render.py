@@ -11,7 +11,6 @@ terminal, and a `|` outside the perfdata is printed as `¦`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from wedgewatch.core.detection.detect import EngineVerdict
@@ -21,6 +20,7 @@ from wedgewatch.core.restart.restart_policy import PolicyEvent
 from wedgewatch.core.text import nagios
 from wedgewatch.core.text.escape import safe_line
 from wedgewatch.core.text.redact import redact_value
+from wedgewatch.core.values import immutable
 
 #: A check's status is the detector's state of the target (`core.states.EngineState`).
 Status = EngineState
@@ -40,7 +40,7 @@ EXIT_CODES: dict[Status, int] = {state: _exit_code(state) for state in EngineSta
 _NAGIOS_WORDS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class StallThresholds:
     """`-w`/`-c`: Nagios ranges on each engine's stalled seconds."""
 
@@ -56,7 +56,7 @@ class StallThresholds:
         return EXIT_OK
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CheckReport:
     """The outcome of one check: the worst state, the engines' verdicts, and any error."""
 

@@ -34,7 +34,7 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -61,6 +61,7 @@ from wedgewatch.core.detection.states import EngineState, ScrapeFailureReason
 from wedgewatch.core.episode.events import ReportEvent
 from wedgewatch.core.restart import probe_step
 from wedgewatch.core.restart.restart_policy import RestartPolicy
+from wedgewatch.core.values import immutable
 from wedgewatch.io import http_get
 from wedgewatch.io.scrape_rules import ScrapeLimits
 
@@ -75,7 +76,7 @@ Observe = Callable[[str, ScrapeLimits, Clock], Awaitable[Observation]]
 _T = TypeVar("_T")
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CheckOptions:
     """What one `wedgewatch check` run does."""
 
@@ -92,7 +93,7 @@ class CheckOptions:
     thresholds: StallThresholds | None = None  # -w/-c
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class _Window:
     """The scrape loop's outcome: the report, the detector's state, the last verdict."""
 

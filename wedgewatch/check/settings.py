@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from wedgewatch.core.detection import states
 from wedgewatch.core.detection.detect import DetectionPolicy
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.core.text.redact import redact_url
+from wedgewatch.core.values import immutable
 from wedgewatch.io.scrape_rules import ScrapeLimits
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ CHECK_FLAG_SETTINGS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CheckSettings:
     """The slice of the configuration a check uses; cached in the probe's state file."""
 

@@ -21,7 +21,7 @@ import fcntl
 import json
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from wedgewatch.core.restart import probe_step, restart_codec
 from wedgewatch.core.restart.probe_step import ProbeState
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.core.text.redact import redact_url
+from wedgewatch.core.values import immutable
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.private_paths import open_lock_file, private_dir, read_private
 
@@ -48,7 +49,7 @@ Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class StateFile:
     """One probe's state file and what its contents are judged by."""
 
@@ -59,7 +60,7 @@ class StateFile:
     settings_cache: Mapping[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Saved:
     """What the state file carries from one check to the next."""
 

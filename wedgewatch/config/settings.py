@@ -6,16 +6,16 @@ Shared by the loader (`config.sources`), the CLI flags and the generated referen
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from wedgewatch.config.model import ENV_PREFIX, Config
+from wedgewatch.core.values import immutable
 
 # ---------------------------------------------------------------------------------------
 # Field metadata shared by the loader, the CLI flags and the generated reference.
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Setting:
     """How one field is spelled and documented."""
 

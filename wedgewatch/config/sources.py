@@ -10,7 +10,6 @@ import difflib
 import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from wedgewatch.config.model import (
 )
 from wedgewatch.config.settings import SETTINGS, Setting
 from wedgewatch.core.text.redact import redact_url, redact_webhook_url
+from wedgewatch.core.values import immutable
 
 Source = str  # "default" | "file:PATH" | "env:NAME" | "flag:--x"
 
@@ -34,7 +34,7 @@ Source = str  # "default" | "file:PATH" | "env:NAME" | "flag:--x"
 MAX_CONFIG_BYTES = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class LoadedConfig:
     """The effective configuration and where each value came from."""
 

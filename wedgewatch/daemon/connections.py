@@ -57,10 +57,11 @@ import termios
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import structlog
+
+from wedgewatch.core.values import immutable
 
 if TYPE_CHECKING:
     from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -91,7 +92,7 @@ SEND_BUFFER_BYTES: Final = 64 * 1024
 REPORT_EVERY_SECONDS: Final = 60.0
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ConnectionLimits:
     """The bounds of the daemon's HTTP server (see the module docstring for each rule)."""
 

@@ -39,7 +39,6 @@ import math
 import signal
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -51,6 +50,7 @@ from wedgewatch.config import Config, ConfigError, Target
 from wedgewatch.core.detection.states import SCRAPE_FAILURE_REASONS, EngineState, Family
 from wedgewatch.core.episode import episode as episode_core
 from wedgewatch.core.restart import restart_policy
+from wedgewatch.core.values import immutable
 from wedgewatch.daemon.adapters import FileStateStore, capture_deadline_seconds, real_deps
 from wedgewatch.daemon.ownmetrics import OwnMetrics
 from wedgewatch.daemon.publish import restored_core
@@ -388,7 +388,7 @@ def _log_save_failed(failed: statefile.SaveFailed) -> None:
 # Entry point
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Reloader:
     """How `run` reloads its configuration on SIGHUP (`serve` builds the real one).
 

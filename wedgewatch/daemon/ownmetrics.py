@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Metric
@@ -24,6 +23,7 @@ from wedgewatch.core.detection.canary import CANARY_FAILURE_REASONS
 from wedgewatch.core.detection.states import CaptureFailureReason, CapturePhase
 from wedgewatch.core.restart.restart_policy import FailureReason
 from wedgewatch.core.text.redact import redact_text
+from wedgewatch.core.values import immutable
 
 # Buckets for how long an evidence capture takes: py-spy of a handful of processes
 # normally finishes in a second or two; the goal is a complete bundle within 5 s.
@@ -42,7 +42,7 @@ RESTART_FAILURE_REASONS = tuple(str(reason) for reason in FailureReason)
 CAPTURE_FAILURE_REASONS = tuple(str(reason) for reason in CaptureFailureReason)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EngineSample:
     """What the metrics say about one engine after a tick (plain values, no detector types)."""
 

@@ -7,7 +7,7 @@ grow with the number of targets that did nothing (`daemon.Daemon` assembles them
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from wedgewatch.config import Target
@@ -22,12 +22,13 @@ from wedgewatch.core.episode import episode_store
 from wedgewatch.core.episode.episode import EpisodeState
 from wedgewatch.core.restart import probe_policy, restart_policy
 from wedgewatch.core.restart.probe_policy import ProbeVerdict
+from wedgewatch.core.values import immutable
 from wedgewatch.daemon.report import shown_url, wall
 from wedgewatch.io import statefile
 from wedgewatch.vllm.signals import EngineReading
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EngineSnapshot:
     """One engine as the endpoints show it (wall-clock times, JSON-friendly values)."""
 
@@ -43,7 +44,7 @@ class EngineSnapshot:
     reading: EngineReading | None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TargetSnapshot:
     """One watched server after the latest tick."""
 

@@ -7,7 +7,7 @@ real ones and the tests pass fakes (a fake clock replays a 30-minute story in mi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -18,6 +18,7 @@ from wedgewatch.core.detection.detect import (
     Observation,
 )
 from wedgewatch.core.detection.states import CaptureFailureReason, EpisodePhase
+from wedgewatch.core.values import immutable
 from wedgewatch.io import restarters, statefile
 from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.procs import ProcessFinder
@@ -45,7 +46,7 @@ class Sleeper(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ScrapeResult:
     """One scrape: the observation for the detector, the raw body of a good one, its duration."""
 
@@ -78,7 +79,7 @@ class CanarySender(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CaptureRequest:
     """What an evidence capture needs to know: who, why, and what the loop has seen."""
 
@@ -94,7 +95,7 @@ class CaptureRequest:
     verdict_at: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CaptureOutcome:
     """What a capture produced: the bundle directory, failed steps (reasons), the triage."""
 
@@ -106,7 +107,7 @@ class CaptureOutcome:
     triage_kind: str | None = None  # the triage's kind alone (the cure ladder reads it)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class AbortOutcome:
     """What the abort cure's call did, and whether the canary sent after it completed."""
 
@@ -200,7 +201,7 @@ class ServiceManager(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Deps:
     """Everything the daemon talks to; `real_deps(config)` builds the real ones."""
 

@@ -28,7 +28,7 @@ import datetime as dt
 import math
 import socket
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import uvicorn
@@ -41,6 +41,7 @@ from starlette.routing import Route
 from wedgewatch.core.detection.readiness import ready_verdict
 from wedgewatch.core.detection.states import ACTED_ON
 from wedgewatch.core.text.redact import redact_value
+from wedgewatch.core.values import immutable
 from wedgewatch.daemon.connections import ConnectionGuard, ConnectionLimits, guarded_protocol
 from wedgewatch.daemon.ownmetrics import render
 from wedgewatch.daemon.publish import TargetSnapshot
@@ -52,7 +53,7 @@ from wedgewatch.vllm.signals import EngineReading
 PROBE_FAILING_STATES = ACTED_ON
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Snapshot:
     """Everything the endpoints need, published whole by the loop after each tick."""
 

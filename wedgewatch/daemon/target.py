@@ -31,6 +31,7 @@ from wedgewatch.core.restart import restart_policy
 from wedgewatch.core.restart.probe_policy import ServerMark
 from wedgewatch.core.restart.replacement import ServerIdentity
 from wedgewatch.core.text.escape import safe_line
+from wedgewatch.core.values import immutable
 from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import TargetSnapshot, target_ready, target_record, target_snapshot
 from wedgewatch.daemon.report import (
@@ -65,7 +66,7 @@ class Timeouts:
     restart_seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class _CaptureJob:
     effect: core.Capture
     body: bytes | None

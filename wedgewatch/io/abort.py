@@ -15,13 +15,13 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import httpx
 
 from wedgewatch import __version__
 from wedgewatch.core.restart.server_proof import prove_server
 from wedgewatch.core.text.redact import redact_text, redact_url
+from wedgewatch.core.values import immutable
 from wedgewatch.io.canary import base_url_of, endpoint
 from wedgewatch.io.procs import Discovery, own_lineage
 from wedgewatch.io.scrape_rules import one_line
@@ -32,7 +32,7 @@ ABORT_ROUTE = "/abort_requests"
 MAX_ANSWER_BYTES = 16 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class AbortResult:
     """How the abort call went: `ok` with the number of requests vLLM aborted, or why not."""
 

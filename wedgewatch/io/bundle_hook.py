@@ -19,17 +19,17 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from wedgewatch.core.restart.restart_policy import FailureReason
+from wedgewatch.core.values import immutable
 from wedgewatch.io.restarters import inherited_environment, run_operator_command
 
 HookResult = Literal["ok", "failed", "timeout"]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class HookOutcome:
     """How one run of the hook went."""
 

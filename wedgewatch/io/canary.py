@@ -17,7 +17,6 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import httpx
@@ -25,6 +24,7 @@ import httpx
 from wedgewatch import __version__
 from wedgewatch.core.detection.canary import CanaryFailureReason, CanaryResult
 from wedgewatch.core.text.redact import redact_text
+from wedgewatch.core.values import immutable
 from wedgewatch.io.http_parse import same_origin
 from wedgewatch.io.scrape_rules import REDIRECT_STATUSES, is_refused, one_line
 
@@ -34,7 +34,7 @@ REQUEST_ID_PREFIX = "wedgewatch-canary-"
 MAX_RESPONSE_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CanarySpec:
     """What to send and to whom; `model` empty means the first id of `/v1/models`."""
 

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -36,6 +36,7 @@ from wedgewatch.core.restart.doctor import (
     render,
 )
 from wedgewatch.core.text.redact import redact_url
+from wedgewatch.core.values import immutable
 from wedgewatch.io import http_get as http_get_io
 from wedgewatch.io import procs, pyspy, scrape_rules
 from wedgewatch.io.canary import base_url_of, endpoint
@@ -155,7 +156,7 @@ def listen_addresses(pids: Sequence[int], port: int | None) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Lookups:
     """Every way the doctor reads the machine; tests replace any of them."""
 

@@ -45,6 +45,7 @@ from wedgewatch.core.evidence.triage import (
     TriageKind,
     triage,
 )
+from wedgewatch.core.values import immutable
 from wedgewatch.io.build_capture import capture_build
 from wedgewatch.io.bundles import (
     apply_retention,
@@ -80,7 +81,7 @@ SCHEMA = "wedgewatch.evidence/1"
 _DUMPED_ROLES = (Role.API_SERVER, Role.ENGINE_CORE, Role.WORKER)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EvidenceSettings:
     """The evidence slice of the configuration (the daemon narrows `Config` into this)."""
 
@@ -110,7 +111,7 @@ class EvidenceSettings:
             raise ValueError(f"evidence_max_bytes must be >= 1, got {self.evidence_max_bytes!r}")
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CaptureRequest:
     """Who to capture, why, and what the daemon has seen.
 
@@ -141,7 +142,7 @@ class CaptureRequest:
             object.__setattr__(self, "bundle", Path(self.bundle))
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class BundleResult:
     """What a capture produced. `failures` lists every step that did not work, in words."""
 

@@ -43,7 +43,6 @@ import datetime as dt
 import math
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -60,6 +59,7 @@ from wedgewatch.core.text.redact import (
     scrub_text,
     secret_fragments,
 )
+from wedgewatch.core.values import immutable
 
 log = structlog.get_logger("wedgewatch.notify")
 
@@ -70,7 +70,7 @@ FIELD_MAX_CHARS = 2048
 TEXT_MAX_CHARS = 4096
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Notification:
     """One thing that happened to a target, at Unix time `timestamp`."""
 
@@ -85,7 +85,7 @@ class Notification:
     bundle: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class WebhookFailure:
     """A notification that could not be delivered to `url`."""
 
@@ -95,7 +95,7 @@ class WebhookFailure:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class NotifyStats:
     """Counters since the notifier was created (summed over URLs)."""
 

@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -38,13 +37,14 @@ from wedgewatch.core.restart.server_proof import (
     plain_ip,
     prove_server,
 )
+from wedgewatch.core.values import immutable
 from wedgewatch.io.http_parse import port_of
 from wedgewatch.vllm.semantics import Role, classify_role
 
 _WILDCARD_IPS = frozenset({"0.0.0.0", "::", "::0"})
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProcessRecord:
     """The raw facts about one process, as read from the system."""
 
@@ -54,7 +54,7 @@ class ProcessRecord:
     status: str = "running"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ServerProcess:
     """One process of the watched server, with its role."""
 
@@ -75,7 +75,7 @@ class ServerProcess:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProcessSelector:
     """How the server's root process is found; the first that is set wins: pid, pid_file, url."""
 
@@ -96,7 +96,7 @@ class ProcessSelector:
         return "nothing (no url, pid or pid file configured)"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Discovery:
     """The server's processes, or why they could not be found."""
 
@@ -215,7 +215,7 @@ def endpoint_of_url(url: str) -> tuple[str, int] | str:
     return parts.hostname, port
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ListeningSocket:
     """A TCP socket in LISTEN state."""
 
@@ -282,7 +282,7 @@ def choose_root(listeners: Sequence[int], parents: Mapping[int, int]) -> int:
     return roots[0] if roots else min(candidates)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProcessReading:
     """Counters of one process at one instant (for CPU percent over a sample)."""
 
@@ -295,7 +295,7 @@ class ProcessReading:
     status: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProcessStats:
     """One process in `processes.json`: identity plus a short CPU sample."""
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wedgewatch.core.evidence.profile import FoldedProfile, parse_folded
+from wedgewatch.core.values import immutable
 from wedgewatch.io.pyspy import (
     PTRACE_FIX,
     PYSPY_MISSING_FIX,
@@ -42,7 +43,7 @@ _STDERR_TAIL_BYTES = 2000
 _FOLDED_MAX_BYTES = 16 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProfileResult:
     """One EngineCore's sampled profile, or why there is none."""
 

@@ -45,6 +45,7 @@ from typing import Protocol
 
 from wedgewatch.core.evidence.proc_state import ProcState, parse_stat_state, sigstop_pending
 from wedgewatch.core.evidence.triage import Thread, parse_pyspy_json
+from wedgewatch.core.values import immutable
 from wedgewatch.io.procs import read_proc_state
 from wedgewatch.io.runner import run_command
 
@@ -78,7 +79,7 @@ class DumpStatus(StrEnum):
 _FINAL = frozenset({DumpStatus.PERMISSION_DENIED, DumpStatus.NO_PROCESS, DumpStatus.CANCELLED})
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Attempt:
     """One py-spy run."""
 
@@ -105,7 +106,7 @@ class Attempt:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class StackDump:
     """Everything py-spy produced for one process, and how it went."""
 

@@ -14,7 +14,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -24,6 +23,7 @@ from wedgewatch.core.restart.restart_policy import FailureReason, RestartOutcome
 from wedgewatch.core.restart.server_proof import prove_server
 from wedgewatch.core.text.escape import neutralise
 from wedgewatch.core.text.redact import redact_text, redact_url
+from wedgewatch.core.values import immutable
 from wedgewatch.io.procs import PinnedProcess, own_lineage, pin, title_from_cmdline
 from wedgewatch.io.runner import CommandResult, run_command
 
@@ -36,7 +36,7 @@ OUTPUT_TAIL_BYTES = 2000
 _POLL_SECONDS = 0.05
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RestartRequest:
     """What the daemon knows about the server to restart and why."""
 
@@ -169,7 +169,7 @@ def _describe(proc: psutil.Process) -> str:
     return f"{proc.pid} ({title[:60]})"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class _Termination:
     signalled: int  # processes tracked
     term_exited: bool  # everything was gone before the grace ran out

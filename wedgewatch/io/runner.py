@@ -25,8 +25,9 @@ import signal
 import tempfile
 from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import IO, Any, Literal, TypeVar
+
+from wedgewatch.core.values import immutable
 
 T = TypeVar("T")
 
@@ -36,7 +37,7 @@ REAP_SECONDS = 5.0
 Keep = Literal["head", "tail"]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CommandResult:
     """What one command did: data, never an exception."""
 

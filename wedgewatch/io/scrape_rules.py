@@ -28,7 +28,6 @@ from __future__ import annotations
 import errno
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
@@ -36,6 +35,7 @@ from wedgewatch import __version__
 from wedgewatch.core.detection.detect import Observation, Scraped, ScrapeFailed
 from wedgewatch.core.detection.states import ScrapeFailureReason
 from wedgewatch.core.text.redact import redact_url, scrub_text, secret_fragments
+from wedgewatch.core.values import immutable
 from wedgewatch.io.http_parse import OffOriginRedirect, port_of, redirect_target
 from wedgewatch.vllm import signals
 
@@ -58,7 +58,7 @@ _INFLATE_STEP_BYTES = 256 * 1024
 _OK = 200
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ScrapeLimits:
     """The bounds of one scrape."""
 
@@ -67,7 +67,7 @@ class ScrapeLimits:
     max_engines: int = signals.DEFAULT_MAX_ENGINES
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Fetched:
     """A complete 200 response."""
 
@@ -77,7 +77,7 @@ class Fetched:
     elapsed_seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class FetchFailed:
     """A scrape that produced no usable body, with a closed-set reason and a one-line detail."""
 

@@ -53,6 +53,7 @@ from wedgewatch.core.episode.episode_store import EpisodeRecord
 from wedgewatch.core.restart import restart_codec
 from wedgewatch.core.restart.probe_policy import ProbeRecord
 from wedgewatch.core.restart.restart_policy import PolicyRecord
+from wedgewatch.core.values import immutable
 from wedgewatch.io.atomic import remove_leftovers, write_atomic
 from wedgewatch.io.private_paths import UnsafePath, open_lock_file, private_dir, read_private
 
@@ -63,7 +64,7 @@ _RESET_PREFIX = "reset-request."
 _RESET_ALL = "reset-request-all"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TargetRecord:
     """Everything persisted about one target."""
 
@@ -73,7 +74,7 @@ class TargetRecord:
     probe: ProbeRecord | None = None  # the probe's served failures (`core.restart_codec`)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class SavedState:
     """The whole state file: one record per target name."""
 
@@ -81,7 +82,7 @@ class SavedState:
     written_timestamp: float | None = None  # when it was saved (set by `load`)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Loaded:
     """The result of `load`: the state, and what was wrong with the file if anything."""
 
@@ -89,7 +90,7 @@ class Loaded:
     problem: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Saved:
     """`save` wrote `size_bytes` to `path`."""
 
@@ -97,7 +98,7 @@ class Saved:
     size_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class SaveFailed:
     """`save` could not write the file; the previous file (if any) is intact."""
 
@@ -376,7 +377,7 @@ class StateLock:
             self._fd = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class LockFailed:
     """The state directory is in use (`holder` is that process's pid), or unusable."""
 
@@ -422,7 +423,7 @@ def lock_state_dir(state_dir: Path) -> StateLock | LockFailed:
 # -- operator resets -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ResetRequests:
     """Restart-budget resets an operator asked for since the last look."""
 
@@ -465,7 +466,7 @@ def take_reset_requests(state_dir: Path) -> ResetRequests:
     return ResetRequests(everything=everything, targets=frozenset(targets))
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ResetDone:
     """What `reset_restarts` did: `applied` to the file now, or requested from the daemon."""
 
@@ -473,7 +474,7 @@ class ResetDone:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ResetFailed:
     """`reset_restarts` could neither apply nor request the reset."""
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 from pathlib import Path
 
 from wedgewatch.core.text.escape import neutralise
+from wedgewatch.core.values import immutable
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.report.chart import INSTALL_HINT, timeline_svg
 from wedgewatch.report.model import BundleRow, list_bundles, newest_bundle, read_bundle
@@ -68,7 +68,7 @@ def bundle_rows(evidence_dir: Path) -> list[BundleRow]:
     return list_bundles(evidence_dir)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Written:
     """What `write_report` wrote, and notes for the user (missing parts, no charts)."""
 

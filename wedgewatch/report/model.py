@@ -38,6 +38,7 @@ from wedgewatch.core.evidence.watchdog import (
     parse_dump_name,
     parse_dump_text,
 )
+from wedgewatch.core.values import immutable
 from wedgewatch.io.bundles import (
     UntrustedRead,
     bundle_bytes,
@@ -63,7 +64,7 @@ _TOP_FILES = (
 _HIGHLIGHT_DEPTH = 4
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Point:
     """One flight-recorder reading of the engine, `t` seconds relative to the wedge."""
 
@@ -79,7 +80,7 @@ class Point:
     failure: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class StackView:
     """One process's stacks in one round: threads (or why none), text dump, highlighted frames."""
 
@@ -94,7 +95,7 @@ class StackView:
     state: str | None = None  # why it could not be dumped normally (/proc: stopped, zombie, ...)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class WatchdogView:
     """One of vLLM's own watchdog dump files the bundle carries (`watchdog/`), read."""
 
@@ -612,7 +613,7 @@ def _event_at(event: Mapping[str, Any], origin: float) -> float | None:
 # --------------------------------------------------------------------------- listing
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class BundleRow:
     """One line of `wedgewatch bundles`."""
 

@@ -66,10 +66,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import StrEnum
 from typing import Final
 
+from wedgewatch.core.values import immutable
 from wedgewatch.vllm.signals import EngineReading
 
 ENGINE_TITLE_PREFIX = "VLLM::EngineCore"
@@ -90,7 +91,7 @@ PROGRESS_COUNTERS: Final = (
 _NON_FINITE_JSON: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Movement:
     """What changed between two readings of one engine.
 

@@ -80,11 +80,13 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Final, Literal
 
+from wedgewatch.core.values import immutable
 
-@dataclass(frozen=True, slots=True, order=True)
+
+@immutable(order=True)
 class EngineKey:
     """Identifies one engine of a server: vLLM's `model_name` and `engine` labels."""
 
@@ -92,7 +94,7 @@ class EngineKey:
     engine: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EngineReading:
     """What one scrape says about one engine."""
 
@@ -123,7 +125,7 @@ class EngineReading:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Exposition:
     """A parsed `/metrics` body: one reading per engine."""
 
@@ -131,7 +133,7 @@ class Exposition:
     process_start_time_seconds: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ParseFailure:
     """A body that is not vLLM's exposition, with a specific reason."""
 
@@ -267,7 +269,7 @@ class _Engine:
 _EngineId = tuple[str, str]
 
 
-@dataclass(slots=True)
+@immutable
 class _Scan:
     """Everything the body said, before it is checked for completeness."""
 

@@ -44,11 +44,12 @@ progress, the engine is stalled (`canary_stall`), whatever the gauges say.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal, get_args
 
 from wedgewatch.core.detection.detect import CanaryStall, DetectionPolicy, TargetVerdict
 from wedgewatch.core.detection.states import EngineState
+from wedgewatch.core.values import immutable
 from wedgewatch.vllm.semantics import progress_counters
 from wedgewatch.vllm.signals import EngineKey
 
@@ -80,7 +81,7 @@ CANARY_FAILURE_REASONS: tuple[CanaryFailureReason, ...] = get_args(CanaryFailure
 Mark = tuple[tuple[EngineKey, tuple[float, ...]], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CanaryPolicy:
     """How often the canary may be sent (`interval_seconds` 0 = off) and how long it waits."""
 
@@ -102,7 +103,7 @@ class CanaryPolicy:
         return self.interval_seconds > 0
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CanaryResult:
     """What one canary request did (from `io.canary`); times are monotonic seconds.
 
@@ -121,7 +122,7 @@ class CanaryResult:
             raise ValueError(f"CanaryResult.reason must be one of {CANARY_FAILURE_REASONS}")
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CanaryState:
     """Everything the canary core keeps about one target."""
 
@@ -133,7 +134,7 @@ class CanaryState:
     last_success_at: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Decision:
     """Send now or not, and why (one human sentence)."""
 
@@ -144,7 +145,7 @@ class Decision:
 Verdict = Literal["ok", "stall", "latency", "error"]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Judgement:
     """What a finished canary means (J1-J4) and one human sentence."""
 

@@ -141,6 +141,7 @@ from wedgewatch.core.detection.states import (
     ScrapeFailureReason,
 )
 from wedgewatch.core.text.redact import redact_text
+from wedgewatch.core.values import immutable
 from wedgewatch.vllm import semantics
 from wedgewatch.vllm.signals import DEFAULT_MAX_ENGINES, EngineKey, EngineReading, Exposition
 
@@ -166,7 +167,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Scraped:
     """A good scrape: the parsed exposition, observed at monotonic time `at`."""
 
@@ -174,7 +175,7 @@ class Scraped:
     exposition: Exposition
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ScrapeFailed:
     """A scrape that produced no exposition, with a reason from a closed set."""
 
@@ -192,7 +193,7 @@ class ScrapeFailed:
 Observation = Scraped | ScrapeFailed
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class DetectionPolicy:
     """Thresholds of the detector, in seconds; `startup_timeout_seconds=None` waits forever.
 
@@ -238,7 +239,7 @@ class DetectionPolicy:
         return seconds
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CanaryStall:
     """Rule K1's input: a canary sent at `since_at` got no token while nothing progressed."""
 
@@ -246,7 +247,7 @@ class CanaryStall:
     detail: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CaptureEvidence:
     """Ask the shell to capture evidence about one engine (stacks, metrics, process state)."""
 
@@ -255,7 +256,7 @@ class CaptureEvidence:
     phase: EpisodePhase
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Restart:
     """Ask the shell to restart the server that runs this engine (subject to its budget)."""
 
@@ -266,7 +267,7 @@ class Restart:
 Action = CaptureEvidence | Restart
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Transition:
     """One engine changed state at `at`; `family` is the new state's stall family, if any."""
 
@@ -277,7 +278,7 @@ class Transition:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EngineVerdict:
     """The judgement of one engine at one step.
 
@@ -297,7 +298,7 @@ class EngineVerdict:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TargetVerdict:
     """The judgement of one target at one step: its worst state and each engine's verdict.
 
@@ -325,7 +326,7 @@ MULTI_SERVER_REASON: Final = (
 MAX_START_TIMES: Final = 8
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EngineMemory:
     """What the detector remembers about one engine between steps (O(1) per engine).
 
@@ -352,7 +353,7 @@ class EngineMemory:
     progressed_at: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TargetState:
     """Everything the detector remembers about one target; start from `TargetState.initial()`.
 
@@ -386,7 +387,7 @@ def new_state() -> TargetState:
 # step
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class _Judgement:
     """An engine's state at this step before actions and transitions are derived."""
 
@@ -396,7 +397,7 @@ class _Judgement:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class _Stall:
     family: Family
     stalled_seconds: float

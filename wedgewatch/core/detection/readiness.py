@@ -28,15 +28,15 @@ says. Pure: the inputs are plain values, the result is data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from wedgewatch.core.detection.states import CALM, EngineState
+from wedgewatch.core.values import immutable
 
 ReadyDecision = Literal["ready", "starting", "restarting", "wedged", "unreachable", "gave_up"]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ReadyVerdict:
     """What `/ready` answers: ready or not, which decision, and one sentence why."""
 

@@ -9,7 +9,7 @@ restored wedge emits no second capture or restart.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from wedgewatch.core.detection.detect import TargetState
@@ -17,6 +17,7 @@ from wedgewatch.core.detection.detect_state import dump_state, load_state
 from wedgewatch.core.episode.episode import Episode, EpisodeState, Rules
 from wedgewatch.core.restart import restart_policy
 from wedgewatch.core.text.redact import redact_text, redact_url
+from wedgewatch.core.values import immutable
 from wedgewatch.vllm.signals import EngineKey
 
 # A saved detector state is trusted only when the monotonic clock kept running between the
@@ -24,7 +25,7 @@ from wedgewatch.vllm.signals import EngineKey
 SAME_BOOT_TOLERANCE_SECONDS = 60.0
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EpisodeRecord:
     """An open episode as the state file keeps it (Unix seconds)."""
 
@@ -56,7 +57,7 @@ def saved(
     return restart_policy.to_record(state.policy, at, timestamp), episodes
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Restored:
     """What a new process starts from for one target."""
 

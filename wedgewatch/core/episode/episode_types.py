@@ -7,7 +7,7 @@ re-exports every name here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal, assert_never
 
 from wedgewatch.core.detection.detect import DetectionPolicy, TargetVerdict
@@ -16,13 +16,14 @@ from wedgewatch.core.episode.events import ReportEvent
 from wedgewatch.core.restart import probe_policy, restart_policy
 from wedgewatch.core.restart.ladder import PROOF_SECONDS, LadderState, Outcome, Rung
 from wedgewatch.core.restart.replacement import ServerIdentity
+from wedgewatch.core.values import immutable
 from wedgewatch.vllm.signals import EngineKey
 
 # ---------------------------------------------------------------------------------------------
 # State
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Rules:
     """What the core needs to know about the target's configuration."""
 
@@ -39,7 +40,7 @@ class Rules:
     abort_proof_seconds: float = PROOF_SECONDS  # L5: how long an abort has to prove
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Episode:
     """One stall episode of a target: from the first stalled engine until all are calm."""
 
@@ -61,7 +62,7 @@ class Episode:
     wedged_at: float | None = None  # R1: the wedged verdict a cure answers
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EpisodeState:
     """Everything the core keeps about one target between inputs."""
 
@@ -89,7 +90,7 @@ class EpisodeState:
 RECOVERIES_KEPT = 10
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Recovery:
     """How one cure ended (K1): which cure, its outcome, and how long serving was lost.
 
@@ -122,7 +123,7 @@ class Recovery:
 # Inputs
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Observed:
     """The detector judged a scrape; `good` when the scrape succeeded."""
 
@@ -133,7 +134,7 @@ class Observed:
     identity: ServerIdentity | None = None  # what a good scrape says about the server (N1)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CaptureDone:
     """An evidence capture asked by a `Capture` effect finished (well or not)."""
 
@@ -150,7 +151,7 @@ class CaptureDone:
     triage_kind: str | None = None  # the triage's kind alone (`scheduler_wedge`, ...)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RestartDue:
     """The worker reached a queued restart and asks whether to run it now."""
 
@@ -161,7 +162,7 @@ class RestartDue:
     server_pid: int | None = None  # the server process the restarter would act on, if found
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RestartDone:
     """The restarter finished a `RunRestart` with this outcome."""
 
@@ -169,7 +170,7 @@ class RestartDone:
     listener: tuple[int, float | None] | None = None  # the port's (pid, create time) before
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class AbortDone:
     """The worker ran a `RunAbort`: the call's result and the canary sent after it."""
 
@@ -180,7 +181,7 @@ class AbortDone:
     duration_seconds: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ListenerSeen:
     """The port's listener after a restart (None: none found), asked by `CheckListener`."""
 
@@ -188,12 +189,12 @@ class ListenerSeen:
     create_time: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class OperatorReset:
     """An operator asked to reset the target's restart budget."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProbeServed:
     """/probe sent a failing answer about the server `mark` (Q2)."""
 
@@ -216,7 +217,7 @@ Input = (
 # Effects (data; the shell performs them in order)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Capture:
     """Queue an evidence capture: `suspect` opens the episode's bundle, `wedged` completes it."""
 
@@ -227,7 +228,7 @@ class Capture:
     verdict_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Resolve:
     """Queue marking a suspect bundle resolved (None: the target's last bundle at that time)."""
 
@@ -235,7 +236,7 @@ class Resolve:
     note: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class QueueRestart:
     """Queue a restart behind the captures; the worker sends `RestartDue` when it gets there."""
 
@@ -244,7 +245,7 @@ class QueueRestart:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RunRestart:
     """Run the restarter now (the policy allowed it); send `RestartDone` with its outcome."""
 
@@ -254,7 +255,7 @@ class RunRestart:
     attempt: int
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RunAbort:
     """Run the abort cure now (the ladder allowed it): prove the server, `POST
     /abort_requests`, send one canary; send `AbortDone`. Bounded by `proof_seconds`."""
@@ -265,24 +266,24 @@ class RunAbort:
     proof_seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Recovered:
     """A cure ended (K1): count it (`wedgewatch_recoveries_total`)."""
 
     recovery: Recovery
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CheckListener:
     """Look up the process listening on the target's port; send `ListenerSeen` (N1)."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ResetDetector:
     """Start the target's detector afresh: the startup grace after a restart."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Persist:
     """Save the state: `now` before going on, else with the next routine save."""
 
@@ -333,7 +334,7 @@ def notify_event(event: ReportEvent) -> NotifyEvent | None:
             assert_never(event)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Report:
     """One notable fact: a log line (`level`), and a webhook when `notify`.
 
@@ -365,7 +366,7 @@ Effect = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class EpisodeStep:
     """The state after one input and the effects it asks for, in order."""
 

@@ -37,11 +37,12 @@ from __future__ import annotations
 import operator
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from fnmatch import fnmatchcase
 from importlib import resources
 from typing import Any
 
+from wedgewatch.core.values import immutable
 from wedgewatch.vllm.build_info import version_tuple
 
 _OPS: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
@@ -76,7 +77,7 @@ _KEYS = frozenset(
 _REQUIRED = ("id", "url", "title", "status", "affected", "workaround")
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class SeenFrame:
     """One frame of one process's stacks in one capture round."""
 
@@ -86,7 +87,7 @@ class SeenFrame:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Facts:
     """What a bundle says, in the terms signatures use."""
 
@@ -97,7 +98,7 @@ class Facts:
     frames: tuple[SeenFrame, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class KnownIssue:
     """One upstream issue or PR and the signature that recognises it."""
 
@@ -142,7 +143,7 @@ class KnownIssue:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Match:
     """A known issue that fits the bundle, the evidence for each condition, and the verdict on
     the bundle's release (`release`: the version the bundle recorded, None when unknown)."""

@@ -11,7 +11,7 @@ them; this module parses and names them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from wedgewatch.core.values import immutable
 
 _SIGSTOP_BIT = 1 << (19 - 1)  # SIGSTOP is 19 on Linux, the only system with /proc
 
@@ -66,7 +66,7 @@ def parse_kernel_stack(text: str, limit: int = 16) -> tuple[str, ...]:
     return tuple(out)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProcState:
     """What /proc says of one process; `state` None when the process is gone."""
 

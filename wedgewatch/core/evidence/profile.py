@@ -11,7 +11,8 @@ Stacks that differ only in line numbers are merged: shares are per function path
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from wedgewatch.core.values import immutable
 
 _FRAME_RE = re.compile(r"^(?P<name>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 #: The functions whose share of the samples a profile reports (bare names, see `bare`).
@@ -19,7 +20,7 @@ WATCHED_FUNCTIONS = ("schedule",)
 TOP_STACKS = 5
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class FoldedStack:
     """One distinct stack and how many samples had it; frames innermost first."""
 
@@ -28,7 +29,7 @@ class FoldedStack:
     samples: int
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class FoldedProfile:
     """All stacks of one process's sampled profile, most sampled first."""
 

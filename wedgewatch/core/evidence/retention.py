@@ -11,10 +11,11 @@ evicted only to make room for a newer wedge bundle, oldest first, never the newe
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+from wedgewatch.core.values import immutable
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class StoredBundle:
     """A bundle on disk, as retention sees it."""
 
@@ -24,7 +25,7 @@ class StoredBundle:
     wedge: bool
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RetentionPlan:
     """Which bundles to delete, and whether the budget still is exceeded after that."""
 

@@ -46,11 +46,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from enum import StrEnum
 
 from wedgewatch.core.evidence.profile import FoldedProfile, profile_line
 from wedgewatch.core.text.escape import safe_line
+from wedgewatch.core.values import immutable
 from wedgewatch.vllm.semantics import Role, is_engine_core_of
 
 _DEAD_STATUSES = frozenset({"zombie", "dead"})
@@ -72,7 +73,7 @@ class TriageKind(StrEnum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Frame:
     """One stack frame as py-spy reports it."""
 
@@ -91,7 +92,7 @@ class Frame:
         return any(part in self.filename for part in parts)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Thread:
     """One thread of a py-spy dump; frames innermost first."""
 
@@ -102,7 +103,7 @@ class Thread:
     frames: tuple[Frame, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProcessStacks:
     """One process in one capture round: its identity and its threads, or why there are none."""
 
@@ -116,7 +117,7 @@ class ProcessStacks:
     state_note: str | None = None  # /proc in words when unusual: `state T: stopped (...)`
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class StackRound:
     """All processes of the server at one capture (`suspect`, `wedged`, `manual`)."""
 
@@ -126,7 +127,7 @@ class StackRound:
     profiles: Mapping[int, FoldedProfile] = field(default_factory=dict)  # by EngineCore pid
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Triage:
     """The verdict of triage: a kind, one line for humans, and the evidence behind it."""
 
@@ -377,7 +378,7 @@ def api_posture(thread: Thread) -> ApiPosture:
 # --------------------------------------------------------------------------- triage
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class _Seen:
     label: str
     process: ProcessStacks

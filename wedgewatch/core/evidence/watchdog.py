@@ -28,9 +28,9 @@ loop, and its absence says nothing.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from wedgewatch.core.evidence.triage import Frame, Thread, digest
+from wedgewatch.core.values import immutable
 from wedgewatch.vllm.semantics import Role
 
 DUMP_FILE_GLOB = "VLLM_STACK_DUMP_for_*.log"
@@ -50,7 +50,7 @@ _THREAD = re.compile(
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.+)$')
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class DumpName:
     """What a dump file's name says: the watchdog's process name, its role and pid."""
 
@@ -59,7 +59,7 @@ class DumpName:
     pid: int
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class StackDumpRecord:
     """One numbered dump in a file: when, why, and every thread (innermost frame first)."""
 

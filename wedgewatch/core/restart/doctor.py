@@ -10,8 +10,10 @@ the exit status (non-zero when something the configuration relies on cannot work
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
+
+from wedgewatch.core.values import immutable
 
 Status = Literal["ok", "warn", "fail"]
 DevRoutes = Literal["on", "off", "unknown"]
@@ -38,7 +40,7 @@ EXPOSURE_FIX = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Finding:
     """One check's outcome: what will or will not work, and how to fix it."""
 
@@ -59,7 +61,7 @@ class Finding:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Plan:
     """What the configuration relies on."""
 
@@ -70,7 +72,7 @@ class Plan:
     systemd_unit: str = "vllm.service"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class HostFacts:
     """Facts about this machine and this process."""
 
@@ -85,7 +87,7 @@ class HostFacts:
         return bool(self.effective_caps >> CAP_SYS_PTRACE & 1)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Probe:
     """The outcome of one real probe: worked, or why not."""
 
@@ -94,7 +96,7 @@ class Probe:
     refused: bool = False  # not tried: the process is not proven to be the server
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class TargetFacts:
     """Facts about one watched server."""
 

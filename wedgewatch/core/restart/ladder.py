@@ -35,10 +35,11 @@ progress, and escalates to the configured restart remedy when it does not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import StrEnum
 
 from wedgewatch.core.detection.states import CALM, EngineState, Family
+from wedgewatch.core.values import immutable
 
 #: Families whose wedge is a scheduler state an abort can empty (L2).
 SCHEDULER_FAMILIES: frozenset[str] = frozenset(
@@ -95,7 +96,7 @@ def abort_refusal(family: str, triage_kind: str | None) -> str | None:
     return f"{family} is a frozen loop or a server gone: an abort cannot reach it"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class AbortProof:
     """An abort sent and being proven (monotonic instants)."""
 
@@ -106,7 +107,7 @@ class AbortProof:
     canary_ok_at: float | None = None  # when the canary sent after the abort completed
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class LadderState:
     """One target's ladder: the open rung of the current episode and the abort's history."""
 

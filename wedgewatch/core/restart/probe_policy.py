@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 from wedgewatch.core.detection.detect import TargetState
@@ -65,6 +65,7 @@ from wedgewatch.core.restart.restart_policy import (
     decide,
     seconds_text,
 )
+from wedgewatch.core.values import immutable
 
 #: Target states in which a liveness probe would ask for a restart: the acted-on states.
 FAILING_STATES = ACTED_ON
@@ -80,7 +81,7 @@ _DENIED: Mapping[DenyReason, Decision] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ServerMark:
     """Who a server is: its process start time and each engine's summed progress counters.
 
@@ -120,7 +121,7 @@ class ServerMark:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProbeMemory:
     """Failing answers served since the server last looked healthy (monotonic instants)."""
 
@@ -135,7 +136,7 @@ class ProbeMemory:
         return self.failures > 0 and self.server is not None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProbeVerdict:
     """What the probe answers: pass or fail, which decision, and why."""
 
@@ -327,7 +328,7 @@ def count_probe_restart(
 # -- persistence (Unix timestamps, as the state files hold them; `core.restart_codec`) ------
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProbeRecord:
     """A `ProbeMemory` with a pending failure, in wall-clock form (Unix seconds)."""
 

@@ -22,7 +22,7 @@ A failing answer that was then served is `served` (rule R1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from wedgewatch.core.detection.detect import TargetState, TargetVerdict
 from wedgewatch.core.detection.states import CALM, EngineState
@@ -30,9 +30,10 @@ from wedgewatch.core.restart import probe_policy, restart_policy
 from wedgewatch.core.restart.probe_policy import ProbeMemory, ProbeVerdict, ServerMark
 from wedgewatch.core.restart.restart_codec import RestartRecord
 from wedgewatch.core.restart.restart_policy import PolicyEvent, PolicyState, RestartPolicy
+from wedgewatch.core.values import immutable
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProbeState:
     """The restart state a probe keeps between scrapes (monotonic instants)."""
 
@@ -40,7 +41,7 @@ class ProbeState:
     memory: ProbeMemory = field(default_factory=ProbeMemory)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProbeScrape:
     """What one judged scrape says, as far as the restart state is concerned."""
 
@@ -63,7 +64,7 @@ class ProbeScrape:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProbeConfig:
     """The settings a probe step obeys."""
 
@@ -73,7 +74,7 @@ class ProbeConfig:
     hold: str | None = None  # the abort cure holds the restart back (rule P1a): why
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProbeStep:
     """The state after a scrape, the probe's answer (None without a mark), the events."""
 

@@ -26,7 +26,7 @@ The facts, and what each does:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 from wedgewatch.core.detection.states import EngineState
 from wedgewatch.core.restart import ladder, probe_policy, probe_step, restart_policy
@@ -44,6 +44,7 @@ from wedgewatch.core.restart.restart_policy import (
     RestartOutcome,
     RestartPolicy,
 )
+from wedgewatch.core.values import immutable
 
 #: What the episode reads of the subsystem's words (its state's phase, a decision's reason).
 __all__ = [
@@ -69,7 +70,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RemedyConfig:
     """What the remedy subsystem obeys for one target."""
 
@@ -86,7 +87,7 @@ class RemedyConfig:
         return self.remedy == "none"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RemedyState:
     """Everything the remedy subsystem keeps about one target (monotonic instants)."""
 
@@ -98,7 +99,7 @@ class RemedyState:
 # -- facts ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Scrape:
     """One judged scrape, as far as curing is concerned."""
 
@@ -109,7 +110,7 @@ class Scrape:
     new_server: str | None = None  # in the start-up grace: the proof that a new server answers
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CureDue:
     """The worker reached the queued cure of a wedge of `family`, read by `triage_kind`."""
 
@@ -117,7 +118,7 @@ class CureDue:
     triage_kind: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class AbortFinished:
     """The abort call returned: `ok` with vLLM's count, or why it failed."""
 
@@ -127,21 +128,21 @@ class AbortFinished:
     canary_ok_at: float | None = None  # the canary sent after the abort completed then
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RestartFinished:
     """The restarter finished a restart with this outcome."""
 
     outcome: RestartOutcome
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ProbeServed:
     """A failing `/probe` answer about the server `mark` went out."""
 
     mark: ServerMark
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class OperatorReset:
     """An operator reset the restart budget."""
 
@@ -152,14 +153,14 @@ Fact = Scrape | CureDue | AbortFinished | RestartFinished | ProbeServed | Operat
 # -- decisions --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RunAbort:
     """Send the abort now (L2-L4 hold); prove it within `proof_seconds`."""
 
     proof_seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CureNote:
     """A fact of the ladder for the episode to report: an abort asked, passed over, or
     judged (`outcome`), or a restart rung that opened without an abort."""
@@ -174,7 +175,7 @@ class CureNote:
 Action = RunAbort | Allow | Deny
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RemedyStep:
     """The state after a fact, the events it caused, and what to do."""
 

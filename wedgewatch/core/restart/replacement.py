@@ -21,8 +21,9 @@ reason `not_replaced`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
+from wedgewatch.core.values import immutable
 from wedgewatch.vllm.semantics import PROGRESS_COUNTERS, progress_counters
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition
 
@@ -37,7 +38,7 @@ def engine_counters(readings: Iterable[EngineReading]) -> dict[EngineKey, tuple[
     return {reading.key: progress_counters(reading) for reading in readings}
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ServerIdentity:
     """What tells one server from its successor, as seen at one instant (None: not known).
 
@@ -77,14 +78,14 @@ class ServerIdentity:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Replaced:
     """A new server answers; `proof` says what shows it."""
 
     proof: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class NotReplaced:
     """Nothing shows a new server (yet); `reason` says what was compared."""
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from wedgewatch.core.restart.probe_policy import ProbeRecord
 from wedgewatch.core.restart.restart_policy import Phase, PolicyRecord
+from wedgewatch.core.values import immutable
 
 _POLICY_KEYS = frozenset(
     {
@@ -47,7 +47,7 @@ _PROBE_KEYS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RestartRecord:
     """The persisted restart state of one target (Unix seconds)."""
 

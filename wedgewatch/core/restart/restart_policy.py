@@ -66,11 +66,12 @@ reports a `RestartOutcome`, which `record_restart` takes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import StrEnum
 from typing import Literal, TypeAlias
 
 from wedgewatch.core.episode.events import ReportEvent
+from wedgewatch.core.values import immutable
 
 
 class Phase(StrEnum):
@@ -112,7 +113,7 @@ class FailureReason(StrEnum):
     NOT_VLLM = "not_vllm"  # refused: the process tree is not proven to be the server
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RestartPolicy:
     """The safety rules of automatic restarts; see the rules at the top of this module."""
 
@@ -166,7 +167,7 @@ class RestartPolicy:
         return min(self.restart_backoff_seconds * 2.0**exponent, self.restart_backoff_max_seconds)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PolicyState:
     """One target's restart bookkeeping; every instant is monotonic seconds."""
 
@@ -178,7 +179,7 @@ class PolicyState:
     healthy_since_at: float | None = None  # start of the current run of healthy ticks
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PolicyEvent:
     """One fact for the log, the metrics and the webhooks."""
 
@@ -189,7 +190,7 @@ class PolicyEvent:
     detail: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Step:
     """The policy state after an input and the events the input caused."""
 
@@ -197,14 +198,14 @@ class Step:
     events: tuple[PolicyEvent, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Allow:
     """Restart now; `attempt` counts the restarts in the window including this one."""
 
     attempt: int
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Deny:
     """Do not restart now; `retry_at` is when asking again may help (None: not by waiting)."""
 
@@ -216,7 +217,7 @@ class Deny:
 Decision = Allow | Deny
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class RestartOutcome:
     """The result of one restart attempt: data, never an exception."""
 
@@ -412,7 +413,7 @@ def reset(state: PolicyState, at: float, timestamp: float) -> Step:
     return Step(cleared, (event,))
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PolicyRecord:
     """A `PolicyState` in wall-clock form, as the state file holds it (Unix seconds)."""
 

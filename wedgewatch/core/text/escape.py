@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 
+from wedgewatch.core.text.patterns import on_first_use
 from wedgewatch.core.text.redact import redact_text
 from wedgewatch.vllm.signals import TRUNCATION_MARKER, truncate
 
@@ -45,10 +46,10 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u20
 _CONTROL_NO_NEWLINE = re.compile(
     "[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
 )
-_BACKTICKS = re.compile("`+")
+_BACKTICKS = on_first_use(globals(), "_BACKTICKS", "`+")
 # Enough that no link, image, autolink, HTML, code span, emphasis or table cell comes of a
 # value: `_` (intraword in names) and `(` (harmless without `[`) stay readable.
-_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|])")
+_MD_SPECIAL = on_first_use(globals(), "_MD_SPECIAL", r"([\\`*\[\]<>|])")
 
 
 def _visible(match: re.Match[str]) -> str:

@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from wedgewatch.core.values import immutable
 
 _WORD = re.compile(r"^\w+$", re.ASCII)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Range:
     """A threshold range; `alerts(value)` says whether `value` crosses it."""
 
@@ -67,7 +68,7 @@ def _number(text: str, default: float, spec: str) -> float:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PerfDatum:
     """One performance datum: `'label'=value[uom];[warn];[crit];[min];[max]`."""
 

@@ -45,21 +45,27 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from wedgewatch.core.text.patterns import on_first_use
+
 MASK = "***"
 
 # A flag whose last word names a secret: --api-key, --apikey, --hf-token, --db-password (not
 # --max-num-batched-tokens or --ssl-keyfile, whose values are not secrets).
-_SECRET_FLAG = re.compile(
+_SECRET_FLAG = on_first_use(
+    globals(),
+    "_SECRET_FLAG",
     r"(?i)^--?(?:[a-z0-9]+[-_])*[a-z0-9]*(?:key|token|secret|password|passwd|pwd|credentials?)"
-    r"(?==|$)"
+    r"(?==|$)",
 )
 _SECRET_ENV_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
-_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
+_ASSIGNMENT = on_first_use(globals(), "_ASSIGNMENT", r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 # The scheme is bounded: an unbounded run would be tried again from every letter of a long
 # word before a "://" (quadratic); a longer run still matches its last 32 characters, so the
 # URL's userinfo and query are masked all the same.
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s'\"<>`]+")
-_KEY_WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+_URL_IN_TEXT = on_first_use(
+    globals(), "_URL_IN_TEXT", r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s'\"<>`]+"
+)
+_KEY_WORDS = on_first_use(globals(), "_KEY_WORDS", r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 _SECRET_ENDINGS = (
     "key",
     "token",
@@ -73,21 +79,27 @@ _SECRET_ENDINGS = (
 _SECRET_WORDS = frozenset({"auth", "authorization", "pass", "sig", "signature"})
 # Nothing in a text can be secret-looking without one of these (a cheap first look).
 _MAYBE_SECRET = re.compile(r"(?i)key|token|secret|pass|pwd|cred|auth|sig|bearer|@")
-_PARAM = re.compile(r"(^|[&;?#])([^=&;#?]+)=([^&;#]*)")
-_QUOTED_PAIR = re.compile(
+_PARAM = on_first_use(globals(), "_PARAM", r"(^|[&;?#])([^=&;#?]+)=([^&;#]*)")
+_QUOTED_PAIR = on_first_use(
+    globals(),
+    "_QUOTED_PAIR",
     r"""(?P<q>["'])(?P<k>[^"'\\\n]{1,80})(?P=q)(?P<sep>\s*:\s*)"""
-    r"""(?P<v>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s,{}\[\]"'`<>)]+)"""
+    r"""(?P<v>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s,{}\[\]"'`<>)]+)""",
 )
-_TEXT_ASSIGNMENT = re.compile(
+_TEXT_ASSIGNMENT = on_first_use(
+    globals(),
+    "_TEXT_ASSIGNMENT",
     r"""(?<![\w.-])([A-Za-z_][A-Za-z0-9_.-]{0,80})="""
-    r"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|[^\s&;,#?'"`<>)\]}]+)"""
+    r"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|[^\s&;,#?'"`<>)\]}]+)""",
 )
-_BEARER = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/=-]{6,})")
-_WORD = re.compile(r"\S+")
+_BEARER = on_first_use(globals(), "_BEARER", r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/=-]{6,})")
+_WORD = on_first_use(globals(), "_WORD", r"\S+")
 # A word that may be a secret flag (the full rule is `is_secret_flag`): a cheap first look.
-_FLAG_HINT = re.compile(
+_FLAG_HINT = on_first_use(
+    globals(),
+    "_FLAG_HINT",
     r"(?i)(?<!\S)['\"]?--?[a-z0-9_-]*(?:key|token|secret|password|passwd|pwd|credentials?)"
-    r"(?=[=\s'\"]|$)"
+    r"(?=[=\s'\"]|$)",
 )
 _CLOSERS = frozenset("`'\")]}>,;")
 
