@@ -31,6 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: Set in the child that validates `run`'s configuration (`config.child`): the memfd its
+#: result goes to. That child runs the full CLI.
+CHILD_FD_ENV = "_WEDGEWATCH_CONFIG_FD"
+
 #: Flags of `check` that are settings, and how the full CLI converts their values.
 _SETTING_FLAGS: dict[str, tuple[str, type[float] | type[int] | type[str]]] = {
     "--interval-seconds": ("interval_seconds", float),
@@ -175,11 +179,16 @@ def unused_extras_hidden() -> Iterator[None]:
 
 
 def main() -> None:
-    """Console-script entry point: the probe fast path, else the full CLI."""
+    """Console-script entry point: the probe fast path, the daemon (`wedgewatch run`, its
+    configuration validated by the full CLI in a child: `daemon.start`), else the full CLI."""
     if sys.argv[1:2] == ["check"]:
         code = fast_check(sys.argv[2:])
         if code is not None:
             sys.exit(code)
+    if sys.argv[1:2] == ["run"] and CHILD_FD_ENV not in os.environ:
+        from wedgewatch.daemon import start  # noqa: PLC0415 - the daemon, without the CLI
+
+        sys.exit(start.run(sys.argv[1:], unused_extras_hidden))
     with unused_extras_hidden():
         from wedgewatch.cli import main as cli_main  # noqa: PLC0415 - the full CLI, on demand
 
