@@ -456,7 +456,7 @@ def _run(
     except config.ConfigError as exc:
         child.hand_over(("error", exc.messages))
         raise _fail(exc.messages, 2) from None
-    settings = plain.to_plain(loaded.config)
+    settings = config.to_plain(loaded.config)
     if child.hand_over(("config", settings)):  # the daemon (`daemon.start`) asked: its own
         raise typer.Exit(0)
     if not settings.targets:
@@ -467,7 +467,7 @@ def _run(
     def reload_config() -> config.Config:
         """SIGHUP: the configuration read again from the same file, environment and flags."""
         reloaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
-        return plain.to_plain(reloaded.config)
+        return config.to_plain(reloaded.config)
 
     raise typer.Exit(start.serve_checked(settings, reload_config, _extras_hidden))
 
@@ -596,9 +596,10 @@ def _capture(
     with _extras_hidden():
         from wedgewatch.daemon.adapters import capture_on_demand  # noqa: PLC0415 - heavy: only for `capture`
 
-    result = asyncio.run(
-        capture_on_demand(settings, url=target_url, pid=pid, pid_file=pid_file, name=name)
-    )
+    with _extras_hidden():  # httpx, imported when the capture fetches, would import rich
+        result = asyncio.run(
+            capture_on_demand(settings, url=target_url, pid=pid, pid_file=pid_file, name=name)
+        )
     if as_json:
         typer.echo(
             json.dumps(

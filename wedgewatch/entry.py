@@ -31,10 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: Set in the child that validates `run`'s configuration (`config.child`): the memfd its
-#: result goes to. That child runs the full CLI.
-CHILD_FD_ENV = "_WEDGEWATCH_CONFIG_FD"
-
 #: Flags of `check` that are settings, and how the full CLI converts their values.
 _SETTING_FLAGS: dict[str, tuple[str, type[float] | type[int] | type[str]]] = {
     "--interval-seconds": ("interval_seconds", float),
@@ -185,10 +181,20 @@ def main() -> None:
         code = fast_check(sys.argv[2:])
         if code is not None:
             sys.exit(code)
-    if sys.argv[1:2] == ["run"] and CHILD_FD_ENV not in os.environ:
-        from wedgewatch.daemon import start  # noqa: PLC0415 - the daemon, without the CLI
+    if sys.argv[1:2] == ["run"]:
+        from wedgewatch.config import child  # noqa: PLC0415 - the daemon, without the CLI
 
-        sys.exit(start.run(sys.argv[1:], unused_extras_hidden))
+        if not child.is_child():
+            with unused_extras_hidden():  # structlog would import rich
+                from wedgewatch.daemon import start  # noqa: PLC0415 - ditto
+                from wedgewatch.logsetup import configure_logging  # noqa: PLC0415 - ditto
+
+            code = start.run(
+                sys.argv[1:],
+                configure_logging=configure_logging,
+                extras_hidden=unused_extras_hidden,
+            )
+            sys.exit(code)
     with unused_extras_hidden():
         from wedgewatch.cli import main as cli_main  # noqa: PLC0415 - the full CLI, on demand
 

@@ -13,7 +13,6 @@ daemon, which holds a plain copy, never imports pydantic.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from wedgewatch.config.plain import (
@@ -24,7 +23,7 @@ from wedgewatch.config.plain import (
 )
 
 if TYPE_CHECKING:
-    from wedgewatch.config.model import SECTIONS, Config, Target
+    from wedgewatch.config.model import SECTIONS, Config, Target, to_plain
     from wedgewatch.config.reference import (
         config_as_json,
         render_reference,
@@ -34,30 +33,26 @@ if TYPE_CHECKING:
     from wedgewatch.config.settings import SETTINGS, Setting
     from wedgewatch.config.sources import LoadedConfig, load_config
 
-#: The names that need pydantic, by the module that defines them.
-_ON_DEMAND = {
-    "SECTIONS": "model",
-    "Config": "model",
-    "Target": "model",
-    "config_as_json": "reference",
-    "render_reference": "reference",
-    "render_table": "reference",
-    "render_toml": "reference",
-    "SETTINGS": "settings",
-    "Setting": "settings",
-    "LoadedConfig": "sources",
-    "load_config": "sources",
-}
-
 
 def __getattr__(name: str) -> Any:
-    """A name of `_ON_DEMAND`, imported with its module on first use."""
-    module = _ON_DEMAND.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+    """A name that needs pydantic, imported with its module on first use."""
+    if name in ("SECTIONS", "Config", "Target", "to_plain"):
+        from wedgewatch.config import model  # noqa: PLC0415 - on first use
+
+        return getattr(model, name)
+    if name in ("config_as_json", "render_reference", "render_table", "render_toml"):
+        from wedgewatch.config import reference  # noqa: PLC0415 - on first use
+
+        return getattr(reference, name)
+    if name in ("SETTINGS", "Setting"):
+        from wedgewatch.config import settings  # noqa: PLC0415 - on first use
+
+        return getattr(settings, name)
+    if name in ("LoadedConfig", "load_config"):
+        from wedgewatch.config import sources  # noqa: PLC0415 - on first use
+
+        return getattr(sources, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
@@ -76,4 +71,5 @@ __all__ = [
     "render_reference",
     "render_table",
     "render_toml",
+    "to_plain",
 ]

@@ -4,7 +4,7 @@ The daemon (`daemon.start`) runs the command line it was given once more as a ch
 full CLI (typer, pydantic) parses the flags, reads the file and the environment and
 validates them exactly as ever (the same `--help`, messages and exit codes, which the
 child prints itself at start-up), then hands the plain copy of the configuration
-(`plain.to_plain`), or the problems, back to its parent and exits. The hand-over goes
+(`model.to_plain`), or the problems, back to its parent and exits. The hand-over goes
 through a memfd that only the parent and this child hold (its number in `CHILD_FD_ENV`), as
 a pickle of plain classes: no setting is ever put in an argument or a variable. SIGHUP
 validates in a new child the same way, its output kept out of the daemon's log.
@@ -20,11 +20,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from wedgewatch.config.plain import ConfigError
-from wedgewatch.entry import CHILD_FD_ENV
 
 if TYPE_CHECKING:
     from wedgewatch.config.model import Config
 
+#: The variable that tells the command line it runs as the child, and where to write.
+CHILD_FD_ENV = "_WEDGEWATCH_CONFIG_FD"
 #: The child's program: the parent's `sys.argv[0]` comes first, so usage lines read the same.
 _CHILD_CODE = "import sys; sys.argv[0] = sys.argv.pop(1); from wedgewatch.entry import main; main()"
 
@@ -69,7 +70,7 @@ def validate(argv: Sequence[str]) -> Config | int:
     code, payload, _ = _in_child(argv, quiet=False)
     if payload is not None and payload[0] == "config":
         return payload[1]
-    return code or 2
+    return code
 
 
 def revalidate(argv: Sequence[str]) -> Config:
@@ -81,6 +82,11 @@ def revalidate(argv: Sequence[str]) -> Config:
     if payload[0] == "error":
         raise ConfigError(payload[1])
     return payload[1]
+
+
+def is_child() -> bool:
+    """This process is the child of `validate` or `revalidate`: it runs the full CLI."""
+    return CHILD_FD_ENV in os.environ
 
 
 def hand_over(payload: Payload) -> bool:

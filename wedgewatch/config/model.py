@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -28,6 +28,8 @@ from pydantic import (
 
 from wedgewatch.config.plain import (
     ConfigViews,
+    PlainConfig,
+    PlainTarget,
     TargetViews,
     check_http_url,
     default_target_name,
@@ -642,3 +644,27 @@ class Config(ConfigViews, BaseModel):
                 f"must be 0 (disabled) or at least interval_seconds ({self.interval_seconds})",
             )
         return self
+
+
+# -- the daemon's plain copy (`config.plain`) ---------------------------------------
+
+
+def _plain_value(value: Any) -> Any:
+    """A field's value with every target in it made plain."""
+    if isinstance(value, Target):
+        return PlainTarget({name: getattr(value, name) for name in Target.model_fields})
+    if isinstance(value, tuple):
+        return tuple(_plain_value(item) for item in value)
+    if isinstance(value, Mapping):
+        return {key: _plain_value(item) for key, item in value.items()}
+    return value
+
+
+def to_plain(config: Config) -> Config:
+    """The plain copy of a validated `Config`: every field the model declares, same values.
+
+    Typed as the model: it has the model's attributes and views, and that is what the
+    daemon's code is checked against (it never calls pydantic's own methods).
+    """
+    values = {name: _plain_value(getattr(config, name)) for name in Config.model_fields}
+    return cast("Config", PlainConfig(values))

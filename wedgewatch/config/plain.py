@@ -1,13 +1,13 @@
 """The configuration as the daemon holds it: plain frozen objects, without pydantic.
 
 The command line validates the configuration with the pydantic model (`config.model`);
-`wedgewatch run` then hands the daemon a *plain* copy (`to_plain`): an object graph of
+`wedgewatch run` then hands the daemon a *plain* copy (`model.to_plain`): an object graph of
 `PlainConfig` and `PlainTarget` with the model's attribute names and values and the same
-views (`detection_policy()`, `scrape_limits()`, `Target.metrics_url`, ...), which both
-classes take from the mixins here (`ConfigViews`, `TargetViews`). The plain classes list no
-field: `to_plain` copies every field the model declares, so a field is written once, in
-the model. The daemon's process imports this module, never pydantic (about 10 MiB of its
-resident memory: docs/daemon.md, "Validation in a child process").
+views (`detection_policy()`, `scrape_limits()`, `Target.metrics_url`, ...), which the model
+and the plain classes take from the mixins here (`ConfigViews`, `TargetViews`). The plain
+classes list no field: `to_plain` copies every field the model declares, so a field is
+written once, in the model. The daemon's process imports this module, never pydantic
+(about 10 MiB of its resident memory: docs/daemon.md, "Validation in a child process").
 
 Also here: what both sides need and pydantic does not: `ConfigError`, the URL rules of a
 target, and byte sizes.
@@ -19,7 +19,7 @@ import functools
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from wedgewatch.core.detection.canary import CanaryPolicy
@@ -27,9 +27,6 @@ from wedgewatch.core.detection.detect import DetectionPolicy
 from wedgewatch.core.detection.states import THRESHOLD_SETTINGS
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.io.scrape_rules import ScrapeLimits
-
-if TYPE_CHECKING:
-    from wedgewatch.config.model import Config
 
 #: What `wedgewatch run` says when the configuration names no target.
 NO_TARGETS = "no targets to watch: give --target URL or [[targets]] in --config"
@@ -224,29 +221,8 @@ class PlainConfig(ConfigViews, _Frozen):
     """A `Config` without pydantic (see the module docstring)."""
 
 
-def _plain_value(value: Any) -> Any:
-    """A field's value with every target in it made plain."""
-    if isinstance(value, TargetViews) and not isinstance(value, PlainTarget):
-        return PlainTarget({name: getattr(value, name) for name in type(value).model_fields})  # type: ignore[attr-defined]
-    if isinstance(value, tuple):
-        return tuple(_plain_value(item) for item in value)
-    if isinstance(value, Mapping):
-        return {key: _plain_value(item) for key, item in value.items()}
-    return value
-
-
-def to_plain(config: Config) -> Config:
-    """The plain copy of a validated `Config`: every field the model declares, same values.
-
-    Typed as the model: it has the model's attributes and views, and that is what the
-    daemon's code is checked against (it never calls pydantic's own methods).
-    """
-    values = {name: _plain_value(getattr(config, name)) for name in type(config).model_fields}
-    return cast("Config", PlainConfig(values))
-
-
-def setting_names(config: Config) -> tuple[str, ...]:
-    """The settings `config` holds, in the model's order (a model or a plain copy)."""
+def setting_names(config: object) -> tuple[str, ...]:
+    """The settings `config` holds, in the model's order (a `Config` or its plain copy)."""
     if isinstance(config, _Frozen):
         return config._names
-    return tuple(type(config).model_fields)
+    return tuple(type(config).model_fields)  # type: ignore[attr-defined]  # a pydantic model
