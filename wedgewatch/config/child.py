@@ -29,20 +29,22 @@ CHILD_FD_ENV = "_WEDGEWATCH_CONFIG_FD"
 #: The child's program: the parent's `sys.argv[0]` comes first, so usage lines read the same.
 _CHILD_CODE = "import sys; sys.argv[0] = sys.argv.pop(1); from wedgewatch.entry import main; main()"
 
+#: What frames a usage error that typer lays out with rich: not words.
+_FRAME = " \t│╭╮╰╯─"
+
 Payload = tuple[Literal["config"], "Config"] | tuple[Literal["error"], tuple[str, ...]]
 
 
 def _child_command(argv: Sequence[str]) -> list[str]:
     """This interpreter running the CLI on `argv`, named as this process was started."""
-    package = getattr(sys.modules.get("__main__"), "__package__", None)
-    if package:  # `python -m wedgewatch run ...`: the usage line says so too
-        return [sys.executable, "-m", package, *argv]
+    if getattr(sys.modules.get("__main__"), "__package__", None) == "wedgewatch":
+        return [sys.executable, "-m", "wedgewatch", *argv]  # the usage line says so too
     return [sys.executable, "-c", _CHILD_CODE, sys.argv[0], *argv]
 
 
 def _in_child(argv: Sequence[str], *, quiet: bool) -> tuple[int, Payload | None, str]:
     """Run the child on `argv`: its exit code, what it handed over, and (when `quiet`) the
-    last line it wrote to stderr. Otherwise the child writes to our stdout and stderr."""
+    last line of words it wrote to stderr. Otherwise the child writes to our stdout and stderr."""
     fd = os.memfd_create("wedgewatch-config")
     try:
         done = subprocess.run(
@@ -60,8 +62,11 @@ def _in_child(argv: Sequence[str], *, quiet: bool) -> tuple[int, Payload | None,
     finally:
         os.close(fd)
     code = done.returncode if done.returncode >= 0 else 128 - done.returncode
-    last = (done.stderr or b"").decode("utf-8", "replace").strip().rpartition("\n")[2]
-    return code, pickle.loads(data) if data else None, last  # noqa: S301 - our own child's
+    said = (
+        line.strip(_FRAME) for line in (done.stderr or b"").decode("utf-8", "replace").split("\n")
+    )
+    last = [line for line in said if line][-1:]
+    return code, pickle.loads(data) if data else None, "".join(last)  # noqa: S301 - our child's
 
 
 def validate(argv: Sequence[str]) -> Config | int:

@@ -112,10 +112,6 @@ _Problems: TypeAlias = list[tuple[tuple[str | int, ...], str]]
 _EPISODE_TEXT = ("episode_id", "model_name", "engine", "family")
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def _keys(
     document: Mapping[str, Any],
     required: tuple[str, ...],
@@ -132,9 +128,14 @@ def _keys(
 
 
 def _finite(value: object, where: tuple[str | int, ...], problems: _Problems) -> None:
-    if not _is_number(value):
+    """A finite number (a JSON `true` counts as 1, as it always did)."""
+    if isinstance(value, str):
+        problems.append(
+            (where, "Input should be a valid number, unable to parse string as a number")
+        )
+    elif not isinstance(value, int | float):
         problems.append((where, "Input should be a valid number"))
-    elif not math.isfinite(value):  # type: ignore[arg-type]  # a number, checked above
+    elif not math.isfinite(value):
         problems.append((where, "Input should be a finite number"))
 
 
@@ -160,15 +161,15 @@ def _target(value: object, where: tuple[str | int, ...], problems: _Problems) ->
         return
     before = len(problems)
     _keys(value, (), ("restart_policy", "open_episodes", "detector", "probe"), where, problems)
-    for key in ("restart_policy", "detector", "probe"):
-        if value.get(key) is not None and not isinstance(value[key], dict):
+    for key in ("restart_policy", "open_episodes", "detector", "probe"):  # the file's order
+        item = value.get(key)
+        if key == "open_episodes":
+            if key in value and not isinstance(item, list):
+                problems.append(((*where, key), "Input should be a valid list"))
+            for index, episode in enumerate(item if isinstance(item, list) else ()):
+                _episode(episode, (*where, key, index), problems)
+        elif item is not None and not isinstance(item, dict):
             problems.append(((*where, key), "Input should be a valid dictionary"))
-    episodes = value.get("open_episodes", [])
-    if isinstance(episodes, list):
-        for index, episode in enumerate(episodes):
-            _episode(episode, (*where, "open_episodes", index), problems)
-    else:
-        problems.append(((*where, "open_episodes"), "Input should be a valid list"))
     if len(problems) == before:  # the restart state, once its parts are of the right types
         decoded = restart_codec.decode(value.get("restart_policy"), value.get("probe"))
         if isinstance(decoded, str):
