@@ -7,7 +7,7 @@ views (`detection_policy()`, `scrape_limits()`, `Target.metrics_url`, ...), whic
 and the plain classes take from the mixins here (`ConfigViews`, `TargetViews`). The plain
 classes list no field: `to_plain` copies every field the model declares, so a field is
 written once, in the model. The daemon's process imports this module, never pydantic
-(about 10 MiB of its resident memory: docs/daemon.md, "Validation in a child process").
+(docs/daemon.md, "Validation in a child process").
 
 Also here: what both sides need and pydantic does not: `ConfigError`, the URL rules of a
 target, and byte sizes.
