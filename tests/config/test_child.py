@@ -51,7 +51,7 @@ def test_help_and_bad_settings_come_from_the_child_with_its_exit_code(
 ) -> None:
     """At start-up the child prints the help or the problems itself; its exit code is kept."""
     assert validate(["run", "--help"]) == 0
-    assert "--stall-after-seconds" in capfd.readouterr().out
+    assert "run [OPTIONS]" in capfd.readouterr().out
     config = _write(tmp_path / "w.toml", "interval_seconds = -1\n")
     assert validate(["run", "--config", str(config)]) == 2
     assert "interval_seconds = -1" in capfd.readouterr().err
