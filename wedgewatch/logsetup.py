@@ -33,15 +33,14 @@ def _stderr_logger(*_args: Any) -> structlog.PrintLogger:
 
 
 def _safe(value: Any, newlines: bool = False) -> Any:
+    """A redacted field (JSON-like: `_plain` made every other object its text) neutralised."""
     if isinstance(value, str):
         return neutralise(value, FIELD_LIMIT, newlines=newlines)
     if isinstance(value, dict):
         return {str(k): _safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, list):
         return [_safe(v) for v in value]
-    if isinstance(value, int | float | bool) or value is None:
-        return value
-    return neutralise(str(value), FIELD_LIMIT, newlines=newlines)
+    return value  # a number, a boolean or None
 
 
 def _plain(value: Any) -> Any:

@@ -184,6 +184,27 @@ def test_vanished_engine_loses_its_series() -> None:
     assert engines == {"0"}
 
 
+def test_an_engine_that_comes_back_has_its_series_again_with_the_same_values() -> None:
+    """Gauges are set only when their value changes: an engine whose series were removed
+    gets them back when it returns, even with the values it had before it vanished."""
+    registry, metrics = _metrics()
+    metrics.add_target("t", state="starting", remedy="none", budget_remaining=3)
+    both = [EngineSample("m", "0", "ok", 0.0, 5.0), EngineSample("m", "1", "suspect", 7.5, 5.0)]
+    metrics.set_engines("t", "suspect", both)
+    metrics.set_engines("t", "ok", both[:1])
+    metrics.set_engines("t", "suspect", both)
+    metrics.set_ready("t", True)
+    metrics.set_ready("t", True)
+    samples = _samples(registry)
+    stalled = {
+        dict(labels)["engine"]: value
+        for (name, labels), value in samples.items()
+        if name == "wedgewatch_engine_stalled_seconds"
+    }
+    assert stalled == {"0": 0.0, "1": 7.5}
+    assert samples["wedgewatch_target_ready", frozenset({("target", "t")})] == 1.0
+
+
 def test_unknown_progress_has_no_timestamp_series() -> None:
     """An engine that never showed progress exports no last-progress timestamp (not a fake 0)."""
     registry, metrics = _metrics()

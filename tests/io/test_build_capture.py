@@ -13,6 +13,7 @@ import pytest
 from scripted_http import RefusingPort, Reply, ScriptedServer, always
 
 from wedgewatch.io.build_capture import capture_build, fetch_version, version_url_of
+from wedgewatch.io.bundles import BUILD_FILE, bundle_bytes, json_bytes
 from wedgewatch.io.procs import Discovery, Role, ServerProcess
 
 
@@ -102,7 +103,8 @@ def server_pair() -> Iterator[tuple[subprocess.Popen[str], subprocess.Popen[str]
 async def test_flags_and_environment_of_real_processes_are_read_and_redacted(
     server_pair: tuple[subprocess.Popen[str], subprocess.Popen[str]],
 ) -> None:
-    """Flags come from the API server; the retitled engine's environment via the API server."""
+    """Flags come from the API server; the retitled engine's environment via the API server;
+    `build.json` as written holds no secret (the flags are read from the redacted argv)."""
     api, engine = server_pair
     discovery = Discovery(
         "pid",
@@ -115,7 +117,9 @@ async def test_flags_and_environment_of_real_processes_are_read_and_redacted(
     body = (
         Path(__file__).parents[1] / "fixtures" / "vllm-0.33.0" / "healthy_busy.prom"
     ).read_bytes()
-    build = await capture_build(None, discovery, body)
+    captured = await capture_build(None, discovery, body)
+    assert "sk-flag-secret" not in json.dumps(captured["flags"])
+    build = json.loads(bundle_bytes(BUILD_FILE, json_bytes(captured)))
     text = json.dumps(build)
     assert "sk-flag-secret" not in text
     assert "hf_do_not_print" not in text

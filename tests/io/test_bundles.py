@@ -19,8 +19,6 @@ from wedgewatch.io.bundles import (
     history_lines,
     json_safe,
     make_bundle_dir,
-    redact_pyspy_text,
-    redact_title,
     sanitise,
     scan_bundles,
     timestamp_of_name,
@@ -83,17 +81,17 @@ def test_bundle_name_has_utc_time_target_engine_family() -> None:
         pytest.param("VLLM::EngineCore", "VLLM::EngineCore", id="title"),
     ],
 )
-def test_redact_title(title: str, redacted: str) -> None:
+def test_a_title_is_redacted_by_the_writer(title: str, redacted: str) -> None:
     """Values of secret flags are masked; ordinary flags are left alone."""
-    assert redact_title(title) == redacted
+    assert bundle_bytes("processes.txt", title.encode()).decode() == redacted
 
 
-def test_redact_pyspy_text_header() -> None:
+def test_pyspy_text_header_is_redacted_by_the_writer() -> None:
     """py-spy's `Process N: cmdline` header is redacted, the stacks are not touched."""
     text = (
         "Process 7: vllm serve m --api-key sk-1\nPython v3.11\n\nThread 7 (idle)\n    f (a.py:1)\n"
     )
-    assert redact_pyspy_text(text) == (
+    assert bundle_bytes("pyspy/api_server-7.txt", text.encode()).decode() == (
         "Process 7: vllm serve m --api-key ***\nPython v3.11\n\nThread 7 (idle)\n    f (a.py:1)\n"
     )
 

@@ -628,8 +628,21 @@ async def test_credentials_in_the_url_are_sent_as_basic_auth_by_the_lean_client(
             assert client.lean.connections_opened >= 1
     assert isinstance(good, Fetched)
     assert server.requests[0].headers["Authorization"] == "Basic c2NyYXBlcjpzM2NyZXQtcHc="
+    assert server.requests[1].headers["Authorization"] == "Basic c2NyYXBlcjpzM2NyZXQtcHc="
     assert isinstance(bad, FetchFailed)
     assert "s3cret-pw" not in bad.detail
+
+
+def test_the_credentials_of_a_url_are_read_once_and_kept_within_bounds() -> None:
+    """A client reads a URL's credentials once (it scrapes the same URL every interval);
+    ever-new URLs (redirects) never grow what it keeps past a bound."""
+    client = new_scrape_client()
+    assert client.credentials("http://u:p@127.0.0.1:8000/metrics") == "Basic dTpw"
+    assert client.credentials("http://u:p@127.0.0.1:8000/metrics") == "Basic dTpw"
+    assert client.credentials("http://127.0.0.1:8000/metrics") is None
+    for index in range(200):
+        assert client.credentials(f"http://u{index}:p@h/metrics") is not None
+        assert len(client._credentials) <= 64
 
 
 async def test_a_redirect_is_followed_by_the_lean_client_on_every_scrape() -> None:

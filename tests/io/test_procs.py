@@ -439,3 +439,26 @@ def test_remote_url_is_never_looked_up_by_port() -> None:
 def test_cgroup_in_unit(text: str, unit: str, inside: bool) -> None:
     """A listener inside the target's systemd unit's cgroup counts as named by the target."""
     assert cgroup_in_unit(text, unit) is inside
+
+
+def test_a_keeping_finder_reads_the_listening_sockets_once() -> None:
+    """`keep_sockets`: one read of the socket table serves every later lookup (a pass over
+    many targets); the daemon's finder reads it afresh each time."""
+    import socket
+
+    keeping, fresh = PsutilProcessFinder(keep_sockets=True), PsutilProcessFinder()
+    with socket.socket() as before:
+        before.bind(("127.0.0.1", 0))
+        before.listen()
+        before_port = before.getsockname()[1]
+        assert keeping.listen_addresses([os.getpid()], before_port) == ("127.0.0.1",)
+        with socket.socket() as after:
+            after.bind(("127.0.0.1", 0))
+            after.listen()
+            url = f"http://127.0.0.1:{after.getsockname()[1]}/"
+            assert keeping.discover(ProcessSelector(url=url)).root_pid is None  # not re-read
+            assert fresh.discover(ProcessSelector(url=url)).root_pid == os.getpid()
+        found = keeping.discover(ProcessSelector(url=f"http://127.0.0.1:{before_port}/"))
+    assert found.root_pid == os.getpid()
+    assert keeping.listen_addresses([os.getpid()], None) == ("127.0.0.1",)
+    assert keeping.listen_addresses([os.getpid() + 1], before_port) == ()

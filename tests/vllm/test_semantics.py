@@ -16,6 +16,7 @@ from wedgewatch.vllm.semantics import (
     decode_float,
     encode_float,
     is_engine_core_of,
+    keep_finite,
     movement,
     non_finite_fields,
     output_moved,
@@ -182,6 +183,19 @@ def test_non_finite_fields_name_queue_gauges_and_counters() -> None:
     bad = replace(reading(generation_tokens=NAN), running=math.inf, kv_cache_usage=NAN)
     assert non_finite_fields(bad) == ("running", "generation tokens")
     assert non_finite_fields(reading()) == ()
+    by_reason = replace(
+        reading(request_success=NAN),
+        waiting_by_reason={"deferred": NAN, "capacity": 1.0},
+        finished_by_reason={"stop": 3.0, "abort": math.inf},
+    )
+    # the total is not judged when the reasons are there; each reason is, by name
+    assert non_finite_fields(by_reason) == ("waiting (deferred)", "finished requests (abort)")
+    assert (
+        non_finite_fields(
+            replace(by_reason, waiting_by_reason={}, finished_by_reason={"stop": 3.0})
+        )
+        == ()
+    )
 
 
 @pytest.mark.parametrize(
@@ -223,3 +237,36 @@ def test_classify_role(title: str, listener: bool, role: Role) -> None:
 def test_engine_core_of_a_data_parallel_rank(title: str, engine: str, matches: bool) -> None:
     """A data-parallel EngineCore is told apart by the `_DP<rank>` suffix of its title."""
     assert is_engine_core_of(title, engine) is matches
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "prompt_tokens",
+        "generation_tokens",
+        "request_success",
+        "preemptions",
+        "iterations",
+        "kv_cache_usage",
+        "prefix_cache_queries",
+        "finished_by_reason",
+    ],
+)
+def test_keep_finite_keeps_the_last_finite_value_of_each_field(field: str) -> None:
+    """A NaN in any field `keep_finite` looks at takes `before`'s value; a wholly finite
+    reading is the next base as it is (nothing copied)."""
+    before = replace(
+        reading(), kv_cache_usage=0.5, prefix_cache_queries=7.0, finished_by_reason={"stop": 3.0}
+    )
+    now = replace(
+        reading(prompt_tokens=20.0, generation_tokens=21.0, request_success=22.0),
+        kv_cache_usage=0.6,
+        prefix_cache_queries=8.0,
+        finished_by_reason={"stop": 4.0},
+    )
+    assert keep_finite(before, now) is now
+    nan: object = {"stop": NAN} if field == "finished_by_reason" else NAN
+    kept = keep_finite(before, replace(now, **{field: nan}))
+    assert getattr(kept, field) == getattr(before, field)
+    others = [f for f in ("prompt_tokens", "kv_cache_usage", "finished_by_reason") if f != field]
+    assert all(getattr(kept, f) == getattr(now, f) for f in others)

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wedgewatch.vllm import signals
 from wedgewatch.vllm.signals import EngineKey, EngineReading, Exposition, ParseFailure, parse
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -409,6 +410,23 @@ def test_engines_of_several_models_are_kept_apart() -> None:
         labels='engine="0",model_name="b"'
     )
     assert list(_parsed(body).engines) == [EngineKey("a", "0"), EngineKey("b", "0")]
+
+
+def test_label_sets_remembered_across_bodies_stay_bounded_and_checked() -> None:
+    """Where a label set lands is remembered across bodies (a server prints the same ones on
+    every scrape), in a bounded table; a label set that failed is read, and fails, anew."""
+    for index in range(signals._MAX_SLOTS_KEPT // 7 + 10):  # ever-new model names
+        assert list(_parsed(_minimal(labels=f'model_name="m{index}"')).engines) == [
+            EngineKey(f"m{index}", "0")
+        ]
+        assert 0 < len(signals._SLOTS) <= signals._MAX_SLOTS_KEPT
+    assert _only(_parsed(_minimal())).request_success == 5.0  # a remembered label set
+    no_series = _minimal(success='vllm:request_success_total{engine="0",model_name="m"} 5.0')
+    for _ in range(2):
+        assert "request_success_total sample has no finished_reason label" in _failure(no_series)
+    twice = _minimal() + 'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
+    for _ in range(2):
+        assert "duplicate vllm:num_requests_running sample" in _failure(twice)
 
 
 def test_other_sleep_states_do_not_decide_awake() -> None:

@@ -133,7 +133,7 @@ def load(store: StateFile, now: float, timestamp: float, notes: list[str]) -> Sa
         return fresh("does not hold a JSON object")
     if data.get("version") not in _READABLE_VERSIONS:
         return fresh(f"has version {data.get('version')!r}, expected {STATE_FILE_VERSION}")
-    shown = redact_url(store.metrics_url)  # the form `save` writes
+    shown = stored_url(store.metrics_url)  # the form `save` writes
     if data.get("metrics_url") not in (shown, store.metrics_url):  # the raw form: an older file
         # A note is check output, which `CheckReport.render_text` redacts.
         return fresh(f"belongs to {str(data.get('metrics_url'))!r}, not {shown}")
@@ -168,11 +168,17 @@ def load(store: StateFile, now: float, timestamp: float, notes: list[str]) -> Sa
     return replace(kept, detector=state)
 
 
+def stored_url(metrics_url: str) -> str:
+    """The target's URL as the state file keeps it, and matches it by: without credentials
+    (`redact_url`; no secret on disk)."""
+    return redact_url(metrics_url)
+
+
 def save(store: StateFile, saved: Saved, at: float, timestamp: float) -> None:
     """Write the state atomically (temporary file, fsync, rename); OSError if it cannot."""
     payload: dict[str, Any] = {
         "version": STATE_FILE_VERSION,
-        "metrics_url": redact_url(store.metrics_url),  # no credential on disk
+        "metrics_url": stored_url(store.metrics_url),
         "saved_timestamp": timestamp,
         "detector": dump_state(saved.detector),
     }

@@ -143,7 +143,8 @@ class TargetCanary:
         server) means a fresh canary too (rule R1): the old server's stall and its canary in
         flight are forgotten before the new server is judged.
         """
-        if state == TargetState.initial() and (self.state != core.CanaryState() or self.task):
+        fresh = state.last_at is None and state == TargetState.initial()  # none observed yet
+        if fresh and (self.state != core.CanaryState() or self.task):
             self.reset()
         state, verdict = detect_step(state, observation, policy, self.stall)
         self.after(verdict, verdict.at, restarting=self.busy() == "restart")

@@ -234,8 +234,9 @@ class OwnMetrics:
 
         # Per-step updates touch a few series per target: their children are looked up once
         # (prometheus_client's `labels()` is the costly part), and an enum gauge is rewritten
-        # only when its state changes.
+        # only when its state changes; a gauge is set only when its value changes.
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._values: dict[tuple[int, tuple[str, ...]], float] = {}
         self._enum_current: dict[tuple[int, tuple[str, ...]], str] = {}
 
     def _child(self, metric: Gauge, labels: tuple[str, ...]) -> Any:
@@ -245,9 +246,16 @@ class OwnMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def _set(self, metric: Gauge, labels: tuple[str, ...], value: float) -> None:
+        key = (id(metric), labels)
+        if self._values.get(key) == value:
+            return
+        self._child(metric, labels).set(value)
+        self._values[key] = value
+
     def add_target(self, target: str, *, state: str, remedy: str, budget_remaining: int) -> None:
         """Create the target's series at their zero values so rates and alerts work from start."""
-        self._target_up.labels(target).set(0)
+        self._set(self._target_up, (target,), 0)
         self._scrape_duration.labels(target)
         for reason in self._scrape_failure_reasons:
             self._scrape_failures.labels(target, reason)
@@ -262,9 +270,9 @@ class OwnMetrics:
             self._restart_failures.labels(target, reason)
         for reason in CAPTURE_FAILURE_REASONS:
             self._capture_failures.labels(target, reason)
-        self._budget_remaining.labels(target).set(budget_remaining)
-        self._gave_up.labels(target).set(0)
-        self._ready.labels(target).set(0)
+        self._set(self._budget_remaining, (target,), budget_remaining)
+        self._set(self._gave_up, (target,), 0)
+        self._set(self._ready, (target,), 0)
         self._engines.setdefault(target, {})
 
     def mark_tick(self, timestamp: float) -> None:
@@ -277,7 +285,7 @@ class OwnMetrics:
     ) -> None:
         """Record one scrape: its duration and, when it failed, the reason."""
         self._child(self._scrape_duration, (target,)).set(duration_seconds)
-        self._child(self._target_up, (target,)).set(0 if failure_reason is not None else 1)
+        self._set(self._target_up, (target,), 0 if failure_reason is not None else 1)
         if failure_reason is not None:
             self._scrape_failures.labels(target, failure_reason).inc()
 
@@ -291,7 +299,7 @@ class OwnMetrics:
             labels = (target, model_name, sample.engine)
             current[(model_name, sample.engine)] = sample.state
             self._set_enum(self._engine_state, labels, sample.state)
-            self._child(self._engine_stalled, labels).set(sample.stalled_seconds)
+            self._set(self._engine_stalled, labels, sample.stalled_seconds)
             if sample.last_progress_timestamp is None:
                 self._remove(self._engine_last_progress, labels)
             else:
@@ -338,12 +346,12 @@ class OwnMetrics:
 
     def set_restart_budget(self, target: str, *, remaining: int, gave_up: bool) -> None:
         """Publish the remaining restart budget and whether wedgewatch gave up."""
-        self._child(self._budget_remaining, (target,)).set(remaining)
-        self._child(self._gave_up, (target,)).set(1 if gave_up else 0)
+        self._set(self._budget_remaining, (target,), remaining)
+        self._set(self._gave_up, (target,), 1 if gave_up else 0)
 
     def set_ready(self, target: str, ready: bool) -> None:
         """Publish the target's readiness verdict (`core.readiness`, what /ready answers)."""
-        self._child(self._ready, (target,)).set(1 if ready else 0)
+        self._set(self._ready, (target,), 1 if ready else 0)
 
     def add_canary(self, target: str) -> None:
         """Create the target's canary series at zero (only for targets with the canary on)."""
@@ -393,6 +401,7 @@ class OwnMetrics:
 
     def _remove(self, metric: Gauge, labels: tuple[str, ...]) -> None:
         self._children.pop((id(metric), labels), None)
+        self._values.pop((id(metric), labels), None)
         with contextlib.suppress(KeyError):  # the series was never set
             metric.remove(*labels)
 

@@ -29,7 +29,7 @@ from wedgewatch.core.episode import episode as core
 from wedgewatch.core.restart import restart_policy
 from wedgewatch.core.restart.probe_policy import ServerMark
 from wedgewatch.core.restart.replacement import ServerIdentity
-from wedgewatch.core.text.escape import neutralise
+from wedgewatch.core.text.escape import safe_line
 from wedgewatch.daemon.canary import TargetCanary
 from wedgewatch.daemon.publish import TargetSnapshot, target_ready, target_record, target_snapshot
 from wedgewatch.daemon.report import (
@@ -486,14 +486,19 @@ class TargetRunner:
             # pass on, a bug), the attempt is over, counted and reported as failed.
             outcome = restart_policy.RestartOutcome(
                 False,
-                f"the {config.remedy} remedy could not be run: "
-                f"{neutralise(f'{type(exc).__name__}: {exc}', 500)}",
+                f"the {config.remedy} remedy could not be run: {exception_text(exc)}",
                 self.deps.clock.monotonic() - started,
                 restart_policy.FailureReason.REMEDY_ERROR,
             )
         done = core.RestartDone(outcome, listener_of(discovery))
         self.feed(done, clock.monotonic(), clock.wall())
         await self.host.state_written()  # and its outcome before the next job
+
+
+def exception_text(exc: BaseException) -> str:
+    """An unexpected exception as an outcome's detail: redacted before it is cut to 500
+    characters, so a cut through `user:password@` cannot keep half a password."""
+    return safe_line(f"{type(exc).__name__}: {exc}", 500)
 
 
 async def _abort_outcome(
@@ -510,8 +515,7 @@ async def _abort_outcome(
     except TimeoutError:
         return AbortOutcome(False, f"the abort did not finish within {proof_seconds + 10.0:g} s")
     except Exception as exc:  # a bug in the adapter is a failed abort, never a stuck worker
-        detail = neutralise(f"{type(exc).__name__}: {exc}", 500)
-        return AbortOutcome(False, f"the abort could not be sent: {detail}")
+        return AbortOutcome(False, f"the abort could not be sent: {exception_text(exc)}")
 
 
 async def discover(finder: ProcessFinder, target: Target) -> Discovery:

@@ -3,8 +3,11 @@
 `capture_build` asks the target for `GET /version` (bounded in time and size), reads the
 API server's command line and the EngineCore's `VLLM_*` / `CUDA_*` / `NCCL_*` environment
 from /proc (psutil), and takes the `vllm:cache_config_info` labels from the /metrics body
-already scraped. Secrets are masked (`wedgewatch.core.text.redact`). Every part that cannot be
-had becomes an `error` entry; nothing raises.
+already scraped. The command line is redacted as an argument vector before its flags are
+read from it (`redact_argv`: a secret flag's value is masked whole, and no flag parsed from
+it holds a secret); the rest goes to `build.json` raw, and the bundle writer redacts it, the
+environment by its names' rules (`io.bundles.bundle_bytes`). Every part that cannot be had
+becomes an `error` entry; nothing raises.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
-from wedgewatch.core.text.redact import redact_argv, redact_env
+from wedgewatch.core.text.redact import redact_argv
 from wedgewatch.io.procs import Discovery
 from wedgewatch.io.scrape import fetch, new_client
 from wedgewatch.io.scrape_rules import FetchFailed
@@ -72,7 +75,8 @@ def _environ(pid: int) -> dict[str, str] | str:
 
 
 def read_process_build(discovery: Discovery) -> dict[str, Any]:
-    """The API server's redacted command line and flags, the EngineCore's build environment."""
+    """The API server's redacted command line and flags, the EngineCore's build environment
+    (raw: `build.json`'s writer redacts it)."""
     out: dict[str, Any] = {}
     api = discovery.pids(Role.API_SERVER)
     root = discovery.root_pid if discovery.root_pid is not None else (api[0] if api else None)
@@ -105,7 +109,7 @@ def read_process_build(discovery: Discovery) -> dict[str, Any]:
     else:
         out.update(
             engine_core_pid=engines[0],
-            engine_env=redact_env(build_env(environ)),
+            engine_env=build_env(environ),
             engine_env_source=source,
         )
     return out

@@ -30,7 +30,7 @@ from wedgewatch.core.evidence.known_issues import match_known_issues, shipped_kn
 from wedgewatch.core.evidence.retention import StoredBundle, plan_retention
 from wedgewatch.core.evidence.triage import ProcessStacks, StackRound, parse_pyspy_json
 from wedgewatch.core.text.escape import neutralise
-from wedgewatch.core.text.redact import redact_command_line, redact_text, redact_value
+from wedgewatch.core.text.redact import redact_env, redact_text, redact_value
 from wedgewatch.io.atomic import write_atomic
 from wedgewatch.io.private_paths import private_dir
 from wedgewatch.io.procs import ServerProcess
@@ -68,22 +68,6 @@ def timestamp_of_name(name: str) -> float | None:
         return float(calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%SZ")))
     except ValueError:
         return None
-
-
-def redact_title(title: str) -> str:
-    """A command line with secret values masked (`--api-key X`, `HF_TOKEN=X`, URL
-    credentials; see `wedgewatch.core.text.redact.redact_argv`)."""
-    return redact_command_line(title)
-
-
-def redact_pyspy_text(text: str) -> str:
-    """py-spy's text dump with the command line in its `Process N: ...` header redacted."""
-    lines = text.split("\n")
-    for index, line in enumerate(lines):
-        if line.startswith("Process ") and ": " in line:
-            head, _, cmdline = line.partition(": ")
-            lines[index] = f"{head}: {redact_title(cmdline)}"
-    return "\n".join(lines)
 
 
 def json_safe(value: Any) -> Any:
@@ -154,13 +138,22 @@ def write_private(path: Path, data: bytes) -> None:
 
 def json_bytes(value: Any) -> bytes:
     """Indented, sorted, strict JSON (non-finite floats as strings) with a final newline."""
-    return (json.dumps(json_safe(value), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+    return _json_text(value).encode()
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(json_safe(value), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+#: The bundle file that holds the server's argument vector and environment (`io.build_capture`).
+BUILD_FILE = "build.json"
 
 
 def bundle_bytes(rel: str, data: bytes) -> bytes:
-    """A bundle file's bytes as written: redacted (`.json` as a JSON value, `.jsonl` line by
-    line, anything else as UTF-8 text, whose control characters but newline and tab become
-    visible escapes); bytes that are not UTF-8 text are kept as they are."""
+    """A bundle file's bytes as written, and as a report reads them: redacted (`.json` as a
+    JSON value, `.jsonl` line by line, anything else as UTF-8 text, whose control characters
+    but newline and tab become visible escapes); bytes that are not UTF-8 text are kept as
+    they are. The one place a bundle file is redacted."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -170,13 +163,36 @@ def bundle_bytes(rel: str, data: bytes) -> bytes:
             value = json.loads(text)
         except ValueError:
             return _text(text).encode()
-        if "\n" not in text.strip():  # compact stays compact (py-spy's dumps)
-            return _json_line(redact_value(value)).encode()
-        return json_bytes(redact_value(value))
+        # Compact stays compact (py-spy's dumps).
+        return _redacted_json(rel, value, indent="\n" in text.strip()).encode()
     if rel.endswith(".jsonl"):
-        return "".join(_redacted_line(line) for line in text.splitlines(keepends=True)).encode()
+        lines = text.splitlines(keepends=True)
+        return "".join(_redacted_line(rel, line) for line in lines).encode()
     # Text files are read with `cat` and `less`: no escape sequence from the target in them.
     return _text(text).encode()
+
+
+def _redacted_json(rel: str, value: Any, *, indent: bool) -> str:
+    """A JSON value redacted value by value (`redact_value`), as one line or indented."""
+    shown = redact_value(_as_read(rel, value))
+    return _json_text(shown) if indent else _json_line(shown)
+
+
+def _as_read(rel: str, value: Any) -> Any:
+    """`build.json` holds an argument vector and an environment read as such: every word of
+    the vector as text (so a number after `--api-key` is masked like any other value), and
+    the environment masked by its names' rules (`redact_env`: any name holding `TOKEN`,
+    `KEY`, `AUTH`, ..., which `redact_value` alone would not read as secret)."""
+    if rel != BUILD_FILE or not isinstance(value, dict):
+        return value
+    out = dict(value)
+    argv = out.get("command_line")
+    if isinstance(argv, list):
+        out["command_line"] = [str(word) for word in argv]
+    env = out.get("engine_env")
+    if isinstance(env, Mapping):
+        out["engine_env"] = redact_env({str(k): str(v) for k, v in env.items()})
+    return out
 
 
 def _text(text: str) -> str:
@@ -186,12 +202,12 @@ def _text(text: str) -> str:
     return neutralise(shown, 6 * len(shown) + 1)
 
 
-def _redacted_line(line: str) -> str:
+def _redacted_line(rel: str, line: str) -> str:
     try:
         value = json.loads(line)
     except ValueError:
         return _text(line)
-    return _json_line(redact_value(value)) if line.strip() else line
+    return _redacted_json(rel, value, indent=False) if line.strip() else line
 
 
 def write_bundle_file(bundle: Path, rel: str, data: bytes, *, replace: bool = True) -> None:
@@ -429,7 +445,7 @@ REMEDY_LOG = "remedy.jsonl"
 def note_remedy(bundle: Path, record: Mapping[str, Any]) -> str | None:
     """Append what the daemon did after this bundle (a restart, how the episode ended) to
     `remedy.jsonl` in the bundle (0600); an error message or None. Never raises."""
-    line = _json_line(redact_value(json_safe(record))).encode()
+    line = bundle_bytes(REMEDY_LOG, _json_line(record).encode())
     try:
         if not (bundle / "summary.json").is_file():
             return f"{bundle}: not an evidence bundle"

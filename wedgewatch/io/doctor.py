@@ -171,6 +171,13 @@ class Lookups:
     which: Callable[[str], str | None] = shutil.which
 
 
+def one_pass_lookups() -> Lookups:
+    """The machine's lookups for one pass over the targets: its listening sockets read
+    once for every target's discovery and listen addresses, not once per target."""
+    finder = PsutilProcessFinder(keep_sockets=True)
+    return Lookups(finder=finder, listens=finder.listen_addresses)
+
+
 def plan_of(config: Settings) -> Plan:
     """What `config` relies on."""
     return Plan(
@@ -301,7 +308,7 @@ def examine(
     ancestor: bool = False,
 ) -> list[Finding]:
     """Every finding for `config` (only the target named or with URL `only`, when given)."""
-    lookups = lookups or Lookups()
+    lookups = lookups or one_pass_lookups()
     plan = plan_of(config)
     host = host_facts(plan, lookups)
     targets = [t for t in config.targets if only is None or only in (t.name, t.url, t.metrics_url)]

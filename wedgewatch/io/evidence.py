@@ -54,7 +54,6 @@ from wedgewatch.io.bundles import (
     known_issues_of,
     load_first_round,
     make_bundle_dir,
-    redact_title,
     stack_file_stem,
     write_bundle_file,
     write_round_files,
@@ -309,7 +308,7 @@ async def _capture_round(
     to_dump = [p for p in discovery.processes if p.role in _DUMPED_ROLES]
     refusal = dump_refusal(discovery)
     if refusal is not None:  # never py-spy (ptrace, as root) a process not proven the server
-        to_dump, rnd.stacks_skipped = [], redact_title(refusal)
+        to_dump, rnd.stacks_skipped = [], refusal
         rnd.failures.append(f"stacks skipped: {rnd.stacks_skipped}")
     stack_tasks = {p.pid: asyncio.create_task(dumper.dump(p.pid)) for p in to_dump}
     sample_task = asyncio.create_task(_sample_processes(discovery.processes, deps))

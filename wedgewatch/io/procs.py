@@ -38,7 +38,6 @@ from wedgewatch.core.restart.server_proof import (
     plain_ip,
     prove_server,
 )
-from wedgewatch.core.text.redact import redact_url
 from wedgewatch.io.http_parse import port_of
 from wedgewatch.vllm.semantics import Role, classify_role
 
@@ -86,13 +85,14 @@ class ProcessSelector:
     systemd_unit: str | None = None  # a listener in this unit's cgroup counts as named
 
     def describe(self) -> str:
-        """Human-readable source of the root pid, for summaries and errors."""
+        """Human-readable source of the root pid, for a bundle's summary (raw: the bundle
+        writer redacts it)."""
         if self.pid is not None:
             return f"pid {self.pid}"
         if self.pid_file is not None:
             return f"pid file {self.pid_file}"
         if self.url is not None:
-            return f"listener of {redact_url(self.url)}"
+            return f"listener of {self.url}"
         return "nothing (no url, pid or pid file configured)"
 
 
@@ -467,7 +467,41 @@ def read_proc_state(pid: int, proc: str = "/proc") -> ProcState:
 
 
 class PsutilProcessFinder:
-    """Finds the server's processes with psutil."""
+    """Finds the server's processes with psutil.
+
+    With `keep_sockets`, the machine's listening TCP sockets are read once, at the first
+    need, and kept for the finder's life: for one pass over many targets (the doctor's),
+    where reading the table anew for each target would cost the pass the square of the
+    targets. Without it (the daemon's finder), every discovery reads the table afresh.
+    """
+
+    def __init__(self, *, keep_sockets: bool = False) -> None:
+        self._keep_sockets = keep_sockets
+        self._kept: tuple[list[ListeningSocket], tuple[str, ...]] | None = None
+
+    def listening_sockets(self, notes: list[str]) -> list[ListeningSocket]:
+        """The machine's listening TCP sockets (kept with `keep_sockets`); how they were
+        read goes into `notes`."""
+        if not self._keep_sockets:
+            return _listening_sockets(notes)
+        if self._kept is None:
+            read_notes: list[str] = []
+            self._kept = (_listening_sockets(read_notes), tuple(read_notes))
+        notes.extend(self._kept[1])
+        return self._kept[0]
+
+    def listen_addresses(self, pids: Sequence[int], port: int | None) -> tuple[str, ...]:
+        """The addresses `pids` listen on (on `port` when known), from `listening_sockets`."""
+        wanted = set(pids)
+        return tuple(
+            sorted(
+                {
+                    s.ip
+                    for s in self.listening_sockets([])
+                    if s.pid in wanted and (port is None or s.port == port)
+                }
+            )
+        )
 
     def discover(self, selector: ProcessSelector) -> Discovery:
         """Root pid from the selector, then the root's descendants with roles."""
@@ -536,7 +570,7 @@ class PsutilProcessFinder:
                 f"{host} is not this machine (neither loopback nor an address of its "
                 "interfaces): no local process is looked up by port for a remote server"
             )
-        sockets = _listening_sockets(notes)
+        sockets = self.listening_sockets(notes)
         pids, hidden = pick_listeners(sockets, host, port, host_ips)
         if not pids:
             if hidden:

@@ -89,6 +89,7 @@ class ScrapeClient:
         self._tls = tls
         self.lean = http1.Http1Client()
         self._requests: dict[tuple[str, str | None], _LeanRequest] = {}
+        self._credentials: dict[str, str | None] = {}
 
     def lean_request(self, url: str, authorization: str | None = None) -> _LeanRequest:
         """(host, port, GET request bytes, TLS context or None) for `url`; Unfetchable for a
@@ -106,6 +107,16 @@ class ScrapeClient:
                 self._requests.clear()
             self._requests[key] = request
         return request
+
+    def credentials(self, url: str) -> str | None:
+        """`basic_auth(url)`: the `Authorization` value for the credentials in `url`, read
+        once per URL (the same URL is scraped every interval)."""
+        if url in self._credentials:
+            return self._credentials[url]
+        if len(self._credentials) >= _MAX_REQUESTS_KEPT:
+            self._credentials.clear()
+        authorization = self._credentials[url] = basic_auth(url)
+        return authorization
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:
@@ -176,7 +187,7 @@ async def _get(
     client: httpx.AsyncClient | ScrapeClient, url: str, sink: Body, timeout_seconds: float
 ) -> None:
     """Send the GET and read the response into `sink`, following redirects within the origin."""
-    authorization = basic_auth(url)
+    authorization = client.credentials(url) if isinstance(client, ScrapeClient) else basic_auth(url)
     headers: Mapping[str, str]
     for _ in range(MAX_REDIRECTS + 1):
         if isinstance(client, ScrapeClient):

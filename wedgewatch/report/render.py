@@ -1,8 +1,9 @@
 """Render a `BundleModel`: one self-contained HTML page, a Markdown file, an upstream issue body.
 
 The HTML page has inline CSS and an inline SVG chart: it needs no network to view. Every
-command line and environment value passes the redaction again, so a bundle written by an
-older wedgewatch cannot leak a secret into a report either.
+value rendered here was redacted as the bundle was read (`report.model.load_files`, through
+the bundle writer's own pass, command line and environment included), so a bundle written
+by an older wedgewatch cannot leak a secret into a report either; nothing here masks again.
 
 Markdown: a bundle is untrusted input, so every string from it is in inline code
 (`md_inline`), escaped (`md_text`) or in a fence longer than any backtick run in it
@@ -26,7 +27,6 @@ from wedgewatch.core.evidence.known_issues import Match
 from wedgewatch.core.evidence.triage import digest
 from wedgewatch.core.evidence.watchdog import StackDumpRecord
 from wedgewatch.core.text.escape import md_fence, md_inline, md_text, neutralise
-from wedgewatch.core.text.redact import redact_argv, redact_env
 from wedgewatch.report.chart import INSTALL_HINT
 from wedgewatch.report.model import (
     BundleModel,
@@ -275,6 +275,11 @@ def _e(value: object) -> str:
     return html.escape(neutralise(str(value), 1_000_000))
 
 
+def _sorted_env(env: Mapping[Any, Any]) -> list[tuple[str, str]]:
+    """The build's environment (redacted as it was read) as sorted (name, value) pairs."""
+    return sorted((str(k), str(v)) for k, v in env.items())
+
+
 def _table(rows: Sequence[Sequence[object]], head: Sequence[str] | None = None) -> str:
     out = ["<table>"]
     if head:
@@ -496,7 +501,7 @@ def _build_html(model: BundleModel) -> str:
     ]
     argv = b.get("command_line")
     if isinstance(argv, list):
-        rows.append(["command line", " ".join(redact_argv([str(a) for a in argv]))])
+        rows.append(["command line", " ".join(map(str, argv))])
     for key in ("command_line_error", "engine_env_error", "cache_config_info_error"):
         if b.get(key):
             rows.append([key.replace("_", " "), b[key]])
@@ -504,8 +509,8 @@ def _build_html(model: BundleModel) -> str:
     env = b.get("engine_env")
     if isinstance(env, Mapping):
         out.append("<h3>EngineCore environment (VLLM_*, CUDA_*, NCCL_*)</h3>")
-        safe = redact_env({str(k): str(v) for k, v in env.items()})
-        out.append(_table(list(safe.items()), ["name", "value"]) if safe else "<p>none set</p>")
+        rows_env = _sorted_env(env)
+        out.append(_table(rows_env, ["name", "value"]) if rows_env else "<p>none set</p>")
     cache = b.get("cache_config_info")
     if isinstance(cache, Mapping) and cache:
         out.append(
@@ -702,15 +707,12 @@ def _build_md(model: BundleModel) -> list[str]:
     ]
     argv = b.get("command_line")
     if isinstance(argv, list):
-        lines.append(
-            f"- command line: {md_inline(' '.join(redact_argv([str(a) for a in argv])), 4000)}"
-        )
+        lines.append(f"- command line: {md_inline(' '.join(map(str, argv)), 4000)}")
     env = b.get("engine_env")
     if isinstance(env, Mapping):
-        safe = redact_env({str(k): str(v) for k, v in env.items()})
         lines.append(
             "- EngineCore environment: "
-            + (", ".join(md_inline(f"{k}={v}") for k, v in safe.items()) or "none set")
+            + (", ".join(md_inline(f"{k}={v}") for k, v in _sorted_env(env)) or "none set")
         )
     for key in ("command_line_error", "engine_env_error", "cache_config_info_error"):
         if b.get(key):
@@ -741,15 +743,12 @@ def render_upstream(model: BundleModel) -> str:
         )
     env = b.get("engine_env")
     if isinstance(env, Mapping):
-        safe = redact_env({str(k): str(v) for k, v in env.items()})
-        environment += [f"{k}={v}" for k, v in safe.items()]
+        environment += [f"{k}={v}" for k, v in _sorted_env(env)]
     lines = ["### Your current environment", "", *md_fence("\n".join(environment), "text")]
     lines += ["", "### Command", ""]
     argv = b.get("command_line")
     lines += md_fence(
-        " ".join(redact_argv([str(a) for a in argv]))
-        if isinstance(argv, list)
-        else "(not captured)",
+        " ".join(map(str, argv)) if isinstance(argv, list) else "(not captured)",
         "sh",
     )
     lines += ["", "### What happened", ""]

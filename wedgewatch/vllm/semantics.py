@@ -187,6 +187,19 @@ def restart_evidence(before: EngineReading, now: EngineReading) -> tuple[str, fl
 
 def non_finite_fields(reading: EngineReading) -> tuple[str, ...]:
     """The queue gauges and progress counters of `reading` that are NaN or +/-Inf, by name."""
+    values = (
+        reading.running,
+        reading.waiting,
+        *reading.waiting_by_reason.values(),
+        reading.prompt_tokens,
+        reading.generation_tokens,
+        reading.request_success,
+        *reading.finished_by_reason.values(),
+        reading.preemptions,
+        reading.iterations,
+    )
+    if all(map(math.isfinite, values)):  # every value finite (every healthy scrape): no names
+        return ()
     return tuple(name for name, value in _judged_values(reading) if not math.isfinite(value))
 
 
@@ -244,6 +257,8 @@ def _moved_optional(before: float | None, now: float | None) -> bool:
 def keep_finite(before: EngineReading, now: EngineReading) -> EngineReading:
     """`now` as the base of the next delta: a non-finite counter, KV usage or prefix-cache
     count keeps the last finite value from `before`, so a NaN never hides or fakes movement."""
+    if _all_finite(now):  # every scrape of a healthy server: nothing to keep
+        return now
     finished = dict(now.finished_by_reason)
     for reason, value in finished.items():
         if not math.isfinite(value):
@@ -261,6 +276,21 @@ def keep_finite(before: EngineReading, now: EngineReading) -> EngineReading:
             now.prefix_cache_queries, before.prefix_cache_queries
         ),
     )
+
+
+def _all_finite(reading: EngineReading) -> bool:
+    """Whether every value `keep_finite` looks at is finite (or absent, where optional)."""
+    values = (
+        reading.prompt_tokens,
+        reading.generation_tokens,
+        reading.request_success,
+        reading.preemptions,
+        reading.iterations,
+        *reading.finished_by_reason.values(),
+        0.0 if reading.kv_cache_usage is None else reading.kv_cache_usage,
+        0.0 if reading.prefix_cache_queries is None else reading.prefix_cache_queries,
+    )
+    return all(map(math.isfinite, values))
 
 
 def _finite_or(value: float, fallback: float) -> float:

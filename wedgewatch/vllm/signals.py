@@ -320,15 +320,16 @@ def _decode(body: bytes) -> str | ParseFailure:
 def _scan(text: str, max_engines: int) -> _Scan | ParseFailure:
     """Read every needed sample line of the body; skip all others unread.
 
-    Needed lines repeat a few label sets (one engine's `{engine="0",model_name="m"}` on
-    most of them), so each distinct label text is read, and its engine named, once per body.
+    Needed lines repeat a few label sets, and a server prints the same ones on every
+    scrape, so where a canonical sample lands (its engine and series, `_slot_of`) is read
+    from its name and label text once and remembered across bodies (`_SLOTS`).
     """
     scanned = "\n" + text
     engines: dict[_EngineId, _Engine] = {}
     seen: set[tuple[str, _EngineId, str | None]] = set()
-    label_sets: dict[str, tuple[dict[str, str], _EngineId | None]] = {}  # this body's only
     process_start: float | None = None
     canonical_rest = _CANONICAL_REST.fullmatch
+    slots = _SLOTS
     for match in _NEEDED_LINE.finditer(scanned):
         suffix, process, rest = match.groups()
         name = PROCESS_START if process else _VLLM_NAMES[suffix]
@@ -336,23 +337,24 @@ def _scan(text: str, max_engines: int) -> _Scan | ParseFailure:
             canonical = canonical_rest(rest)
             if canonical is None:
                 labels, value = _read_sample_with_library(name, rest)
-                engine_id = _engine_id(labels)
+                slot = None if process else _slot_of(name, labels)
             else:
                 label_text, number = canonical.groups()
                 value = float(number)
-                known = label_sets.get(label_text)
-                if known is None:
+                slot = None if process else slots.get((name, label_text))
+                if slot is None:
                     labels = _read_labels(name, label_text) if label_text else {}
-                    known = label_sets[label_text] = (labels, _engine_id(labels))
-                labels, engine_id = known
-            if process:
+                    if not process:
+                        slot = _slot_of(name, labels)
+                        if len(slots) >= _MAX_SLOTS_KEPT:  # ever-new label sets: start over
+                            slots.clear()
+                        slots[name, label_text] = slot
+            if slot is None:  # the process start time
                 if process_start is not None:
                     raise _Malformed(f"duplicate {PROCESS_START} sample")
                 process_start = value
                 continue
-            _record(
-                engines, seen, name, labels, value, engine_id=engine_id, max_engines=max_engines
-            )
+            _record(engines, seen, name, value, slot, max_engines=max_engines)
         except _Malformed as error:
             return _malformed(text, scanned, match.start(), str(error))
         except _TooManyEngines:
@@ -362,6 +364,31 @@ def _scan(text: str, max_engines: int) -> _Scan | ParseFailure:
                 reason="too_many_engines",
             )
     return _Scan(engines, process_start)
+
+
+#: Where a per-engine sample lands in a reading: its (model_name, engine) and, for a family
+#: of several series per engine, its series label's value (cut to size).
+_Slot = tuple[_EngineId, str | None]
+
+#: (sample name, label text) -> its slot, for canonical lines, across bodies. Only label
+#: texts that read without error are kept; bounded by `_MAX_SLOTS_KEPT` entries.
+_SLOTS: dict[tuple[str, str], _Slot] = {}
+_MAX_SLOTS_KEPT = 4096
+
+
+def _slot_of(name: str, labels: Mapping[str, str]) -> _Slot:
+    """Where a per-engine `name` sample with `labels` lands; `_Malformed` without a
+    `model_name` label or without the label that tells its series apart."""
+    engine_id = _engine_id(labels)
+    if engine_id is None:
+        raise _Malformed(f"{name} sample has no model_name label")
+    series_label = _SERIES_LABEL.get(name)
+    if series_label is None:
+        return engine_id, None
+    series = labels.get(series_label)
+    if series is None:
+        raise _Malformed(f"{name} sample has no {series_label} label")
+    return engine_id, truncate(series)
 
 
 def _engine_id(labels: Mapping[str, str]) -> _EngineId | None:
@@ -434,31 +461,22 @@ def _record(
     engines: dict[_EngineId, _Engine],
     seen: set[tuple[str, _EngineId, str | None]],
     name: str,
-    labels: dict[str, str],
     value: float,
+    slot: _Slot,
     *,
-    engine_id: _EngineId | None,
     max_engines: int,
 ) -> None:
-    """Fold one per-engine sample (of engine `engine_id`, from `_engine_id(labels)`) into
-    its engine's accumulator.
+    """Fold one per-engine sample (landing in `slot`, from `_slot_of`) into its engine's
+    accumulator.
 
     Two samples that would land in the same place of a reading (same name, engine and
     series label, e.g. two bodies concatenated, or an extra label such as `pid`) are refused.
     """
-    if engine_id is None:
-        raise _Malformed(f"{name} sample has no model_name label")
-    series_label = _SERIES_LABEL.get(name)
-    series = None
-    if series_label is not None:
-        series = labels.get(series_label)
-        if series is None:
-            raise _Malformed(f"{name} sample has no {series_label} label")
-        series = truncate(series)
-    slot = (name, engine_id, series)
-    if slot in seen:
+    engine_id, series = slot
+    key = (name, engine_id, series)
+    if key in seen:
         raise _Malformed(f"duplicate {name} sample (its engine and labels were seen earlier)")
-    seen.add(slot)
+    seen.add(key)
     engine = engines.get(engine_id)
     if engine is None:
         if len(engines) >= max_engines:
@@ -467,8 +485,10 @@ def _record(
     if series is None:
         engine.values[name] = value
     elif name == WAITING_BY_REASON:
+        series_label = _SERIES_LABEL[name]
         _bounded_series(engine.waiting_by_reason, name, series_label, series)[series] = value
     elif name == REQUEST_SUCCESS:
+        series_label = _SERIES_LABEL[name]
         engine.values[name] = engine.values.get(name, 0.0) + value
         _bounded_series(engine.finished_by_reason, name, series_label, series)[series] = value
     elif series == "awake":  # SLEEP_STATE; the sleep-level series do not decide `awake`

@@ -533,8 +533,15 @@ def _step_failed(
         )
         judgement = _hold_wedged(old, _judge_unobserved(what, at, since, policy), at)
         out.record(old, old, judgement, None)
-    new = replace(state, failing_since=failing_since, last_at=at)
-    return _finish(new, out, policy, failure)
+    engines, starting_since, verdict = _finish(state, out, policy, failure)
+    new = replace(
+        state,
+        failing_since=failing_since,
+        last_at=at,
+        engines=engines,
+        starting_since=starting_since,
+    )
+    return new, verdict
 
 
 def _step_scraped(
@@ -591,6 +598,7 @@ def _step_scraped(
                 if canary is not None:
                     judgement = _canary_stalled(judgement, old.reading, reading, at, canary)
             out.record(old, memory, judgement, reading)
+    engines, starting_since, verdict = _finish(state, out, policy, None)
     new = replace(
         state,
         failing_since=None,
@@ -598,8 +606,10 @@ def _step_scraped(
         process_start_time_seconds=start if start is not None else state.process_start_time_seconds,
         start_times=start_times,
         multi_server_since=multi_server_since,
+        engines=engines,
+        starting_since=starting_since,
     )
-    return _finish(new, out, policy, None)
+    return new, verdict
 
 
 def adopt_redacted_keys(
@@ -644,20 +654,19 @@ def _track_start_times(
 
 def _finish(
     state: TargetState, out: _Outcome, policy: DetectionPolicy, failure: ScrapeFailed | None
-) -> tuple[TargetState, TargetVerdict]:
-    """Apply rules T1 and T2: the target state, and the starting clock while no engine is known."""
+) -> tuple[tuple[EngineMemory, ...], float | None, TargetVerdict]:
+    """Apply rules T1 and T2: the engines the new state keeps, the starting clock while no
+    engine is known, and the verdict with the target state."""
     if out.memories:
         worst = min(out.memories, key=lambda m: SEVERITY.index(m.state)).state
-        new = replace(state, engines=tuple(out.memories), starting_since=None)
-        return new, out.verdict(worst, failure)
+        return tuple(out.memories), None, out.verdict(worst, failure)
     at = out.at
     starting_since = state.starting_since if state.starting_since is not None else at
     timeout = policy.startup_timeout_seconds
     target = EngineState.STARTING
     if timeout is not None and at - starting_since >= timeout:
         target = EngineState.UNREACHABLE
-    new = replace(state, engines=(), starting_since=starting_since)
-    return new, out.verdict(target, failure)
+    return (), starting_since, out.verdict(target, failure)
 
 
 def _restart_cause(

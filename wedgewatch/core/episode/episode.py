@@ -339,7 +339,7 @@ class _StepDraft:
                 new_server=proof,
             )
         )
-        if done.probe is not None:
+        if done.probe is not None and done.probe != self.state.probe_answer:
             self.state = replace(self.state, probe_answer=done.probe)
 
     def good_scrape(self, identity: ServerIdentity | None) -> str | None:
@@ -347,7 +347,7 @@ class _StepDraft:
         proof that it is one (for the remedy subsystem), or None."""
         phase = self.state.policy.phase
         if phase in (remedy.Phase.ARMED, remedy.Phase.GAVE_UP):
-            if identity is not None:
+            if identity is not None and identity != self.state.server:
                 self.state = replace(self.state, server=identity)
             return None
         if phase is not remedy.Phase.STARTING:
@@ -373,7 +373,8 @@ class _StepDraft:
         before = remedy.RemedyState(state.policy, state.probe, state.ladder)
         done = remedy.step(before, fact, self.remedy_config, self.at, self.timestamp)
         after = done.state
-        self.state = replace(state, policy=after.policy, probe=after.probe, ladder=after.ladder)
+        if (after.policy, after.probe, after.ladder) != (state.policy, state.probe, state.ladder):
+            self.state = replace(state, policy=after.policy, probe=after.probe, ladder=after.ladder)
         if after.probe != before.probe:
             self.effects.append(Persist())
         self.policy_events(done.events)

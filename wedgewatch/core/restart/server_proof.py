@@ -14,6 +14,7 @@ import contextlib
 import ipaddress
 from collections.abc import Iterable, Sequence
 
+from wedgewatch.core.text.redact import redact_text
 from wedgewatch.vllm.semantics import ENGINE_TITLE_PREFIX
 
 
@@ -94,7 +95,8 @@ def prove_server(
         return None
     if accept_vllm_command and names_vllm(root_title):
         return None
-    shown = root_title[:80] or "?"
+    # Redacted before it is cut: a cut through `user:password@` would keep half the secret.
+    shown = redact_text(root_title)[:80] or "?"
     return (
         f"the process tree of pid {root_pid} ({shown!r}, {len(tree)} process(es)) has no "
         f"{ENGINE_TITLE_PREFIX}* process, so it is not proven to be the vLLM server; if it "
