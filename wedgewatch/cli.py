@@ -449,23 +449,27 @@ def _run(
     Stops cleanly on SIGTERM or SIGINT; SIGHUP reloads the configuration when it
     validates (else the running one is kept, and the log says why). See docs/daemon.md.
     """
+    from wedgewatch.config import child, plain  # noqa: PLC0415 - only `run` hands a config over
+
     try:
         loaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
     except config.ConfigError as exc:
+        child.hand_over(("error", exc.messages))
         raise _fail(exc.messages, 2) from None
-    if not loaded.config.targets:
-        raise _fail(["no targets to watch: give --target URL or [[targets]] in --config"], 2)
-    configure_logging(loaded.config.log_level)
-    with _extras_hidden():
-        from wedgewatch.daemon.loop import serve  # noqa: PLC0415 - heavy: only for `run`
-    from wedgewatch.io import doctor  # noqa: PLC0415 - only `run` and `doctor` check the cures
+    settings = config.to_plain(loaded.config)
+    if child.hand_over(("config", settings)):  # the daemon (`daemon.start`) asked: its own
+        raise typer.Exit(0)
+    if not settings.targets:
+        raise _fail([plain.NO_TARGETS], 2)
+    configure_logging(settings.log_level)
+    from wedgewatch.daemon import start  # noqa: PLC0415 - only for `run`
 
     def reload_config() -> config.Config:
         """SIGHUP: the configuration read again from the same file, environment and flags."""
-        return config.load_config(config_file=config_file, environ=os.environ, flags=flags).config
+        reloaded = config.load_config(config_file=config_file, environ=os.environ, flags=flags)
+        return config.to_plain(reloaded.config)
 
-    doctor.check_in_background(loaded.config)
-    raise typer.Exit(serve(loaded.config, load_config=reload_config))
+    raise typer.Exit(start.serve_checked(settings, reload_config, _extras_hidden))
 
 
 # -- wedgewatch doctor (see wedgewatch/io/doctor.py, docs/remedies.md) ---------------------
@@ -592,9 +596,10 @@ def _capture(
     with _extras_hidden():
         from wedgewatch.daemon.adapters import capture_on_demand  # noqa: PLC0415 - heavy: only for `capture`
 
-    result = asyncio.run(
-        capture_on_demand(settings, url=target_url, pid=pid, pid_file=pid_file, name=name)
-    )
+    with _extras_hidden():  # httpx, imported when the capture fetches, would import rich
+        result = asyncio.run(
+            capture_on_demand(settings, url=target_url, pid=pid, pid_file=pid_file, name=name)
+        )
     if as_json:
         typer.echo(
             json.dumps(

@@ -176,10 +176,25 @@ def unused_extras_hidden() -> Iterator[None]:
 
 
 def main() -> None:
-    """Console-script entry point: the probe fast path, else the full CLI."""
+    """Console-script entry point: the probe fast path, the daemon (`wedgewatch run`, its
+    configuration validated by the full CLI in a child: `daemon.start`), else the full CLI."""
     if sys.argv[1:2] == ["check"]:
         code = fast_check(sys.argv[2:])
         if code is not None:
+            sys.exit(code)
+    if sys.argv[1:2] == ["run"]:
+        from wedgewatch.config import child  # noqa: PLC0415 - the daemon, without the CLI
+
+        if not child.is_child():
+            with unused_extras_hidden():  # structlog would import rich
+                from wedgewatch.daemon import start  # noqa: PLC0415 - ditto
+                from wedgewatch.logsetup import configure_logging  # noqa: PLC0415 - ditto
+
+            code = start.run(
+                sys.argv[1:],
+                configure_logging=configure_logging,
+                extras_hidden=unused_extras_hidden,
+            )
             sys.exit(code)
     with unused_extras_hidden():
         from wedgewatch.cli import main as cli_main  # noqa: PLC0415 - the full CLI, on demand

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,22 @@ PROBE_FORBIDDEN = frozenset(
 DAEMON_FORBIDDEN = frozenset(
     {"wedgewatch.lab", "wedgewatch.report", "matplotlib", "rich", "pygments", "markdown_it"}
 )
+#: `wedgewatch run` itself: its configuration is validated by the command line in a child
+#: process (`daemon.start`), so the daemon holds neither the CLI nor pydantic; httpx and
+#: stamina only when a canary, the abort cure or a webhook needs them. (click and anyio
+#: stay: uvicorn and starlette import them.)
+RUN_FORBIDDEN = DAEMON_FORBIDDEN | {
+    "typer",
+    "pydantic",
+    "pydantic_core",
+    "wedgewatch.cli",
+    "wedgewatch.config.model",
+    "wedgewatch.config.sources",
+    "wedgewatch.config.settings",
+    "wedgewatch.config.reference",
+    "wedgewatch.vllm.profiles",
+}
+NEEDED_FOR_HTTPX = frozenset({"httpx", "httpcore", "stamina", "tenacity"})
 
 
 def clean_env() -> dict[str, str]:
@@ -127,26 +144,58 @@ def test_the_exec_probe_imports_no_cli_no_daemon_and_no_lab(tmp_path: Path) -> N
     assert json.loads(state.read_text())["detector"]["last_at"] is not None  # and it saved
 
 
-def test_the_daemon_imports_no_lab_no_report_and_no_rich(tmp_path: Path) -> None:
-    """`wedgewatch run`, once it scrapes its target, holds none of the forbidden modules."""
+def _run_until(tmp_path: Path, args: list[str], done: Callable[[DaemonProcess], bool]) -> set[str]:
+    """The modules `wedgewatch run ARGS` held when it stopped, stopped once `done` held."""
+    daemon = DaemonProcess(args, tmp_path, env=clean_env(), command=listed(tmp_path / "modules"))
+    try:
+        deadline = time.monotonic() + 30
+        while not done(daemon):
+            assert time.monotonic() < deadline, "the daemon never got there"
+            time.sleep(0.1)
+    finally:
+        assert daemon.stop() == 0
+    return imported(tmp_path / "modules")
+
+
+def _scraped(daemon: DaemonProcess) -> bool:
+    return daemon.get("/status").json()["targets"][0]["last_scrape"] is not None
+
+
+def test_the_daemon_imports_no_cli_no_pydantic_no_httpx_no_lab(tmp_path: Path) -> None:
+    """`wedgewatch run` (one target; no canary, webhook or abort cure), once it scrapes its
+    target, holds none of the forbidden modules, nor httpx."""
     body = (FIXTURES / "idle.prom").read_bytes()
     with ScriptedServer(always(Reply(body=body))) as server:
-        daemon = DaemonProcess(
-            ["--target", f"t={server.url}"],
-            tmp_path,
-            env=clean_env(),
-            command=listed(tmp_path / "modules"),
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while daemon.get("/status").json()["targets"][0]["last_scrape"] is None:
-                assert time.monotonic() < deadline, "the daemon never scraped its target"
-                time.sleep(0.1)
-        finally:
-            assert daemon.stop() == 0
-    modules = imported(tmp_path / "modules")
-    assert {"wedgewatch.daemon.loop", "wedgewatch.io.scrape"} <= modules
-    assert offending(modules, DAEMON_FORBIDDEN) == []
+        modules = _run_until(tmp_path, ["--target", f"t={server.url}"], _scraped)
+    assert {"wedgewatch.daemon.loop", "wedgewatch.io.scrape", "wedgewatch.config.plain"} <= modules
+    assert offending(modules, RUN_FORBIDDEN | NEEDED_FOR_HTTPX) == []
+
+
+def _vllm(number: int, path: str) -> Reply:
+    """A server with a model that answers a canary with one streamed token."""
+    if path.startswith("/v1/models"):
+        return Reply(body=b'{"data": [{"id": "tiny"}]}')
+    if path.startswith("/v1/completions"):
+        token = b'data: {"choices": [{"text": "OK"}]}\n\ndata: [DONE]\n\n'
+        return Reply(body=token, headers={"Content-Type": "text/event-stream"})
+    return Reply(body=(FIXTURES / "idle.prom").read_bytes())
+
+
+def test_a_daemon_with_a_canary_imports_httpx_and_still_no_cli(tmp_path: Path) -> None:
+    """With a canary configured, httpx is imported when the first canary is sent; the CLI,
+    pydantic and rich stay out."""
+    with ScriptedServer(_vllm) as server:
+        args = ["--target", f"t={server.url}", "--canary-interval-seconds", "1"]
+
+        def canary_sent(daemon: DaemonProcess) -> bool:
+            target = daemon.get("/status").json()["targets"][0]
+            return any(r.path.startswith("/v1/completions") for r in server.requests) and (
+                target["last_scrape"] is not None
+            )
+
+        modules = _run_until(tmp_path, args, canary_sent)
+    assert {"httpx", "wedgewatch.io.canary"} <= modules
+    assert offending(modules, RUN_FORBIDDEN) == []
 
 
 def test_capture_imports_no_lab_no_report_and_no_rich(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 The sidecar runs `wedgewatch run` (and, in the exec-probe variant, `wedgewatch check`) as
 root with CAP_SYS_PTRACE. Those modules are what the command line loads at start, plus every
 module the daemon and `check` reach (imports inside functions included): the static closure
-of `daemon.loop`, `daemon.adapters` and `check` over the import graph of
+of `daemon.start`, `daemon.loop`, `daemon.adapters` and `check` over the import graph of
 tests/meta/test_architecture.py. The list in docs/design.md must name exactly those modules,
 each with its line count within a tolerance (so an edit elsewhere does not fail it); the
 failure message prints the table as it is now, ready to paste.
@@ -26,6 +26,7 @@ ROW = re.compile(r"^\s*(?P<path>wedgewatch/\S+\.py)\s+(?P<lines>\d+)\s*$")
 ENTRY_POINTS = (
     "wedgewatch.entry",
     "wedgewatch.cli",
+    "wedgewatch.daemon.start",
     "wedgewatch.daemon.loop",
     "wedgewatch.daemon.adapters",
     "wedgewatch.check",

@@ -12,14 +12,11 @@ they receive a narrowed slice (`Config.detection_policy()`, `Config.scrape_limit
 
 from __future__ import annotations
 
-import functools
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -29,13 +26,21 @@ from pydantic import (
     model_validator,
 )
 
+from wedgewatch.config.plain import (
+    ConfigViews,
+    PlainConfig,
+    PlainTarget,
+    TargetViews,
+    check_http_url,
+    default_target_name,
+    parse_byte_size,
+)
 from wedgewatch.core.detection.canary import CanaryPolicy
 from wedgewatch.core.detection.detect import DetectionPolicy
 from wedgewatch.core.detection.states import THRESHOLD_SETTING, THRESHOLD_SETTINGS, Family
 from wedgewatch.core.restart.restart_policy import RestartPolicy
 from wedgewatch.core.text.redact import redact_url
 from wedgewatch.io.procs import remote_host_reason
-from wedgewatch.io.scrape_rules import ScrapeLimits
 from wedgewatch.vllm.profiles import builtin_profiles, merge_profiles
 
 # The defaults of every setting that a core dataclass also holds come from that dataclass, so
@@ -65,20 +70,6 @@ SECTIONS: Mapping[str, str] = {
 }
 
 MIB = 1024 * 1024
-_SIZE_UNITS: Mapping[str, int] = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 1024**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 1024**3,
-}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _TARGET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\[\]-]{0,63}$")
 #: The thresholds a scrape observes: each must be at least interval_seconds. Not the
 #: deferred-only one (0 turns it off; its own rule) nor the canary's (a canary's own clock).
@@ -88,14 +79,6 @@ _SCRAPED_THRESHOLDS = tuple(
     if name
     not in (THRESHOLD_SETTING[Family.DEFERRED_ONLY_STALL], THRESHOLD_SETTING[Family.CANARY_STALL])
 )
-
-
-class ConfigError(Exception):
-    """Configuration that cannot be used; `messages` holds one clear sentence per problem."""
-
-    def __init__(self, messages: Sequence[str]) -> None:
-        self.messages = tuple(messages)
-        super().__init__("\n".join(self.messages))
 
 
 class FieldRuleError(ValueError):
@@ -108,65 +91,7 @@ class FieldRuleError(ValueError):
         super().__init__(f"{field} = {value!r}: {rule}")
 
 
-def parse_byte_size(value: object) -> object:
-    """Turn `"16MiB"`, `"512 MB"` or `"4096"` into a byte count; other values pass through."""
-    if not isinstance(value, str):
-        return value
-    match = _SIZE_RE.match(value)
-    if match is None or match.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(
-            f"{value!r} is not a size: use a whole number of bytes or a number with a unit "
-            "(B, KB, KiB, MB, MiB, GB, GiB)"
-        )
-    size = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
-    if size != math.floor(size):
-        raise ValueError(f"{value!r} is not a whole number of bytes")
-    return int(size)
-
-
-def _check_http_url(url: str) -> str:
-    """Return `url` stripped if it is an absolute http(s) URL with a host, else raise."""
-    url = url.strip()
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"is not a valid URL ({exc})") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError("must start with http:// or https://")
-    if not parts.hostname:
-        raise ValueError("must name a host, e.g. http://127.0.0.1:8000")
-    if port == 0:
-        raise ValueError("must not use port 0")
-    if parts.fragment:
-        raise ValueError("must not contain a #fragment")
-    return url
-
-
-@functools.lru_cache(maxsize=4096)  # pure, and asked on every scrape
-def metrics_url_of(url: str) -> str:
-    """The `/metrics` URL of a server given its base URL or its `/metrics` URL.
-
-    `http://h:8000`, `http://h:8000/` and `http://h:8000/metrics/` all become
-    `http://h:8000/metrics` (vLLM's exact route, which always serves the whole text); a
-    path prefix (a reverse proxy's `http://h/vllm`) is kept: `http://h/vllm/metrics`.
-    """
-    parts = urlsplit(_check_http_url(url))
-    path = parts.path.rstrip("/")
-    if not path.endswith("/metrics"):
-        path = f"{path}/metrics"
-    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
-
-
-def default_target_name(url: str) -> str:
-    """The name a target gets when none is given: `host:port` of its URL."""
-    parts = urlsplit(_check_http_url(url))
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    host = parts.hostname or ""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-class Target(BaseModel):
+class Target(TargetViews, BaseModel):
     """One vLLM server to watch."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -217,12 +142,7 @@ class Target(BaseModel):
     @field_validator("url")
     @classmethod
     def _check_url(cls, url: str) -> str:
-        return _check_http_url(url)
-
-    @property
-    def metrics_url(self) -> str:
-        """The URL that is scraped."""
-        return metrics_url_of(self.url)
+        return check_http_url(url)
 
 
 def parse_target_spec(spec: str) -> dict[str, str]:
@@ -260,7 +180,7 @@ def _signal_targets_are_local(targets: Sequence[Target]) -> None:
             )
 
 
-class Config(BaseModel):
+class Config(ConfigViews, BaseModel):
     """Every wedgewatch setting (see docs/configuration.md, generated from this model)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -649,7 +569,7 @@ class Config(BaseModel):
     @field_validator("webhook_urls")
     @classmethod
     def _webhooks(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(_check_http_url(url) for url in urls)
+        return tuple(check_http_url(url) for url in urls)
 
     @field_validator("profiles", mode="before")
     @classmethod
@@ -725,36 +645,26 @@ class Config(BaseModel):
             )
         return self
 
-    # -- narrowing -------------------------------------------------------------------
-    def detection_policy(self) -> DetectionPolicy:
-        """The detector's slice of the configuration."""
-        return DetectionPolicy(
-            startup_timeout_seconds=self.startup_timeout_seconds,
-            max_engines=self.max_engines,
-            **{name: getattr(self, name) for name in THRESHOLD_SETTINGS},
-        )
 
-    def canary_policy(self) -> CanaryPolicy:
-        """The canary core's slice of the configuration."""
-        return CanaryPolicy(
-            interval_seconds=self.canary_interval_seconds,
-            timeout_seconds=self.canary_timeout_seconds,
-        )
+# -- the daemon's plain copy (`config.plain`) ---------------------------------------
 
-    def restart_policy(self) -> RestartPolicy:
-        """The restart policy's slice of the configuration."""
-        return RestartPolicy(
-            restart_budget=self.restart_budget,
-            restart_budget_window_seconds=self.restart_budget_window_seconds,
-            restart_backoff_seconds=self.restart_backoff_seconds,
-            restart_backoff_max_seconds=self.restart_backoff_max_seconds,
-            startup_timeout_seconds=self.startup_timeout_seconds,
-        )
 
-    def scrape_limits(self) -> ScrapeLimits:
-        """The scraper's slice of the configuration."""
-        return ScrapeLimits(
-            timeout_seconds=self.scrape_timeout_seconds,
-            max_body_bytes=self.max_body_bytes,
-            max_engines=self.max_engines,
-        )
+def _plain_value(value: Any) -> Any:
+    """A field's value with every target in it made plain."""
+    if isinstance(value, Target):
+        return PlainTarget({name: getattr(value, name) for name in Target.model_fields})
+    if isinstance(value, tuple):
+        return tuple(_plain_value(item) for item in value)
+    if isinstance(value, Mapping):
+        return {key: _plain_value(item) for key, item in value.items()}
+    return value
+
+
+def to_plain(config: Config) -> Config:
+    """The plain copy of a validated `Config`: every field the model declares, same values.
+
+    Typed as the model: it has the model's attributes and views, and that is what the
+    daemon's code is checked against (it never calls pydantic's own methods).
+    """
+    values = {name: _plain_value(getattr(config, name)) for name in Config.model_fields}
+    return cast("Config", PlainConfig(values))

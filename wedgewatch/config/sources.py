@@ -19,10 +19,10 @@ from wedgewatch.config.model import (
     CONFIG_FILE_ENV,
     ENV_PREFIX,
     Config,
-    ConfigError,
     FieldRuleError,
     Target,
 )
+from wedgewatch.config.plain import ConfigError
 from wedgewatch.config.settings import SETTINGS, Setting
 from wedgewatch.core.text.redact import redact_url, redact_webhook_url
 from wedgewatch.core.values import immutable

@@ -12,13 +12,12 @@ import ssl
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import structlog
 from prometheus_client import CollectorRegistry
 
-from wedgewatch.config import Config, Target, default_target_name, metrics_url_of
+from wedgewatch.config.plain import default_target_name, metrics_url_of
 from wedgewatch.core.detection.canary import CanaryResult
 from wedgewatch.core.detection.detect import (
     Scraped,
@@ -45,6 +44,11 @@ from wedgewatch.io.scrape_rules import FetchFailed, ScrapeLimits
 from wedgewatch.io.supervisor import SystemdStateProbe
 from wedgewatch.io.systemd_notify import SystemdNotifier
 from wedgewatch.vllm import signals
+
+if TYPE_CHECKING:
+    import httpx
+
+    from wedgewatch.config import Config, Target
 
 log = structlog.get_logger("wedgewatch.daemon")
 
@@ -157,6 +161,8 @@ class HttpScraper:
             tls = None
             if target.metrics_url.lower().startswith("https:"):
                 if self._tls is None:
+                    import httpx  # noqa: PLC0415 - only for https targets
+
                     self._tls = httpx.create_ssl_context()
                 tls = self._tls
             client = self._clients[target.name] = new_scrape_client(tls)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from wedgewatch.config import Config, Target
 from wedgewatch.core.detection import canary as core
 from wedgewatch.core.detection.detect import (
     CanaryStall,
@@ -26,6 +25,9 @@ from wedgewatch.core.detection.detect import (
 from wedgewatch.core.detection.detect import step as detect_step
 from wedgewatch.daemon.ownmetrics import OwnMetrics
 from wedgewatch.daemon.roles import CanarySender, Clock, Deps
+
+if TYPE_CHECKING:
+    from wedgewatch.config import Config, Target
 
 log = structlog.get_logger("wedgewatch.daemon")
 

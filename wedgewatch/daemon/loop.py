@@ -39,14 +39,14 @@ import math
 import signal
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from wedgewatch import __version__
-from wedgewatch.config import Config, ConfigError, Target
+from wedgewatch.config.plain import ConfigError, setting_names
 from wedgewatch.core.detection.states import SCRAPE_FAILURE_REASONS, EngineState, Family
 from wedgewatch.core.episode import episode as episode_core
 from wedgewatch.core.restart import restart_policy
@@ -59,6 +59,9 @@ from wedgewatch.daemon.roles import Deps
 from wedgewatch.daemon.server import HttpServer, Snapshot, make_app
 from wedgewatch.daemon.target import TargetRunner, Timeouts
 from wedgewatch.io import restarters, statefile
+
+if TYPE_CHECKING:
+    from wedgewatch.config import Config, Target
 
 __all__ = ["Daemon", "Reloader", "changed_settings", "first_scrape_offsets", "run", "serve"]
 
@@ -409,7 +412,7 @@ FIXED_ON_RELOAD = ("listen_host", "listen_port")
 
 def changed_settings(old: Config, new: Config) -> list[str]:
     """The names of the settings whose values differ (values are not shown: secrets)."""
-    return [name for name in type(old).model_fields if getattr(old, name) != getattr(new, name)]
+    return [name for name in setting_names(old) if getattr(old, name) != getattr(new, name)]
 
 
 class _CurrentRegistry(CollectorRegistry):
@@ -563,7 +566,8 @@ async def _reload(
     """SIGHUP: the new configuration and its adapters, with the loop stopped; None (and
     the loop running on) when the running configuration is kept."""
     try:
-        new = reloader.load()
+        # Off the loop: `run` validates in a child process (`daemon.validated`).
+        new = await asyncio.to_thread(reloader.load)
     except (ConfigError, ValueError) as exc:
         reasons = exc.messages if isinstance(exc, ConfigError) else (str(exc),)
         log.warning(

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from wedgewatch.config import Target
 from wedgewatch.core.detection.detect import (
     TargetState,
     TargetVerdict,
@@ -26,6 +25,9 @@ from wedgewatch.core.values import immutable
 from wedgewatch.daemon.report import shown_url, wall
 from wedgewatch.io import statefile
 from wedgewatch.vllm.signals import EngineReading
+
+if TYPE_CHECKING:
+    from wedgewatch.config import Target
 
 
 @immutable

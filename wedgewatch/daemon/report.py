@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
 import structlog
 
 from wedgewatch import __version__
-from wedgewatch.config import Config, Target
 from wedgewatch.core.detection.detect import (
     DetectionPolicy,
     EngineVerdict,
@@ -29,6 +28,9 @@ from wedgewatch.daemon.ownmetrics import EngineSample, OwnMetrics
 from wedgewatch.daemon.roles import Notifier
 from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.bundles import history_lines
+
+if TYPE_CHECKING:
+    from wedgewatch.config import Config, Target
 
 log = structlog.get_logger("wedgewatch.daemon")
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from wedgewatch.config import Target
 from wedgewatch.core.detection.canary import CanaryResult
 from wedgewatch.core.detection.detect import (
     Observation,
@@ -24,6 +23,9 @@ from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.procs import ProcessFinder
 from wedgewatch.io.supervisor import SupervisorProbe
 from wedgewatch.vllm.signals import EngineKey
+
+if TYPE_CHECKING:
+    from wedgewatch.config import Target
 
 
 class Clock(Protocol):

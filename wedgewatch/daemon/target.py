@@ -14,11 +14,10 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, assert_never
+from typing import TYPE_CHECKING, Any, Protocol, assert_never
 
 import structlog
 
-from wedgewatch.config import Config, Target
 from wedgewatch.core.detection.detect import (
     DetectionPolicy,
     Scraped,
@@ -54,6 +53,9 @@ from wedgewatch.io.bundle_hook import BundleHook
 from wedgewatch.io.procs import Discovery, ProcessFinder, ProcessSelector
 from wedgewatch.io.supervisor import SupervisorProbe
 from wedgewatch.vllm.signals import Exposition
+
+if TYPE_CHECKING:
+    from wedgewatch.config import Config, Target
 
 log = structlog.get_logger("wedgewatch.daemon")
 

@@ -15,8 +15,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-
-import httpx
+from typing import TYPE_CHECKING
 
 from wedgewatch import __version__
 from wedgewatch.core.restart.server_proof import prove_server
@@ -25,6 +24,9 @@ from wedgewatch.core.values import immutable
 from wedgewatch.io.canary import base_url_of, endpoint
 from wedgewatch.io.procs import Discovery, own_lineage
 from wedgewatch.io.scrape_rules import one_line
+
+if TYPE_CHECKING:  # httpx is imported by the functions that send
+    import httpx
 
 #: The one route the abort cure posts to (under the target's base URL).
 ABORT_ROUTE = "/abort_requests"
@@ -49,6 +51,8 @@ def abort_url(metrics_url: str) -> str:
 
 def new_abort_client() -> httpx.AsyncClient:
     """A client that never follows a redirect and keeps no connection."""
+    import httpx  # noqa: PLC0415 - imported when a canary, an abort or a webhook is sent
+
     return httpx.AsyncClient(
         follow_redirects=False,
         trust_env=False,
@@ -64,6 +68,8 @@ async def send_abort(
     clock: Callable[[], float] = time.monotonic,
 ) -> AbortResult:
     """POST `{}` to the target's `/abort_requests`; the result, never an exception."""
+    import httpx  # noqa: PLC0415 - imported when a canary, an abort or a webhook is sent
+
     started = clock()
     url = abort_url(metrics_url)
     shown = redact_url(url)

@@ -17,9 +17,8 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit, urlunsplit
-
-import httpx
 
 from wedgewatch import __version__
 from wedgewatch.core.detection.canary import CanaryFailureReason, CanaryResult
@@ -27,6 +26,9 @@ from wedgewatch.core.text.redact import redact_text
 from wedgewatch.core.values import immutable
 from wedgewatch.io.http_parse import same_origin
 from wedgewatch.io.scrape_rules import REDIRECT_STATUSES, is_refused, one_line
+
+if TYPE_CHECKING:  # httpx is imported by the functions that send
+    import httpx
 
 CANARY_USER = "wedgewatch-canary"
 REQUEST_ID_PREFIX = "wedgewatch-canary-"
@@ -82,6 +84,8 @@ async def send(
     request_id: str | None = None,
 ) -> CanaryResult:
     """Send one canary and measure it; `sent_at` is the caller's monotonic send instant."""
+    import httpx  # noqa: PLC0415 - imported when a canary, an abort or a webhook is sent
+
     started = clock()
     first: list[float] = []
 

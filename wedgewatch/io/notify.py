@@ -43,13 +43,10 @@ import datetime as dt
 import math
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
-import stamina
 import structlog
-from stamina.instrumentation import RetryDetails, set_on_retry_hooks
 
 from wedgewatch import __version__
 from wedgewatch.core.text.escape import neutralise, slack_text
@@ -60,6 +57,10 @@ from wedgewatch.core.text.redact import (
     secret_fragments,
 )
 from wedgewatch.core.values import immutable
+
+if TYPE_CHECKING:  # httpx and stamina are imported when the first webhooks start
+    import httpx
+    from stamina.instrumentation import RetryDetails
 
 log = structlog.get_logger("wedgewatch.notify")
 
@@ -250,6 +251,9 @@ class WebhookNotifier:
         """Start one delivery task per URL; call from inside the running event loop."""
         if self._client is not None:
             return
+        import httpx  # noqa: PLC0415 - see TYPE_CHECKING above
+        from stamina.instrumentation import set_on_retry_hooks  # noqa: PLC0415 - ditto
+
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(self._timeout),
             transport=self._transport,
@@ -309,6 +313,8 @@ class WebhookNotifier:
     async def _deliver(
         self, client: httpx.AsyncClient, url: str, notification: Notification
     ) -> None:
+        import stamina  # noqa: PLC0415 - see TYPE_CHECKING above
+
         body = payload(notification, version=self._version, host=self._host)
         attempts = 0
         try:
@@ -349,6 +355,8 @@ class WebhookNotifier:
         body: dict[str, Any],
         notification: Notification,
     ) -> None:
+        import httpx  # noqa: PLC0415 - see TYPE_CHECKING above
+
         def failed(kind: type[_Failed], message: str) -> _Failed:
             return kind(scrub_text(message, secret_fragments([url])), _redact(url), notification)
 

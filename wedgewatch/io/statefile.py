@@ -37,16 +37,15 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 from urllib.parse import quote, unquote
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from wedgewatch import __version__
 from wedgewatch.core.episode.episode_store import EpisodeRecord
@@ -108,56 +107,117 @@ class SaveFailed:
 # -- the on-disk schema ------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+# Checked by hand, not with pydantic: the daemon never imports it (docs/daemon.md). Each
+# problem is `(where, message)`, `where` the path of keys from the document's top.
+_Problems: TypeAlias = list[tuple[tuple[str | int, ...], str]]
+_EPISODE_TEXT = ("episode_id", "model_name", "engine", "family")
 
 
-class _EpisodeModel(_Strict):
-    episode_id: str = Field(min_length=1)
-    model_name: str
-    engine: str
-    family: str
-    opened_timestamp: float
-    bundle_path: str | None = None
+def _keys(
+    document: Mapping[str, Any],
+    required: tuple[str, ...],
+    optional: tuple[str, ...],
+    where: tuple[str | int, ...],
+    problems: _Problems,
+) -> None:
+    """Every key of `document` known, every required one there."""
+    problems.extend(((*where, key), "Field required") for key in required if key not in document)
+    known = (*required, *optional)
+    problems.extend(
+        ((*where, key), "Extra inputs are not permitted") for key in document if key not in known
+    )
 
 
-class _TargetModel(_Strict):
-    restart_policy: dict[str, Any] | None = None  # checked by `core.restart_codec.decode`
-    open_episodes: list[_EpisodeModel] = []
-    detector: dict[str, Any] | None = None
-    probe: dict[str, Any] | None = None  # ditto
+def _finite(value: object, where: tuple[str | int, ...], problems: _Problems) -> None:
+    """A finite number (a JSON `true` counts as 1, as it always did)."""
+    if isinstance(value, str):
+        problems.append(
+            (where, "Input should be a valid number, unable to parse string as a number")
+        )
+    elif not isinstance(value, int | float):
+        problems.append((where, "Input should be a valid number"))
+    elif not math.isfinite(value):
+        problems.append((where, "Input should be a finite number"))
 
-    @model_validator(mode="after")
-    def _restart_state(self) -> _TargetModel:
-        decoded = restart_codec.decode(self.restart_policy, self.probe)
+
+def _episode(value: object, where: tuple[str | int, ...], problems: _Problems) -> None:
+    if not isinstance(value, dict):
+        problems.append((where, "Input should be a valid dictionary"))
+        return
+    _keys(value, (*_EPISODE_TEXT, "opened_timestamp"), ("bundle_path",), where, problems)
+    for key in _EPISODE_TEXT:
+        if key in value and not isinstance(value[key], str):
+            problems.append(((*where, key), "Input should be a valid string"))
+    if isinstance(value.get("episode_id"), str) and not value["episode_id"]:
+        problems.append(((*where, "episode_id"), "String should have at least 1 character"))
+    if "opened_timestamp" in value:
+        _finite(value["opened_timestamp"], (*where, "opened_timestamp"), problems)
+    if value.get("bundle_path") is not None and not isinstance(value["bundle_path"], str):
+        problems.append(((*where, "bundle_path"), "Input should be a valid string"))
+
+
+def _target(value: object, where: tuple[str | int, ...], problems: _Problems) -> None:
+    if not isinstance(value, dict):
+        problems.append((where, "Input should be a valid dictionary"))
+        return
+    before = len(problems)
+    _keys(value, (), ("restart_policy", "open_episodes", "detector", "probe"), where, problems)
+    for key in ("restart_policy", "open_episodes", "detector", "probe"):  # the file's order
+        item = value.get(key)
+        if key == "open_episodes":
+            if key in value and not isinstance(item, list):
+                problems.append(((*where, key), "Input should be a valid list"))
+            for index, episode in enumerate(item if isinstance(item, list) else ()):
+                _episode(episode, (*where, key, index), problems)
+        elif item is not None and not isinstance(item, dict):
+            problems.append(((*where, key), "Input should be a valid dictionary"))
+    if len(problems) == before:  # the restart state, once its parts are of the right types
+        decoded = restart_codec.decode(value.get("restart_policy"), value.get("probe"))
         if isinstance(decoded, str):
-            raise ValueError(decoded)
-        return self
-
-    def restart(self) -> restart_codec.RestartRecord:
-        decoded = restart_codec.decode(self.restart_policy, self.probe)
-        assert not isinstance(decoded, str)  # noqa: S101 - validated above
-        return decoded
+            problems.append((where, decoded))
 
 
-class _FileModel(_Strict):
-    schema_version: Literal[1, 2]
-    written_timestamp: float
-    wedgewatch_version: str
-    targets: dict[str, _TargetModel]
+def _problems(document: Mapping[str, Any]) -> _Problems:
+    """What is wrong with a state file's document (its schema_version already read)."""
+    problems: _Problems = []
+    required = ("schema_version", "written_timestamp", "wedgewatch_version", "targets")
+    _keys(document, required, (), (), problems)
+    if document.get("schema_version") not in (None, 1, 2):
+        problems.append((("schema_version",), "Input should be 1 or 2"))
+    if "written_timestamp" in document:
+        _finite(document["written_timestamp"], ("written_timestamp",), problems)
+    if "wedgewatch_version" in document and not isinstance(document["wedgewatch_version"], str):
+        problems.append((("wedgewatch_version",), "Input should be a valid string"))
+    targets = document.get("targets", {})
+    if isinstance(targets, dict):
+        for name, target in targets.items():
+            _target(target, ("targets", name), problems)
+    else:
+        problems.append((("targets",), "Input should be a valid dictionary"))
+    return problems
 
 
-def _to_state(model: _FileModel) -> SavedState:
+def _to_state(document: Mapping[str, Any]) -> SavedState:
+    """The state of a document without problems."""
     targets: dict[str, TargetRecord] = {}
-    for name, target in model.targets.items():
-        restart = target.restart()
+    for name, target in document["targets"].items():
+        restart = restart_codec.decode(target.get("restart_policy"), target.get("probe"))
+        assert not isinstance(restart, str)  # noqa: S101 - checked by _problems
+        episodes = tuple(
+            EpisodeRecord(
+                **{key: episode[key] for key in _EPISODE_TEXT},
+                opened_timestamp=float(episode["opened_timestamp"]),
+                bundle_path=episode.get("bundle_path"),
+            )
+            for episode in target.get("open_episodes", [])
+        )
         targets[name] = TargetRecord(
             restart_policy=restart.policy,
-            open_episodes=tuple(EpisodeRecord(**e.model_dump()) for e in target.open_episodes),
-            detector=target.detector,
+            open_episodes=episodes,
+            detector=target.get("detector"),
             probe=restart.probe,
         )
-    return SavedState(targets=targets, written_timestamp=model.written_timestamp)
+    return SavedState(targets=targets, written_timestamp=float(document["written_timestamp"]))
 
 
 def encode(state: SavedState, timestamp: float) -> bytes:
@@ -181,14 +241,13 @@ def encode(state: SavedState, timestamp: float) -> bytes:
     return (json.dumps(document, indent=1, allow_nan=False) + "\n").encode()
 
 
-def _first_error(error: ValidationError) -> str:
-    problems = []
-    for item in error.errors()[:3]:
-        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"].removeprefix("Value error, ")  # the restart codec's sentence
-        problems.append(f"{where}: {message}")
-    more = error.error_count() - len(problems)
-    return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
+def _first_errors(problems: _Problems) -> str:
+    shown = [
+        f"{'.'.join(str(part) for part in where) or '(top level)'}: {message}"
+        for where, message in problems[:3]
+    ]
+    more = len(problems) - len(shown)
+    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
 
 
 def decode(data: bytes) -> SavedState | str:
@@ -209,10 +268,10 @@ def decode(data: bytes) -> SavedState | str:
             f"was written by a newer wedgewatch (schema_version {version}; this one reads "
             f"{SCHEMA_VERSION})"
         )
-    try:
-        return _to_state(_FileModel.model_validate(document))
-    except ValidationError as exc:
-        return f"does not match schema_version {version}: {_first_error(exc)}"
+    problems = _problems(document)
+    if problems:
+        return f"does not match schema_version {version}: {_first_errors(problems)}"
+    return _to_state(document)
 
 
 # -- files -----------------------------------------------------------------------------------
