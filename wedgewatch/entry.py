@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from wedgewatch.core.values import immutable
+from wedgewatch.io import stdout
 
 #: Flags of `check` that are settings, and how the full CLI converts their values.
 _SETTING_FLAGS: dict[str, tuple[str, type[float] | type[int] | type[str]]] = {
@@ -175,13 +176,13 @@ def unused_extras_hidden() -> Iterator[None]:
             del sys.modules[name]
 
 
-def main() -> None:
-    """Console-script entry point: the probe fast path, the daemon (`wedgewatch run`, its
-    configuration validated by the full CLI in a child: `daemon.start`), else the full CLI."""
+def _dispatch() -> int | str | None:
+    """The probe fast path, the daemon (`wedgewatch run`, its configuration validated by the
+    full CLI in a child: `daemon.start`), else the full CLI; the exit status."""
     if sys.argv[1:2] == ["check"]:
         code = fast_check(sys.argv[2:])
         if code is not None:
-            sys.exit(code)
+            return code
     if sys.argv[1:2] == ["run"]:
         from wedgewatch.config import child  # noqa: PLC0415 - the daemon, without the CLI
 
@@ -190,13 +191,33 @@ def main() -> None:
                 from wedgewatch.daemon import start  # noqa: PLC0415 - ditto
                 from wedgewatch.logsetup import configure_logging  # noqa: PLC0415 - ditto
 
-            code = start.run(
+            return start.run(
                 sys.argv[1:],
                 configure_logging=configure_logging,
                 extras_hidden=unused_extras_hidden,
             )
-            sys.exit(code)
     with unused_extras_hidden():
         from wedgewatch.cli import main as cli_main  # noqa: PLC0415 - the full CLI, on demand
 
-    cli_main(extras_hidden=unused_extras_hidden)
+    try:
+        cli_main(extras_hidden=unused_extras_hidden)
+    except SystemExit as exc:
+        return exc.code
+    return 0
+
+
+def main() -> None:
+    """Console-script entry point: the command's exit status, or its failure status with one
+    line on stderr when standard output cannot take its output (`io.stdout`)."""
+    command = sys.argv[1] if len(sys.argv) > 1 else None
+    stdout.watch()
+    try:
+        code = _dispatch()
+    except OSError as exc:
+        failure = stdout.output_failure(exc)
+        if failure is None:
+            raise
+        sys.exit(stdout.failed(failure, command))
+    if isinstance(code, int) or code is None:
+        code = stdout.finish(code or 0, command)
+    sys.exit(code)
