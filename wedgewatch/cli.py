@@ -14,7 +14,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -27,7 +27,7 @@ from wedgewatch.check import settings as check_settings
 from wedgewatch.config import SETTINGS, Config
 from wedgewatch.core.text import nagios
 from wedgewatch.core.text.escape import safe_line
-from wedgewatch.core.text.redact import redact_url
+from wedgewatch.core.text.redact import redact_url, redact_value
 from wedgewatch.logsetup import configure_logging
 
 #: Help piped into a file or a pager (no terminal, no COLUMNS) is laid out this wide, not at
@@ -148,6 +148,12 @@ _CONFIG_FILE_OPTION = typer.Option(
     dir_okay=False,
     show_default=False,
 )
+
+
+def _echo_json(document: Mapping[str, Any]) -> None:
+    """One JSON document on stdout, the one place the command line's documents are redacted
+    (`check`'s report is `check.render`'s; `config show` reveals only on request)."""
+    typer.echo(json.dumps(redact_value(document)))
 
 
 def _fail(messages: tuple[str, ...] | list[str], code: int) -> typer.Exit:
@@ -279,7 +285,7 @@ class _NagiosCommand(TyperCommand):
             return
         if wants_json:
             message = exc.format_message()  # type: ignore[attr-defined]
-            typer.echo(json.dumps({"status": "unknown", "engines": [], "error": message}))
+            _echo_json({"status": "unknown", "engines": [], "error": message})
         exc.exit_code = check.EXIT_UNKNOWN  # type: ignore[attr-defined]
 
 
@@ -375,7 +381,7 @@ def _check(
         except config.ConfigError as exc:
             if as_json:
                 error = "; ".join(exc.messages)
-                typer.echo(json.dumps({"status": "unknown", "engines": [], "error": error}))
+                _echo_json({"status": "unknown", "engines": [], "error": error})
             raise _fail(exc.messages, check.EXIT_UNKNOWN) from None
         settings = check_settings.CheckSettings.from_config(loaded.config)
         configure_logging(settings.log_level)
@@ -427,7 +433,7 @@ def _internal_error(exc: BaseException, *, as_json: bool) -> typer.Exit:
     detail = safe_line(" ".join(f"{type(exc).__name__}: {exc}".split()))
     message = f"internal error in wedgewatch check ({detail})"
     if as_json:
-        typer.echo(json.dumps({"status": "unknown", "engines": [], "error": message}))
+        _echo_json({"status": "unknown", "engines": [], "error": message})
     else:
         typer.echo(f"UNKNOWN: {message}")
     return typer.Exit(check.EXIT_UNKNOWN)
@@ -518,7 +524,7 @@ def _doctor(
         raise _fail([f"no target named {safe_line(target)!r} in the configuration"], 2)
     findings = doctor.examine(settings, only=only)
     if as_json:
-        typer.echo(json.dumps({"findings": [f.to_json() for f in findings]}))
+        _echo_json({"findings": [f.to_json() for f in findings]})
     else:
         for line in doctor.render(findings):
             typer.echo(safe_line(line))
@@ -601,16 +607,14 @@ def _capture(
             capture_on_demand(settings, url=target_url, pid=pid, pid_file=pid_file, name=name)
         )
     if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "bundle": None if result.bundle is None else str(result.bundle),
-                    "triage": result.triage.to_json(),
-                    "failures": list(result.failures),
-                    "ptrace_denied": result.ptrace_denied,
-                    "duration_seconds": round(result.duration_seconds, 3),
-                }
-            )
+        _echo_json(
+            {
+                "bundle": None if result.bundle is None else str(result.bundle),
+                "triage": result.triage.to_json(),
+                "failures": list(result.failures),
+                "ptrace_denied": result.ptrace_denied,
+                "duration_seconds": round(result.duration_seconds, 3),
+            }
         )
     else:
         if result.bundle is not None:
