@@ -46,8 +46,11 @@ def test_frozen_step_is_a_canary_stall_and_invisible_without_it(
 ) -> None:
     """#46811: the canary wedges the frozen engine in time with its stack; without it, idle."""
     fault_after = 8.0
-    armed_at = time.time() + fault_after  # the sim's clock starts after this: conservative
     frozen = sims("frozen", ["--fault", f"frozen-step@{fault_after:g}"])
+    # The simulator's fault clock starts when it is ready, which `sims` waited for: the freeze
+    # comes at most `fault_after` from now (a reference taken before the simulator started
+    # would charge its start-up, seconds on a busy machine, to the detection).
+    armed_at = time.time() + fault_after
     on = daemons(["--target", f"frozen={frozen.base_url}", *CANARY_FLAGS], name="on")
     off = daemons(
         [
