@@ -252,7 +252,9 @@ async def test_a_restart_goes_ahead_when_the_disk_never_answers(
     with structlog.testing.capture_logs() as logs:
         await daemon.run(world.stop)
     assert held_at_restart == [True]  # the remedy ran before the attempt's write landed
-    (stalled,) = events(logs, "state_save_stalled")
+    # The first write that waited past the bound says so (a busy machine may stall a later
+    # write too, and that one says so as well).
+    stalled = events(logs, "state_save_stalled")[0]
     assert stalled["waited_seconds"] == 0.05
     assert stalled["log_level"] == "warning"
     assert any(counts_an_attempt(state) for state in disk.landed)  # it landed after all
