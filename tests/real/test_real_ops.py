@@ -389,8 +389,11 @@ def restart_through_the_daemon(sup: Supervised, daemon_args: list[str], tmp_path
         assert len(daemon.events("restart_succeeded")) == 1
         assert not daemon.events("restart_failed"), daemon.events("restart_failed")
         assert len(sup.starts()) == 2  # nothing else was started (or killed and restarted)
-        # the bundle names the real processes, not the resource tracker
-        (bundle,) = [p for p in daemon.evidence_dir.iterdir() if p.is_dir()]
+        # the wedge's bundle names the real processes, not the resource tracker (a slow
+        # /metrics while the server is busy may have left a suspect capture beside it)
+        bundle = Path(succeeded["bundle"])
+        assert bundle.parent == daemon.evidence_dir, bundle
+        assert "progress_stall" in bundle.name, bundle
         summary = _read_json(bundle / "summary.json")
         assert summary["pids"]["api_server"] == [first.pid], summary["pids"]
         assert summary["pids"]["engine_core"] == [old_engine.pid], summary["pids"]
