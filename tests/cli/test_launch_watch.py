@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -83,13 +84,6 @@ if exit_after is not None:
     threading.Timer(exit_after, lambda: os._exit({exit_status})).start()
 server.serve_forever()
 '''
-
-
-def free_port() -> int:
-    """A port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def fake_vllm(
@@ -155,8 +149,15 @@ class Launcher:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.05)
-        tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
-        raise AssertionError(f"no {event} within {timeout_seconds} s; log tail:\n{tail}")
+        raise AssertionError(f"no {event} within {timeout_seconds} s; log tail:\n{self.tail()}")
+
+    def tail(self) -> str:
+        """The log's last 40 lines (for a failure's message)."""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
+
+    def exit_status(self, timeout_seconds: float = 60) -> int:
+        """Wait for the launcher to end; its exit status."""
+        return self.proc.wait(timeout=timeout_seconds)
 
 
 @pytest.fixture
@@ -303,7 +304,7 @@ def test_watch_restarts_a_wedged_server_with_the_same_command(
     assert summary["verdict"] == "wedged"
     assert summary["pids"], summary
     launcher.proc.send_signal(signal.SIGTERM)
-    assert launcher.proc.wait(timeout=60) == 0
+    assert launcher.exit_status(60) == 0, launcher.tail()
     second_engine = int((state / "engine-1.pid").read_text())
     assert gone(second_engine)
     stopped = launcher.wait_for("server_stopped")
@@ -334,7 +335,7 @@ def test_sigterm_stops_the_server_group_and_exits_with_its_status(
     assert psutil.Process(server).ppid() == launcher.proc.pid
     assert os.getpgid(server) == server  # its own process group
     launcher.proc.send_signal(signal.SIGTERM)
-    assert launcher.proc.wait(timeout=60) == 7
+    assert launcher.exit_status(60) == 7, launcher.tail()
     assert gone(server)
     assert gone(engine)
     assert launcher.wait_for("launcher_stopping")["signal"] == "SIGTERM"
@@ -362,7 +363,7 @@ def test_a_server_that_exits_by_itself_ends_the_launcher_with_its_status(
         tmp_path,
     )
     launchers.append(launcher)
-    assert launcher.proc.wait(timeout=60) == code
+    assert launcher.exit_status(60) == code, launcher.tail()
     assert launcher.wait_for("server_exited")["status"] == code
     engine = int((state / "engine-0.pid").read_text())
     assert gone(engine), "the orphaned EngineCore was left running"
