@@ -45,8 +45,9 @@ apt_install() {  # apt_install PACKAGE...: Debian packages, `apt-get update` onc
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
 }
 
-if ! python3 -m venv .venv >/dev/null 2>&1; then  # fresh Debian: venv lives in python3-venv
-    need_root "python3 venv" python3-venv
+# A .venv with its pip is reused as it is (re-running `venv` on it reinstalls pip: seconds).
+if [ ! -x .venv/bin/pip ] && ! python3 -m venv .venv >/dev/null 2>&1; then
+    need_root "python3 venv" python3-venv  # fresh Debian: venv lives in python3-venv
     apt_install python3-venv
     python3 -m venv .venv
 fi
