@@ -144,4 +144,7 @@ fi
 .venv/bin/mypy
 # The property tests' example count (tests/conftest.py): `quick` here, `full` in .ci/run.
 export TEST_HYPOTHESIS_PROFILE="${TEST_HYPOTHESIS_PROFILE:-quick}"
+# The tests go out to the workers one at a time, slow ones first, a module with a shared
+# fixture whole (tests/support/scheduling.py): no worker is left with a queue of end-to-end
+# runs while the others are idle.
 exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-$(($(nproc) * 2))}" -m "not vllm and not soak" "$@"
