@@ -58,10 +58,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with what it needs (tests/support/needs.py), so `-m` selections are honest."""
+    """Mark each test with what it needs (tests/support/needs.py), so `-m` selections are honest;
+    then put the slow tests first, in their own order (the workers' ends are left to the quick
+    ones: tests/support/scheduling.py)."""
     for item in items:
         needs = needs_of(item)
         for need in sorted(needs):
             item.add_marker(need)
         if "vllm" in needs:  # importing torch and vLLM alone takes seconds
             item.add_marker("slow")
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist's default (`-n` alone, `--dist load`): one test at a time, slow ones first,
+    a module with a shared fixture on one worker (tests/support/scheduling.py)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from scheduling import OneTestAtATime  # only with pytest-xdist
+
+    return OneTestAtATime(config, log)

@@ -45,8 +45,9 @@ apt_install() {  # apt_install PACKAGE...: Debian packages, `apt-get update` onc
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
 }
 
-if ! python3 -m venv .venv >/dev/null 2>&1; then  # fresh Debian: venv lives in python3-venv
-    need_root "python3 venv" python3-venv
+# A .venv with its pip is reused as it is (re-running `venv` on it reinstalls pip: seconds).
+if [ ! -x .venv/bin/pip ] && ! python3 -m venv .venv >/dev/null 2>&1; then
+    need_root "python3 venv" python3-venv  # fresh Debian: venv lives in python3-venv
     apt_install python3-venv
     python3 -m venv .venv
 fi
@@ -143,4 +144,7 @@ fi
 .venv/bin/mypy
 # The property tests' example count (tests/conftest.py): `quick` here, `full` in .ci/run.
 export TEST_HYPOTHESIS_PROFILE="${TEST_HYPOTHESIS_PROFILE:-quick}"
+# The tests go out to the workers one at a time, slow ones first, a module with a shared
+# fixture whole (tests/support/scheduling.py): no worker is left with a queue of end-to-end
+# runs while the others are idle.
 exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-$(($(nproc) * 2))}" -m "not vllm and not soak" "$@"

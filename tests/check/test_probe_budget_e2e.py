@@ -153,7 +153,13 @@ def test_exec_probe_stops_restarting_after_the_budget_and_passes_with_gave_up(
         )
         assert kubelet.restarts == BUDGET
         gave_up_at = time.monotonic()
-        time.sleep(15)  # more probes of a server that is still wedged
+        # More probes of a server that is still wedged: three in a row (a restart would need
+        # failure_threshold failed ones among them).
+        wait_for(
+            lambda: len([r for r in kubelet.liveness_results if r.at > gave_up_at]) >= 3,
+            120,
+            "three more probes",
+        )
         assert kubelet.restarts == BUDGET
         late = [r for r in kubelet.liveness_results if r.at > gave_up_at]
         assert len(late) >= 3

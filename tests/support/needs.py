@@ -117,6 +117,9 @@ class _ModuleNeeds:
     def __init__(self, module: ModuleType) -> None:
         self.module = module
         self.nodes: dict[str, list[ast.AST]] = {}
+        self._edge_cache: dict[
+            str, tuple[frozenset[str], tuple[tuple[_ModuleNeeds, str], ...]]
+        ] = {}
         try:
             tree = ast.parse(inspect.getsource(module))
         except (OSError, TypeError, SyntaxError):
@@ -153,6 +156,20 @@ class _ModuleNeeds:
         found: set[str] = set()
         if key in ROOTS:
             found.add(ROOTS[key])
+        direct, references = self._edges(name)
+        found |= direct
+        for home, target in references:
+            found |= home.needs(target, seen)
+        return found
+
+    def _edges(self, name: str) -> tuple[frozenset[str], tuple[tuple[_ModuleNeeds, str], ...]]:
+        """What definition `name` names itself, and the test-tree definitions it refers to:
+        read once per definition (a collection asks for the same helpers thousands of times)."""
+        known = self._edge_cache.get(name)
+        if known is not None:
+            return known
+        found: set[str] = set()
+        references: dict[tuple[_ModuleNeeds, str], None] = {}
         for node in self.nodes.get(name, []):
             for sub in ast.walk(node):
                 if starts_sim_or_daemon(sub):
@@ -160,21 +177,25 @@ class _ModuleNeeds:
                 if isinstance(sub, ast.Call) and (tool := _tool_of_call(sub)):
                     found.add(tool)
                 elif isinstance(sub, ast.Name) and sub.id != name.split(".", maxsplit=1)[0]:
-                    found |= self._needs_of_global(sub.id, seen)
+                    if (reference := self._global(sub.id)) is not None:
+                        references[reference] = None
                 elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name):
                     target = getattr(self.module, sub.value.id, None)
                     if isinstance(target, ModuleType) and _in_tests(target):
-                        found |= _module_needs(target).needs(sub.attr, seen)
-        return found
+                        references[(_module_needs(target), sub.attr)] = None
+        known = (frozenset(found), tuple(references))
+        self._edge_cache[name] = known
+        return known
 
-    def _needs_of_global(self, name: str, seen: set[tuple[str, str]]) -> set[str]:
+    def _global(self, name: str) -> tuple[_ModuleNeeds, str] | None:
+        """The test-tree definition a global name of this module stands for, if any."""
         if name in self.nodes:
-            return self.needs(name, seen)
+            return (self, name)
         obj = getattr(self.module, name, None)
         home = sys.modules.get(getattr(obj, "__module__", "") or "")
         if home is None or home is self.module or not _in_tests(home):
-            return set()
-        return _module_needs(home).needs(getattr(obj, "__name__", name), seen)
+            return None
+        return (_module_needs(home), getattr(obj, "__name__", name))
 
 
 TEST_TREES = [TESTS]

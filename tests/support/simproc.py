@@ -77,6 +77,16 @@ class SimProcess:
         """Everything the simulator printed so far."""
         return self.log_path.read_text(errors="replace")
 
+    def wait_log(self, text: str, timeout_seconds: float = 60.0) -> None:
+        """Wait until the simulator has printed `text` (a fault it logs as it strikes)."""
+        deadline = time.monotonic() + timeout_seconds
+        while text not in self.log():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(
+                    f"the simulator never printed {text!r}; log:\n{self.log()[-4000:]}"
+                )
+            time.sleep(0.05)
+
     def get(self, path: str, timeout: float = 5.0) -> httpx.Response:
         """GET a path of the server."""
         return httpx.get(self.url + path, timeout=timeout)

@@ -85,6 +85,10 @@ DEMO_SEED = 16
 BURST_SECONDS = 30.0
 RECOVERY_SECONDS = 60.0  # healthy `agentic` traffic after the restart, until recovery shows
 REFRESH_SECONDS = 1.0
+#: The least `hang_after_seconds` the demo uses (twice the stall threshold when that is more):
+#: a frozen loop is called a hang after this long. tests/lab/test_demo_abort.py lowers it in
+#: the demo's own process to run the same story sooner; `wedgewatch demo` never changes it.
+HANG_FLOOR_SECONDS = 30.0
 #: vLLM's own flag: full-ISL admission off. With it vLLM 0.30.0's real scheduler wedges on 30 of
 #: 30 agentic-burst seeds; with the default (on) on 1 of 30 (docs/simulator.md, "Fidelity").
 #: And the simulator's: which release's scheduler structure it serves (and reports).
@@ -205,7 +209,7 @@ def demo_settings(options: DemoOptions, *, listen_port: int) -> dict[str, Any]:
     return {
         "interval_seconds": 1.0,
         "stall_after_seconds": stall,
-        "hang_after_seconds": max(30.0, 2 * stall),
+        "hang_after_seconds": max(HANG_FLOOR_SECONDS, 2 * stall),
         "output_stall_after_seconds": max(60.0, 4 * stall),
         "deferred_only_after_seconds": Config().deferred_only_after_seconds,  # the default
         "unreachable_after_seconds": max(10.0, stall),

@@ -267,14 +267,16 @@ def test_the_fix_completes_every_request_of_the_same_load(tmp_path: Path) -> Non
 
 def test_collective_hang_freezes_every_gauge_with_requests_running(tmp_path: Path) -> None:
     """Workers stuck in ncclAllReduce, engine waiting on them: frozen metrics, /health 200."""
-    # Faults fire 6 s after `sim serve` started: its start-up (imports, engine, workers)
-    # takes 1-3 s on a busy 2-core machine, and a fault must come after the server is ready.
+    # The fault strikes 6 s after the simulator is ready (its fault clock's start), with
+    # requests running by then; each rank logs as it gets stuck.
     with running(tmp_path, "hang", ["-tp", "2", "--fault", "collective-hang@6"]) as sim:
         load = LoadProcess(
             sim.url, ["--profile", "steady", "--duration", "20", "--seed", "1"], tmp_path / "l.txt"
         )
         try:
-            time.sleep(max(0.0, sim.started_at + 8.0 - time.monotonic()))
+            for rank in (0, 1):
+                sim.wait_log(f"fault collective-hang: rank {rank} is stuck in ncclAllReduce")
+            time.sleep(2.0)  # the step in flight ends and the last stats are published
             frozen = vllm_samples(sim.samples())
             time.sleep(2.0)
             assert vllm_samples(sim.samples()) == frozen
@@ -352,7 +354,9 @@ def test_api_hang_keeps_the_port_open_but_never_answers(tmp_path: Path) -> None:
     """TCP connects succeed, HTTP never answers."""
     with running(tmp_path, "api", ["--fault", "api-hang@6"]) as sim:
         assert sim.get("/health").status_code == 200
-        time.sleep(max(0.0, sim.started_at + 7.5 - time.monotonic()))
+        # The fault clock starts when the simulator is ready, seconds after `started_at` on a
+        # busy machine: wait for the hang itself (logged from inside the blocked loop).
+        sim.wait_log("fault api-hang: the HTTP event loop is now blocked for good")
         host, port = sim.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=2):
             pass
