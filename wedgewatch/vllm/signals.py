@@ -340,7 +340,7 @@ def _scan(text: str, max_engines: int) -> _Scan | ParseFailure:
     """
     scanned = "\n" + text
     engines: dict[_EngineId, _Engine] = {}
-    seen: set[tuple[str, _EngineId, str | None]] = set()
+    seen: set[_Slot] = set()
     process_start: float | None = None
     slots = _SLOTS
     for match in _NEEDED_LINE.finditer(scanned):
@@ -366,7 +366,7 @@ def _scan(text: str, max_engines: int) -> _Scan | ParseFailure:
                     raise _Malformed(f"duplicate {PROCESS_START} sample")
                 process_start = value
                 continue
-            _record(engines, seen, name, value, slot, max_engines=max_engines)
+            _record(engines, seen, value, slot, max_engines)
         except _Malformed as error:
             return _malformed(text, scanned, match.start(), str(error))
         except _TooManyEngines:
@@ -378,9 +378,9 @@ def _scan(text: str, max_engines: int) -> _Scan | ParseFailure:
     return _Scan(engines, process_start)
 
 
-#: Where a per-engine sample lands in a reading: its (model_name, engine) and, for a family
-#: of several series per engine, its series label's value (cut to size).
-_Slot = tuple[_EngineId, str | None]
+#: Where a per-engine sample lands in a reading: its name, its (model_name, engine) and, for
+#: a family of several series per engine, its series label's value (cut to size).
+_Slot = tuple[str, _EngineId, str | None]
 
 #: (sample name, label text) -> its slot, for canonical lines, across bodies. Only label
 #: texts that read without error are kept; bounded by `_MAX_SLOTS_KEPT` entries.
@@ -396,11 +396,11 @@ def _slot_of(name: str, labels: Mapping[str, str]) -> _Slot:
         raise _Malformed(f"{name} sample has no model_name label")
     series_label = _SERIES_LABEL.get(name)
     if series_label is None:
-        return engine_id, None
+        return name, engine_id, None
     series = labels.get(series_label)
     if series is None:
         raise _Malformed(f"{name} sample has no {series_label} label")
-    return engine_id, truncate(series)
+    return name, engine_id, truncate(series)
 
 
 def _engine_id(labels: Mapping[str, str]) -> _EngineId | None:
@@ -460,13 +460,7 @@ def _unescape(match: re.Match[str]) -> str:
 
 
 def _record(
-    engines: dict[_EngineId, _Engine],
-    seen: set[tuple[str, _EngineId, str | None]],
-    name: str,
-    value: float,
-    slot: _Slot,
-    *,
-    max_engines: int,
+    engines: dict[_EngineId, _Engine], seen: set[_Slot], value: float, slot: _Slot, max_engines: int
 ) -> None:
     """Fold one per-engine sample (landing in `slot`, from `_slot_of`) into its engine's
     accumulator.
@@ -474,11 +468,10 @@ def _record(
     Two samples that would land in the same place of a reading (same name, engine and
     series label, e.g. two bodies concatenated, or an extra label such as `pid`) are refused.
     """
-    engine_id, series = slot
-    key = (name, engine_id, series)
-    if key in seen:
+    name, engine_id, series = slot
+    if slot in seen:
         raise _Malformed(f"duplicate {name} sample (its engine and labels were seen earlier)")
-    seen.add(key)
+    seen.add(slot)
     engine = engines.get(engine_id)
     if engine is None:
         if len(engines) >= max_engines:
