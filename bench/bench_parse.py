@@ -5,7 +5,7 @@ Run: `.venv/bin/python bench/bench_parse.py` (from the repo root; `--quick` for 
 Bodies: the real vLLM 0.33.0 single-engine exposition (50 KB) and the generated DP=8
 multiprocess exposition (260 KB). For each, the median CPU time (and wall time) of one call of:
 
-* `signals.parse` (the regex pre-filter plus the canonical-line fast path);
+* `signals.parse` (one regex pass that finds the needed lines and splits canonical ones);
 * the reference: `text_string_to_metric_families` over the whole body, then the same
   extraction (tests/fixtures/vllm_exposition.py `reference_readings`);
 * two design alternatives kept for the record: the same pre-filter, then each kept line

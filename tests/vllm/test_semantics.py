@@ -7,6 +7,8 @@ import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from wedgewatch.vllm.semantics import (
     PROGRESS_COUNTERS,
@@ -19,6 +21,7 @@ from wedgewatch.vllm.semantics import (
     keep_finite,
     movement,
     non_finite_fields,
+    output_counters,
     output_moved,
     progress_counters,
     progress_moved,
@@ -89,6 +92,39 @@ def test_what_counts_as_progress_and_output(
     before = reading()
     assert progress_moved(before, reading(**after)) is progress
     assert output_moved(before, reading(**after)) is output
+
+
+_COUNTER = st.sampled_from([0.0, 1.0, 2.0, NAN, math.inf, -math.inf])
+_REASONS = st.dictionaries(st.sampled_from(["stop", "length", "abort", "error"]), _COUNTER)
+
+
+@given(
+    before=st.tuples(_COUNTER, _COUNTER, _COUNTER, _COUNTER, _REASONS),
+    now=st.tuples(_COUNTER, _COUNTER, _COUNTER, _COUNTER, _REASONS),
+)
+def test_movement_is_any_counter_of_its_tuple_moving(
+    before: tuple[float, float, float, float, dict[str, float]],
+    now: tuple[float, float, float, float, dict[str, float]],
+) -> None:
+    """`movement` says progress (output) exactly when a counter of `progress_counters`
+    (`output_counters`) moved, including finished reasons and non-finite values."""
+
+    def made(counters: tuple[float, float, float, float, dict[str, float]]) -> EngineReading:
+        prompt, generation, success, preemptions, reasons = counters
+        made = reading(
+            prompt_tokens=prompt,
+            generation_tokens=generation,
+            request_success=success,
+            preemptions=preemptions,
+        )
+        return replace(made, finished_by_reason=reasons)
+
+    a, b = made(before), made(now)
+    moved = movement(a, b)
+    pairs = zip(progress_counters(a), progress_counters(b), strict=True)
+    assert moved.progress == any(x != y and math.isfinite(x) and math.isfinite(y) for x, y in pairs)
+    pairs = zip(output_counters(a), output_counters(b), strict=True)
+    assert moved.output == any(x != y and math.isfinite(x) and math.isfinite(y) for x, y in pairs)
 
 
 def test_a_non_finite_counter_never_moves() -> None:

@@ -573,6 +573,23 @@ def test_malformed_needed_line_names_its_line_number() -> None:
     assert "4.0.0" in message
 
 
+def test_only_exact_read_names_are_read() -> None:
+    """The needed-line pattern (a prefix tree of the names) matches each read name exactly:
+    a sample whose name extends a read name, or stops short of one, is another family."""
+    body = _minimal()
+    near_misses = sorted(
+        {name + "x" for name in signals.READ_NAMES}
+        | {name[:cut] for name in signals.READ_NAMES for cut in range(1, len(name))}
+        - set(signals.READ_NAMES)
+    )
+    noise = [f'{name}{{engine="0",model_name="m"}} 99.0\n' for name in near_misses]
+    assert [line for line in noise if signals._NEEDED_LINE.match("\n" + line)] == []
+    assert parse("".join(noise) + body) == parse(body)
+    for name in signals.READ_NAMES:  # and each read name is read (a second sample changes it)
+        extra = f'{name}{{engine="0",model_name="m",reason="r",finished_reason="r"}} 1.0\n'
+        assert parse(body + extra) != parse(body), name
+
+
 def test_malformed_skipped_line_is_ignored() -> None:
     """Lines of families that are not read are not validated."""
     text = _real_text().replace("process_open_fds 6.0", "process_open_fds six")

@@ -7,6 +7,7 @@ notifications. Also the pure summaries the evidence bundle and the flight record
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -225,7 +226,7 @@ class FlightRecorder:
 
     def append(self, entry: Mapping[str, Any]) -> None:
         """Keep `entry`, dropping the oldest entries past either bound."""
-        size = len(history_lines((entry,)))
+        size = json_line_size(entry)
         self._entries.append((entry, size))
         self._bytes += size
         while len(self._entries) > 1 and (  # the newest entry is always kept
@@ -245,6 +246,19 @@ class FlightRecorder:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+#: Encodes an entry as `history_lines` does but for the order of its keys, which does not
+#: change the length: one encoder for every entry, and no sort.
+_SIZE_ENCODER = json.JSONEncoder(allow_nan=False)
+
+
+def json_line_size(entry: Mapping[str, Any]) -> int:
+    """The bytes `history_lines` writes for `entry` (its JSON line)."""
+    try:
+        return len(_SIZE_ENCODER.encode(entry)) + 1  # ASCII (`ensure_ascii`), and a newline
+    except (TypeError, ValueError):  # a non-finite float or a value json does not know
+        return len(history_lines((entry,)))
 
 
 def history_entry(

@@ -141,14 +141,18 @@ def counter_went_backwards(before: float, now: float) -> bool:
 
 
 def movement(before: EngineReading, now: EngineReading) -> Movement:
-    """What moved from `before` to `now` (see the module docstring)."""
-    progress = any(
-        counter_moved(a, b)
-        for a, b in zip(progress_counters(before), progress_counters(now), strict=True)
+    """What moved from `before` to `now` (see the module docstring).
+
+    The output counters are progress counters too (`output_counters`, `progress_counters`):
+    each counter is compared once, and completed requests are summed once per reading.
+    """
+    output = counter_moved(before.generation_tokens, now.generation_tokens) or counter_moved(
+        completed_requests(before), completed_requests(now)
     )
-    output = any(
-        counter_moved(a, b)
-        for a, b in zip(output_counters(before), output_counters(now), strict=True)
+    progress = (
+        output
+        or counter_moved(before.prompt_tokens, now.prompt_tokens)
+        or counter_moved(before.preemptions, now.preemptions)
     )
     prefill = False
     if math.isfinite(now.running) and now.running > 0:

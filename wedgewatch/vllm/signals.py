@@ -69,9 +69,10 @@ Decisions, all returned as a `ParseFailure` with a specific message, never raise
   would silence the detector).
 
 Sample lines in the canonical form `prometheus_client` writes (`name{a="x",b="y"} value`)
-are read by one anchored regex; any other needed line (extra spaces, tabs, a timestamp in
-an odd place) goes to `prometheus_client`'s public exposition parser, which is the authority
-on the grammar, and a line that parser rejects is malformed.
+are split into labels and value by the same regex pass that finds them; any other needed
+line (extra spaces, tabs, a timestamp in an odd place) goes to `prometheus_client`'s public
+exposition parser, which is the authority on the grammar, and a line that parser rejects is
+malformed.
 """
 
 from __future__ import annotations
@@ -207,29 +208,40 @@ REQUIRED_NAMES: Final = (
 
 # One pass over "\n" + body finds every needed sample line: a line that starts with one of the
 # needed names followed by "{" or a blank (so `vllm:num_requests_waiting` never swallows
-# `vllm:num_requests_waiting_by_reason`). The regex engine skips every other line in C; one
-# pattern for all the names costs what the vLLM names alone did, and a second pass over the
-# body for `process_start_time_seconds` (a str.find) cost a fifth of a parse.
-_VLLM_SUFFIXES = [n.removeprefix("vllm:") for n in READ_NAMES if n.startswith("vllm:")]
-_NEEDED_LINE = re.compile(
-    r"\n(?:vllm:("
-    + "|".join(re.escape(s) for s in _VLLM_SUFFIXES)
-    + r")|("
-    + re.escape(PROCESS_START)
-    + r"))([{ \t][^\n]*)"
-)
-_VLLM_NAMES = {suffix: "vllm:" + suffix for suffix in _VLLM_SUFFIXES}
-
-# The canonical sample form prometheus_client writes, after the name: `{k="v",...} value`, an
-# optional trailing comma, an optional integer timestamp. Anything else goes to the library.
-# Label values are matched as "unrolled loops" (runs of plain characters between escapes),
-# which the regex engine does about 4x faster than a per-character alternation (measured
-# beside bench/bench_parse.py, 2026-12-02, docs/benchmarks.md "Parsing").
+# `vllm:num_requests_waiting_by_reason`). The regex engine skips every other line in C. The
+# names are one prefix tree (`_trie`), so a line of another family fails on its first bytes
+# that differ from every needed name, instead of trying each name in turn.
+#
+# A needed line in the canonical form `prometheus_client` writes (`{k="v",...} value`, an
+# optional trailing comma in the braces, an optional integer timestamp) is split into its
+# label text and value by the same pass (groups 2 and 3); any other needed line keeps its
+# whole rest (group 4) and goes to the library. Label values are matched as "unrolled loops"
+# (runs of plain characters between escapes), which the regex engine does about 4x faster
+# than a per-character alternation.
 _LABEL_VALUE = r'[^"\\\n]*(?:\\.[^"\\\n]*)*'
 _LABEL = rf'[a-zA-Z_][a-zA-Z0-9_]*="{_LABEL_VALUE}"'
 _VALUE = r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+\.|Inf|NaN)"
-_CANONICAL_REST = re.compile(
-    rf"(?:\{{((?:{_LABEL}(?:,{_LABEL})*,?)?)\}})? ({_VALUE})(?: -?[0-9]+)?"
+
+
+def _trie(words: list[str]) -> str:
+    """A regex matching exactly `words`, as a prefix tree of non-capturing groups."""
+    if words == [""]:
+        return ""
+    branches: dict[str, list[str]] = {}
+    for word in words:
+        if word:
+            branches.setdefault(word[0], []).append(word[1:])
+    alternatives = [re.escape(first) + _trie(rests) for first, rests in sorted(branches.items())]
+    optional = "" in words
+    if len(alternatives) == 1 and not optional:
+        return alternatives[0]
+    return "(?:" + "|".join(alternatives) + ")" + ("?" if optional else "")
+
+
+_NEEDED_LINE = re.compile(
+    r"\n(" + _trie(sorted(READ_NAMES)) + r")(?:"
+    rf"(?:\{{((?:{_LABEL}(?:,{_LABEL})*,?)?)\}})? ({_VALUE})(?: -?[0-9]+)?(?=\n|\Z)"
+    r"|([{ \t][^\n]*))"
 )
 _LABEL_PAIR = re.compile(rf'([a-zA-Z_][a-zA-Z0-9_]*)="({_LABEL_VALUE})"')
 _ESCAPE = re.compile(r'\\[\\n"]')
@@ -328,21 +340,19 @@ def _scan(text: str, max_engines: int) -> _Scan | ParseFailure:
     """
     scanned = "\n" + text
     engines: dict[_EngineId, _Engine] = {}
-    seen: set[tuple[str, _EngineId, str | None]] = set()
+    seen: set[_Slot] = set()
     process_start: float | None = None
-    canonical_rest = _CANONICAL_REST.fullmatch
     slots = _SLOTS
     for match in _NEEDED_LINE.finditer(scanned):
-        suffix, process, rest = match.groups()
-        name = PROCESS_START if process else _VLLM_NAMES[suffix]
+        name, label_text, number, rest = match.groups()
+        process = name == PROCESS_START
         try:
-            canonical = canonical_rest(rest)
-            if canonical is None:
+            if rest is not None:  # not in the canonical form
                 labels, value = _read_sample_with_library(name, rest)
                 slot = None if process else _slot_of(name, labels)
             else:
-                label_text, number = canonical.groups()
                 value = float(number)
+                label_text = label_text or ""
                 slot = None if process else slots.get((name, label_text))
                 if slot is None:
                     labels = _read_labels(name, label_text) if label_text else {}
@@ -356,7 +366,7 @@ def _scan(text: str, max_engines: int) -> _Scan | ParseFailure:
                     raise _Malformed(f"duplicate {PROCESS_START} sample")
                 process_start = value
                 continue
-            _record(engines, seen, name, value, slot, max_engines=max_engines)
+            _record(engines, seen, value, slot, max_engines)
         except _Malformed as error:
             return _malformed(text, scanned, match.start(), str(error))
         except _TooManyEngines:
@@ -368,9 +378,9 @@ def _scan(text: str, max_engines: int) -> _Scan | ParseFailure:
     return _Scan(engines, process_start)
 
 
-#: Where a per-engine sample lands in a reading: its (model_name, engine) and, for a family
-#: of several series per engine, its series label's value (cut to size).
-_Slot = tuple[_EngineId, str | None]
+#: Where a per-engine sample lands in a reading: its name, its (model_name, engine) and, for
+#: a family of several series per engine, its series label's value (cut to size).
+_Slot = tuple[str, _EngineId, str | None]
 
 #: (sample name, label text) -> its slot, for canonical lines, across bodies. Only label
 #: texts that read without error are kept; bounded by `_MAX_SLOTS_KEPT` entries.
@@ -386,11 +396,11 @@ def _slot_of(name: str, labels: Mapping[str, str]) -> _Slot:
         raise _Malformed(f"{name} sample has no model_name label")
     series_label = _SERIES_LABEL.get(name)
     if series_label is None:
-        return engine_id, None
+        return name, engine_id, None
     series = labels.get(series_label)
     if series is None:
         raise _Malformed(f"{name} sample has no {series_label} label")
-    return engine_id, truncate(series)
+    return name, engine_id, truncate(series)
 
 
 def _engine_id(labels: Mapping[str, str]) -> _EngineId | None:
@@ -399,16 +409,6 @@ def _engine_id(labels: Mapping[str, str]) -> _EngineId | None:
     if model_name is None:
         return None
     return truncate(model_name), truncate(labels.get("engine", "0"))
-
-
-def _read_sample(name: str, rest: str) -> tuple[dict[str, str], float]:
-    """Labels and value of one needed line, given the text after its metric name."""
-    canonical = _CANONICAL_REST.fullmatch(rest)
-    if canonical is None:
-        return _read_sample_with_library(name, rest)
-    label_text = canonical.group(1)
-    labels = _read_labels(name, label_text) if label_text else {}
-    return labels, float(canonical.group(2))
 
 
 def _read_labels(name: str, label_text: str) -> dict[str, str]:
@@ -460,13 +460,7 @@ def _unescape(match: re.Match[str]) -> str:
 
 
 def _record(
-    engines: dict[_EngineId, _Engine],
-    seen: set[tuple[str, _EngineId, str | None]],
-    name: str,
-    value: float,
-    slot: _Slot,
-    *,
-    max_engines: int,
+    engines: dict[_EngineId, _Engine], seen: set[_Slot], value: float, slot: _Slot, max_engines: int
 ) -> None:
     """Fold one per-engine sample (landing in `slot`, from `_slot_of`) into its engine's
     accumulator.
@@ -474,11 +468,10 @@ def _record(
     Two samples that would land in the same place of a reading (same name, engine and
     series label, e.g. two bodies concatenated, or an extra label such as `pid`) are refused.
     """
-    engine_id, series = slot
-    key = (name, engine_id, series)
-    if key in seen:
+    name, engine_id, series = slot
+    if slot in seen:
         raise _Malformed(f"duplicate {name} sample (its engine and labels were seen earlier)")
-    seen.add(key)
+    seen.add(slot)
     engine = engines.get(engine_id)
     if engine is None:
         if len(engines) >= max_engines:
