@@ -220,3 +220,14 @@ async def test_zero_seconds_profiles_nothing(busy: subprocess.Popen[str], tmp_pa
     taken = await profile_engines([busy.pid], PySpyProfiler(script, seconds=0), 30.0)
     assert (taken.files, taken.failures, taken.records, taken.profiles) == ({}, [], [], {})
     assert not marker.exists()
+
+
+async def test_no_engine_core_profiles_nothing_and_counts_no_time(tmp_path: Path) -> None:
+    """No EngineCore proven: no py-spy, and the round's time is 0, not the clock's tick
+    between two reads (a busy machine switching threads there made it 0.001 s)."""
+    marker = tmp_path / "ran"
+    ticks = iter(range(0, 1000, 7))
+    profiler = PySpyProfiler(fake_pyspy(tmp_path, f"touch {marker}\n"), clock=lambda: next(ticks))
+    taken = await profile_engines([], profiler, 30.0)
+    assert (taken.seconds, taken.records, taken.failures) == (0.0, [], [])
+    assert not marker.exists()

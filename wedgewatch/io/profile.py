@@ -198,10 +198,11 @@ async def profile_engines(
 ) -> ProfileRound:
     """Profile the given (proven) EngineCore pids at once; files, failures, summary records.
 
-    Nothing runs when the profiler's `seconds` is 0 (the setting that turns profiles off).
+    Nothing runs (and no time is counted) when the profiler's `seconds` is 0 (the setting
+    that turns profiles off) or there is no EngineCore to profile.
     """
     out = ProfileRound()
-    if profiler.seconds <= 0:
+    if profiler.seconds <= 0 or not pids:
         return out
     started = profiler.clock()
     results = await asyncio.gather(*(profiler.profile(pid, budget_seconds) for pid in pids))
