@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import yaml
 from deploy.prometheus_server import PrometheusServer, ScrapeJob, scale_rules
 from deploy.repo import RULES
 from kubelet import Exec, HttpGet, Kubelet, Probe, wait_for
+from ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -56,13 +56,6 @@ SETTINGS = {
     "restart_backoff_seconds": 1.0,
     "restart_backoff_max_seconds": 4.0,
 }
-
-
-def free_port() -> int:
-    """A port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def clean_env() -> dict[str, str]:

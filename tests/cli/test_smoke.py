@@ -31,6 +31,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from ports import free_port
 from scripted_http import Reply, ScriptedServer, in_turn
 from wedgewatch_daemon import DaemonProcess, clean_env
 
@@ -124,16 +125,10 @@ def test_config_check_accepts_a_good_file_and_names_the_bad_setting(tmp_path: Pa
     assert str(bad) in refused.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def simulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`wedgewatch sim serve tiny` from BIN on 127.0.0.1, healthy; its base URL."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("sim") / "sim.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(

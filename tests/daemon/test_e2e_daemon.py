@@ -15,7 +15,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+from ports import free_port
 from scripted_http import RefusingPort, Reply, ScriptedServer, always, zeros
 from wedgewatch_daemon import WEDGEWATCH, DaemonProcess
 
@@ -241,19 +241,13 @@ while not stop_file.exists():
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Sim:
     """`wedgewatch sim serve` on 127.0.0.1 (optionally under the supervisor above)."""
 
     def __init__(
         self, tmp_path: Path, name: str, flags: list[str], *, supervised: bool = False
     ) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.name = name
         serve = [

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from ports import free_port
 
 from deploy.repo import DEPLOY, RULE_TESTS, RULES
 
@@ -78,18 +78,12 @@ def _promtool_labels() -> dict[tuple[str, str], dict[str, str]]:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def alertmanager(tmp_path: Path) -> Iterator[str]:
     """A real Alertmanager with the shipped config on a loopback port; its base URL."""
     if ALERTMANAGER is None:
         pytest.skip("Alertmanager is not installed (Debian: prometheus-alertmanager)")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path / "alertmanager.log").open("wb")
     proc = subprocess.Popen(

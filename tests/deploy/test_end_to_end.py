@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from ports import free_port
 
 from deploy.prometheus_server import (
     PrometheusServer,
@@ -69,12 +69,6 @@ HANG_AT_SECONDS = 25  # after the dp simulator starts
 # never will: the burst sim and its load are then restarted with the next seed.
 WEDGE_SEEDS = ("7", "13", "3", "11", "5", "17", "2")
 WEDGE_TRY_SECONDS = 45.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _rfc3339(text: str) -> float:
@@ -223,13 +217,13 @@ def _wait_for_wedge(sidecar: str, target: str, timeout_seconds: float) -> bool:
 def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     """Simulators, wedgewatch and Prometheus running; both kinds of wedge alert firing."""
     directory = tmp_path_factory.mktemp("e2e")
-    burst, dp = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
-    sidecar = f"127.0.0.1:{_free_port()}"
+    burst, dp = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    sidecar = f"127.0.0.1:{free_port()}"
     rules = scale_rules(generate.load_rules(RULES.read_text(encoding="utf-8")), TIME_FACTOR)
     prometheus = PrometheusServer(
         PROMETHEUS,
         directory=directory / "prometheus",
-        port=_free_port(),
+        port=free_port(),
         jobs=[ScrapeJob("vllm", [burst, dp]), ScrapeJob("wedgewatch", [sidecar])],
         rules=rules,
         interval=f"{SCRAPE:g}s",

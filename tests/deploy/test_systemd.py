@@ -30,6 +30,7 @@ import httpx
 import psutil
 import pytest
 import tomli_w
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
@@ -112,13 +113,6 @@ def installed_here(argv: list[str]) -> list[str]:
     """The unit's command with the install prefix replaced by this venv."""
     assert argv[0] == INSTALLED, f"units must run {INSTALLED}, not {argv[0]}"
     return [str(VENV_BIN / "wedgewatch"), *argv[1:]]
-
-
-def free_port() -> int:
-    """A port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # -- the unit files themselves ----------------------------------------------------------------

@@ -28,6 +28,7 @@ import httpx
 import psutil
 import pytest
 import real_vllm
+from ports import free_port
 
 from tests.support.wedgewatch_daemon import DaemonProcess, clean_env
 from wedgewatch.core.evidence.bundle_facts import bundle_facts
@@ -257,7 +258,7 @@ class Supervised:
     def __init__(self, workdir: Path, mode: str, env: dict[str, str]) -> None:
         python = real_vllm.serve_python(VERSION)
         model = real_vllm.tiny_model(python)
-        self.port = real_vllm.free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         workdir.mkdir(parents=True)
         self.pids_file = workdir / "pids.txt"
@@ -484,7 +485,7 @@ def test_launch_watch_cpu_profile_recovers_a_real_hang_then_reports_a_real_crash
     server's status (restarting a crashed server is its own supervisor's job)."""
     python = real_vllm.serve_python(VERSION)
     model = real_vllm.tiny_model(python)
-    port, listen = real_vllm.free_port(), real_vllm.free_port()
+    port, listen = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     shm_before = real_vllm._shm_entries()
     env = {

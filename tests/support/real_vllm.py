@@ -18,7 +18,6 @@ import functools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.vllm_venvs import ROOT, complete_python, venv_dir
@@ -75,12 +75,6 @@ def serve_env(**extra: str) -> dict[str, str]:
     env = server_environment(ROOT, Path(tempfile.gettempdir()), CACHE / "vllm-cache")
     env.update(PYTHONUNBUFFERED="1", **extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _shm_entries() -> set[str]:
