@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from wedgewatch.config import ConfigError, load_config, render_toml
 from wedgewatch.launch import (
@@ -200,10 +201,7 @@ def test_port_in_use_is_refused_with_a_clear_message() -> None:
 
 def test_free_port_passes() -> None:
     """A port nobody listens on passes the check."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", free_port())
 
 
 def test_missing_vllm_binary_is_a_clear_error(tmp_path: Path) -> None:
@@ -444,9 +442,7 @@ def test_watch_refuses_port_zero_and_a_busy_watchdog_port() -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         busy = listener.getsockname()[1]
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            free = probe.getsockname()[1]
+        free = free_port()
         command = build_command(
             vllm_bin="v", model="m", profile=Profile(), extra_args=["--port", str(free)]
         )
