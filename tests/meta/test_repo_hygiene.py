@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,19 @@ def tracked() -> list[str]:
     return [p for p in done.stdout.decode().split("\0") if p]
 
 
+def tracked_text_lines() -> Iterator[tuple[str, int, str]]:
+    """(path, line number, line) of every tracked text file (symlinks and binaries skipped)."""
+    for name in tracked():
+        path = ROOT / name
+        if path.is_symlink() or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:
+            continue  # binary
+        for lineno, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            yield name, lineno, line
+
+
 def escapes(root: Path, link: Path) -> str | None:
     """Why symlink `link` (inside `root`) leaves `root`, or None when it stays inside."""
     target = os.readlink(link)
@@ -78,17 +92,12 @@ def test_no_tracked_symlink_leaves_the_checkout() -> None:
 
 def test_no_tracked_file_names_a_development_machines_path() -> None:
     """No tracked text file holds a path of a development machine (venvs, wheels, homes)."""
-    bad = []
-    for name in tracked():
-        path = ROOT / name
-        if name in ALLOWED_FILES or path.is_symlink() or not path.is_file():
-            continue
-        data = path.read_bytes()
-        if b"\0" in data[:8192]:
-            continue  # binary
-        for lineno, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-            for found in dev_paths(line):
-                bad.append(f"{name}:{lineno}: {found}")
+    bad = [
+        f"{name}:{lineno}: {found}"
+        for name, lineno, line in tracked_text_lines()
+        if name not in ALLOWED_FILES
+        for found in dev_paths(line)
+    ]
     assert bad == [], "development-machine paths in tracked files:\n" + "\n".join(bad[:50])
 
 
@@ -122,3 +131,32 @@ def test_a_symlink_out_of_the_checkout_is_caught(tmp_path: Path) -> None:
 def test_the_dev_path_patterns(text: str, found: list[str]) -> None:
     """Development-machine paths are found; the product's own and look-alikes are not."""
     assert dev_paths(text) == found
+
+
+NARRATION = re.compile(r"\b(?:stop|wave|session|round) #?\d+\b", re.IGNORECASE)
+PRODUCT_TEXT = ("README.md", "docs/", "wedgewatch/", "deploy/", "systemd/", "bench/")
+
+
+def test_no_product_text_narrates_the_tracker() -> None:
+    """README, docs and the product's code name no tracker stop, wave, session or round:
+    a figure carries its command and commit, not the history of the work."""
+    bad = [
+        f"{name}:{lineno}: {found}"
+        for name, lineno, line in tracked_text_lines()
+        if name.startswith(PRODUCT_TEXT)
+        for found in NARRATION.findall(line)
+    ]
+    assert bad == [], "tracker narration in product text:\n" + "\n".join(bad[:50])
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("the 2-core CI machine showed it (stop 26)", ["stop 26"]),
+        ("measured in Round 3 of the hardening", ["Round 3"]),
+        ("a second round of stacks at the wedge; stop the worker; a session of its own", []),
+    ],
+)
+def test_the_narration_pattern(text: str, found: list[str]) -> None:
+    """Tracker numbers are found; the product's own rounds, stops and sessions are not."""
+    assert NARRATION.findall(text) == found
