@@ -296,16 +296,22 @@ def test_collective_hang_freezes_every_gauge_with_requests_running(tmp_path: Pat
 def test_engine_crash_turns_health_503_and_ends_the_server(tmp_path: Path) -> None:
     """The engine exits; /health answers 503; the serving process exits non-zero in seconds."""
     with running(tmp_path, "crash", ["--fault", "engine-crash@6"]) as sim:
+        # Timed from the crash's own log line: the fault clock starts when the simulator is
+        # ready, seconds after `started_at` on a busy machine.
         statuses = set()
-        while sim.proc.poll() is None and time.monotonic() - sim.started_at < 20:
+        crashed_at = None
+        deadline = time.monotonic() + 40
+        while sim.proc.poll() is None and time.monotonic() < deadline:
+            if crashed_at is None and "EngineCore encountered a fatal error" in sim.log():
+                crashed_at = time.monotonic()
             with contextlib.suppress(httpx.HTTPError):
                 statuses.add(sim.get("/health", timeout=1).status_code)
             time.sleep(0.1)
         code = sim.wait_exit(1.0)
         assert code not in (None, 0)
-        assert time.monotonic() - sim.started_at < 16
+        assert crashed_at is not None, sim.log()[-4000:]
+        assert time.monotonic() - crashed_at < 10
         assert {200, 503} <= statuses
-        assert "EngineCore encountered a fatal error" in sim.log()
 
 
 def test_a_killed_engine_ends_the_server_and_an_orphaned_engine_ends_itself(
